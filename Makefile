@@ -1,0 +1,29 @@
+# Two entry points: `make run` and `make test`. Each creates .venv, installs the package
+# with its compiled core, and runs. After editing csrc/*.pyx, `make install` rebuilds.
+PYTHON ?= python3
+VENV ?= .venv
+PY := $(VENV)/bin/python
+STAMP := $(VENV)/.jianmu_fast-installed
+
+.PHONY: install run test test-fast bench clean
+
+$(STAMP): pyproject.toml setup.py csrc/_filter_core.pyx
+	test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install --quiet --disable-pip-version-check -e ".[test,cli,bench]"
+	$(PY) -c "import jianmu_fast, sys; assert jianmu_fast.BACKEND == 'cython', jianmu_fast.BACKEND; print('jianmu_fast', jianmu_fast.__version__, 'backend', jianmu_fast.BACKEND)"
+	touch $(STAMP)
+
+install: $(STAMP)
+
+run: $(STAMP)
+	$(PY) examples/run.py
+
+test: $(STAMP)
+	$(PY) -m pytest -q
+	JIANMU_FAST_PURE_PYTHON=1 JIANMU_FAST_MAX_EXAMPLES=200 $(PY) -m pytest -q
+
+bench: $(STAMP)
+	$(PY) -m pytest benchmarks --benchmark-disable-gc -q
+
+clean:
+	rm -rf $(VENV) build *.egg-info jianmu_fast/*.so

@@ -1,0 +1,29 @@
+"""jianmu_fast: prompt assembly for LLM agents with a compiled, transaction-safe trimming core.
+
+>>> import jianmu_fast
+>>> jianmu_fast.BACKEND in ("cython", "python")
+True
+"""
+
+from ._backend import BACKEND
+from .errors import (
+    ConfigError,
+    ContextBudgetError,
+    JianmuError,
+    MessageValidationError,
+    TokenizerLoadError,
+    ToolCallHistoryError,
+)
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "BACKEND",
+    "__version__",
+    "JianmuError",
+    "MessageValidationError",
+    "ContextBudgetError",
+    "ToolCallHistoryError",
+    "ConfigError",
+    "TokenizerLoadError",
+]

@@ -1,0 +1,28 @@
+"""The only module that imports the filter core, and the one place that names the backend.
+
+``JIANMU_FAST_PURE_PYTHON=1`` selects the pure-Python reference; otherwise the compiled
+extension must import, and a missing one is an ImportError that says how to fix it.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Literal
+
+BACKEND: Literal["cython", "python"]
+
+if os.environ.get("JIANMU_FAST_PURE_PYTHON") == "1":
+    from ._filter_core_py import select_window, select_windows
+
+    BACKEND = "python"
+else:
+    try:
+        from ._filter_core import select_window, select_windows
+    except ImportError as exc:  # pragma: no cover - exercised by a subprocess test
+        raise ImportError(
+            "jianmu_fast._filter_core is not compiled: run `pip install -e .` (or `make install`) "
+            "in the source tree, or set JIANMU_FAST_PURE_PYTHON=1 for the pure-Python reference"
+        ) from exc
+    BACKEND = "cython"
+
+__all__ = ["BACKEND", "select_window", "select_windows"]

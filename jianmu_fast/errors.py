@@ -1,0 +1,69 @@
+"""The one error hierarchy of jianmu_fast.
+
+::
+
+    JianmuError
+      ├─ MessageValidationError(JianmuError, ValueError)   bad message input, with its path
+      ├─ ContextBudgetError(JianmuError, ValueError)       the newest turn cannot fit the limit
+      ├─ ToolCallHistoryError(JianmuError, ValueError)     a broken tool-call transaction at the tail
+      ├─ ConfigError(JianmuError, ValueError)              a malformed jianmu.yaml or SKILL.md
+      └─ TokenizerLoadError(JianmuError, OSError)          an encoding or tokenizer.json cannot load
+
+Each error also subclasses the builtin a user already catches. Every message says what is
+wrong, where (message index, field, file path) and how to fix it.
+
+Errors of this hierarchy protect the contract's invariants: the pipeline's error isolation
+(a failing provider or filter is logged and skipped) never swallows them.
+"""
+
+from __future__ import annotations
+
+__all__ = [
+    "JianmuError",
+    "MessageValidationError",
+    "ContextBudgetError",
+    "ToolCallHistoryError",
+    "ConfigError",
+    "TokenizerLoadError",
+]
+
+
+class JianmuError(Exception):
+    """Base class of every error jianmu_fast raises on purpose."""
+
+
+class MessageValidationError(JianmuError, ValueError):
+    """A message (or a list of them) is malformed; the text names the index and the field."""
+
+
+class ContextBudgetError(JianmuError, ValueError):
+    """A filter cannot keep the newest unit beside the pinned prefix within its limit.
+
+    Attributes: ``budget`` (the limit), ``pinned`` (what the pinned prefix needs),
+    ``newest`` (what the newest unit needs), in the filter's unit (tokens or messages).
+    """
+
+    def __init__(self, message: str, *, budget: int = 0, pinned: int = 0, newest: int = 0) -> None:
+        super().__init__(message)
+        self.budget = budget
+        self.pinned = pinned
+        self.newest = newest
+
+    def __reduce__(self):  # keep the attributes across process boundaries (batch workers)
+        return (_rebuild_budget_error, (self.args[0], self.budget, self.pinned, self.newest))
+
+
+def _rebuild_budget_error(message: str, budget: int, pinned: int, newest: int) -> ContextBudgetError:
+    return ContextBudgetError(message, budget=budget, pinned=pinned, newest=newest)
+
+
+class ToolCallHistoryError(JianmuError, ValueError):
+    """The newest tool-call transaction is broken, so the request would be invalid."""
+
+
+class ConfigError(JianmuError, ValueError):
+    """A configuration or skill file is malformed; the text names the file and line."""
+
+
+class TokenizerLoadError(JianmuError, OSError):
+    """An encoding or tokenizer file cannot be loaded; the text says where it looked."""

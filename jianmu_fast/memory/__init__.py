@@ -1,0 +1,1 @@
+"""Memory: context building (``jianmu_fast.memory.context``)."""

@@ -1,0 +1,27 @@
+"""Context building: providers, filters, counters and the builder.
+
+>>> from jianmu_fast.memory.context import ContextBuilder, StaticPromptProvider, TokenBudgetFilter
+>>> from jianmu_fast.message import human
+>>> b = ContextBuilder(providers=[StaticPromptProvider("Hi.")], filters=[TokenBudgetFilter(100)])
+>>> [m.role for m in b.transform([human("hello")])]
+['user']
+"""
+
+from .base import ContextBuilderProtocol, ContextFilter, MessageProvider, TokenCounterProtocol
+from .builder import ContextBuilder
+from .counters import SimpleTokenCounter
+from .filters import MaxMessagesFilter, TokenBudgetFilter
+from .providers import StaticPromptProvider, ToolsDescProvider
+
+__all__ = [
+    "ContextBuilder",
+    "ContextBuilderProtocol",
+    "MessageProvider",
+    "ContextFilter",
+    "TokenCounterProtocol",
+    "StaticPromptProvider",
+    "ToolsDescProvider",
+    "MaxMessagesFilter",
+    "TokenBudgetFilter",
+    "SimpleTokenCounter",
+]

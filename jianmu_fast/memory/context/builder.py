@@ -1,0 +1,146 @@
+"""``ContextBuilder``: run providers in order, concatenate, run filters in order.
+
+An unexpected exception inside one provider or filter is logged (logger
+``jianmu_fast.context``, with the stage's position and name) and that stage is skipped; the
+pipeline goes on, as the design document says. Errors of jianmu_fast's own hierarchy
+(``ContextBudgetError``, ``ToolCallHistoryError``, ``ConfigError``, ``TokenizerLoadError``,
+...) protect the contract's invariants and always propagate.
+"""
+
+from __future__ import annotations
+
+import inspect
+import logging
+from typing import Any, Callable, Iterable, Optional, Sequence
+
+from ...errors import JianmuError
+from ...message import Message, coerce_messages
+from .base import ContextFilter, MessageProvider
+
+__all__ = ["ContextBuilder"]
+
+logger = logging.getLogger("jianmu_fast.context")
+
+
+def _accepts(fn: Callable[..., Any], name: str) -> bool:
+    """Whether ``fn`` takes a keyword argument ``name`` (by name or through ``**kwargs``)."""
+    try:
+        params = inspect.signature(fn).parameters.values()
+    except (TypeError, ValueError):
+        return False
+    return any(p.kind is p.VAR_KEYWORD or (p.name == name and p.kind is not p.POSITIONAL_ONLY) for p in params)
+
+
+def _check_stages(items: Optional[Iterable[Any]], kind: str, proto: type, method: str, sig: str) -> list[Any]:
+    if items is None:
+        return []
+    if isinstance(items, (str, bytes)) or not isinstance(items, Iterable):
+        raise TypeError(f"{kind}: expected a list of {proto.__name__}, got {type(items).__name__}")
+    out = list(items)
+    for i, item in enumerate(out):
+        if not callable(getattr(item, method, None)):
+            raise TypeError(f"{kind}[{i}]: expected a {proto.__name__} ({method}({sig})), got {type(item).__name__}")
+    return out
+
+
+class ContextBuilder:
+    """The Provider → Filter pipeline.
+
+    ``sanitize=True`` (the default) applies ``sanitize_tool_call_history`` as the last step of
+    ``build()`` and ``transform()``, so what is sent never holds a broken tool-call
+    transaction; a broken newest transaction raises ``ToolCallHistoryError``.
+
+    >>> from jianmu_fast.memory.context import ContextBuilder, StaticPromptProvider, MaxMessagesFilter
+    >>> from jianmu_fast.message import human
+    >>> b = ContextBuilder(providers=[StaticPromptProvider("You are terse.")],
+    ...                    filters=[MaxMessagesFilter(max_messages=1)])
+    >>> [m.content for m in b.transform([human("a"), human("b")])]
+    ['b']
+    >>> [m.content for m in b.build({})]
+    ['You are terse.']
+    """
+
+    def __init__(
+        self,
+        providers: Optional[Sequence[Any]] = None,
+        filters: Optional[Sequence[Any]] = None,
+        *,
+        sanitize: bool = True,
+    ) -> None:
+        self.providers: list[Any] = _check_stages(
+            providers, "providers", MessageProvider, "get_messages", "local_state, global_state=None, ctx=None"
+        )
+        self.filters: list[Any] = _check_stages(
+            filters, "filters", ContextFilter, "apply", "messages, local_state=None, global_state=None, ctx=None, **kwargs"
+        )
+        self.sanitize = bool(sanitize)
+        self._provider_takes_tools = [_accepts(p.get_messages, "tools_schema") for p in self.providers]
+        self._filter_takes_tools = [_accepts(f.apply, "tools_schema") for f in self.filters]
+
+    def __repr__(self) -> str:
+        return f"ContextBuilder(providers={self.providers!r}, filters={self.filters!r})"
+
+    # -- the pipeline ---------------------------------------------------------------------
+
+    def build(
+        self,
+        local_state: Any,
+        global_state: Any = None,
+        ctx: Any = None,
+        tools_schema: Optional[Sequence[dict[str, Any]]] = None,
+    ) -> list[Message]:
+        """Run every provider in order, concatenate their messages, then run the filters."""
+        messages = self._provide(local_state, global_state, ctx, tools_schema)
+        return self._filter(messages, local_state, global_state, ctx, tools_schema)
+
+    def transform(
+        self,
+        messages: Sequence[Any],
+        local_state: Any = None,
+        global_state: Any = None,
+        ctx: Any = None,
+        tools_schema: Optional[Sequence[dict[str, Any]]] = None,
+    ) -> list[Message]:
+        """Run only the filters over ``messages`` (Messages or chat-completions dicts)."""
+        return self._filter(coerce_messages(messages), local_state, global_state, ctx, tools_schema)
+
+    # -- stages -----------------------------------------------------------------------------
+
+    def _provide(self, local_state, global_state, ctx, tools_schema) -> list[Message]:
+        messages: list[Message] = []
+        for i, provider in enumerate(self.providers):
+            try:
+                if self._provider_takes_tools[i]:
+                    block = provider.get_messages(local_state, global_state, ctx, tools_schema=tools_schema)
+                else:
+                    block = provider.get_messages(local_state, global_state, ctx)
+                messages.extend(coerce_messages(block, f"providers[{i}] ({type(provider).__name__}) output"))
+            except JianmuError:
+                raise
+            except Exception:
+                logger.exception("providers[%d] (%s) failed; its messages are skipped", i, type(provider).__name__)
+        return messages
+
+    def _filter(self, messages, local_state, global_state, ctx, tools_schema) -> list[Message]:
+        for i, flt in enumerate(self.filters):
+            try:
+                if self._filter_takes_tools[i]:
+                    out = flt.apply(messages, local_state, global_state, ctx, tools_schema=tools_schema)
+                else:
+                    out = flt.apply(messages, local_state, global_state, ctx)
+                messages = coerce_messages(out, f"filters[{i}] ({type(flt).__name__}) output")
+            except JianmuError:
+                raise
+            except Exception:
+                logger.exception("filters[%d] (%s) failed; it is skipped", i, type(flt).__name__)
+        if self.sanitize:
+            messages = _sanitize(messages)
+        return messages
+
+
+def _sanitize(messages: list[Message]) -> list[Message]:
+    try:
+        from ...message.sanitize import sanitize_tool_call_history
+    except ImportError:  # the history issue adds the sanitizer
+        return messages
+    return sanitize_tool_call_history(messages)

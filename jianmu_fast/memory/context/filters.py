@@ -1,0 +1,303 @@
+"""Trimming filters: ``MaxMessagesFilter`` and ``TokenBudgetFilter``.
+
+Both keep the invariants of CONTRACT.md section 3:
+
+1. the leading run of messages whose role is in ``pinned_roles`` is kept whole;
+2. a unit (an assistant message with ``tool_calls`` and the tool messages right after it;
+   any other message alone) is kept or dropped whole;
+3. what is kept after the pinned prefix is one contiguous run of units, the newest ones
+   (``trim_from_start=True``) or the oldest ones, and the longest such run within the limit
+   (with ``eviction="exact"``, the default);
+4. the limit is never exceeded: when the newest unit (the oldest, with
+   ``trim_from_start=False``) cannot fit beside the pinned prefix, or the pinned prefix alone
+   is over a token budget, :class:`~jianmu_fast.errors.ContextBudgetError` is raised instead
+   of silently sending a prompt without the user's latest turn;
+5. the same input gives the same output on both backends.
+
+Filters return new lists and never mutate their input. The decision is made by the
+compiled core (``jianmu_fast._backend``) in one call per prompt, over only the tail of the
+history that can possibly be kept: per-call work scales with what is kept.
+
+``eviction="chunked"`` trades maximality for a stable prompt prefix: once over the limit the
+cut moves forward by at least ``chunk`` (tokens or messages) at a time and stays put while
+the conversation grows, so prompt caches keep hitting. See ``_filter_core_py``.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Iterable, Literal, Optional, Sequence
+
+import numpy as np
+
+from ... import _backend
+from ...errors import ContextBudgetError
+from ...message import Message
+from .counters import SimpleTokenCounter
+
+__all__ = ["MaxMessagesFilter", "TokenBudgetFilter", "split_units"]
+
+Eviction = Literal["exact", "chunked"]
+_EMPTY = np.zeros(0, dtype=np.int64)
+
+
+def _pinned_count(messages: Sequence[Message], pinned_roles: frozenset[str]) -> int:
+    n = 0
+    for m in messages:
+        if m.role not in pinned_roles:
+            break
+        n += 1
+    return n
+
+
+def _unit_start_at_or_before(messages: Sequence[Message], i: int, n_pinned: int) -> int:
+    """Move ``i`` back to the start of the unit that holds message ``i``."""
+    while i > n_pinned and messages[i].role == "tool":
+        i -= 1
+    return i
+
+
+def split_units(messages: Sequence[Message], start: int) -> np.ndarray:
+    """Indices where units start in ``messages[start:]``, relative to ``start``.
+
+    A tool message belongs to the unit of the message before it (its assistant call);
+    every other message starts a unit, and so does the first message.
+
+    >>> from jianmu_fast.message import human, ai, tool
+    >>> call = [{"id": "c1", "type": "function", "function": {"name": "f", "arguments": "{}"}}]
+    >>> split_units([human("q"), ai(None, tool_calls=call), tool("r", tool_call_id="c1"), ai("a")], 0).tolist()
+    [0, 1, 3]
+    """
+    n = len(messages) - start
+    if n <= 0:
+        return _EMPTY
+    starts = [0]
+    for i in range(1, n):
+        if messages[start + i].role != "tool":
+            starts.append(i)
+    return np.array(starts, dtype=np.int64)
+
+
+def _check_roles(pinned_roles: Iterable[str]) -> frozenset[str]:
+    if isinstance(pinned_roles, str):
+        raise TypeError(f"pinned_roles must be a collection of role names, not a string ({pinned_roles!r})")
+    roles = frozenset(pinned_roles)
+    bad = roles - {"system", "user", "assistant", "tool"}
+    if bad:
+        raise ValueError(f"pinned_roles has unknown roles {sorted(bad)}")
+    return roles
+
+
+def _check_eviction(eviction: str, chunk: Optional[int], unit: str) -> int:
+    if eviction not in ("exact", "chunked"):
+        raise ValueError(f"eviction must be 'exact' or 'chunked', got {eviction!r}")
+    if eviction == "exact":
+        if chunk is not None:
+            raise ValueError("chunk only applies to eviction='chunked'")
+        return 0
+    if chunk is None or isinstance(chunk, bool) or not isinstance(chunk, int) or chunk < 1:
+        raise ValueError(f"eviction='chunked' needs chunk= a positive int ({unit}), got {chunk!r}")
+    return chunk
+
+
+class _WindowFilter:
+    """Shared façade: find the pinned prefix and a tail, call the core once, slice."""
+
+    _unit_name = "tokens"
+    pinned_roles: frozenset[str]
+    trim_from_start: bool
+    chunk: int
+
+    def _limit(self) -> int:
+        """The core's budget: what the pinned prefix plus the kept run may cost."""
+        raise NotImplementedError
+
+    def _counts(self, messages: Sequence[Message], lo: int, hi: int) -> np.ndarray:
+        """int64 cost of each of ``messages[lo:hi]``."""
+        raise NotImplementedError
+
+    def _pinned_counts(self, messages: Sequence[Message], n_pinned: int) -> np.ndarray:
+        return self._counts(messages, 0, n_pinned)
+
+    def _tail(self, messages: Sequence[Message], n_pinned: int, avail: int) -> tuple[int, np.ndarray]:
+        """Walk back from the newest message in doubling steps, each ending on a unit start,
+        until what was walked costs more than ``avail``: the kept run lies inside it."""
+        end = len(messages)
+        parts = []
+        total = 0
+        step = 32
+        while end > n_pinned:
+            start = _unit_start_at_or_before(messages, max(n_pinned, end - step), n_pinned)
+            counts = self._counts(messages, start, end)
+            parts.append(counts)
+            total += int(counts.sum())
+            end = start
+            if total > avail:
+                break
+            step *= 2
+        return end, (parts[0] if len(parts) == 1 else np.concatenate(parts[::-1]))
+
+    def apply(
+        self,
+        messages: Sequence[Message],
+        local_state: Any = None,
+        global_state: Any = None,
+        ctx: Any = None,
+        **kwargs: Any,
+    ) -> list[Message]:
+        """Trim ``messages`` to the limit; see the module docstring for the invariants."""
+        msgs = messages if isinstance(messages, list) else list(messages)
+        n = len(msgs)
+        n_pinned = _pinned_count(msgs, self.pinned_roles)
+        limit = self._limit()
+        pinned_counts = self._pinned_counts(msgs, n_pinned)
+        pinned_cost = int(pinned_counts.sum())
+        if n_pinned == n or limit < 0:
+            if pinned_cost > limit:
+                self._raise(msgs, n_pinned, pinned_cost, limit)
+            return list(msgs)
+        if self.trim_from_start and self.chunk == 0:
+            start, tail_counts = self._tail(msgs, n_pinned, limit - pinned_cost)
+        else:
+            start, tail_counts = n_pinned, self._counts(msgs, n_pinned, n)
+        counts = np.concatenate((pinned_counts, tail_counts)) if n_pinned else tail_counts
+        unit_starts = split_units(msgs, start)
+        if n_pinned:
+            unit_starts += n_pinned
+        lo, hi = _backend.select_window(counts, unit_starts, n_pinned, limit, self.trim_from_start, self.chunk)
+        if lo == hi:
+            u = -1 if self.trim_from_start else 0
+            u0 = int(unit_starts[u])
+            u1 = int(unit_starts[u + 1]) if u + 1 < len(unit_starts) and u >= 0 else len(counts)
+            shift = start - n_pinned
+            self._raise(msgs, n_pinned, pinned_cost, limit, u0 + shift, u1 + shift, int(counts[u0:u1].sum()))
+        shift = start - n_pinned
+        return msgs[:n_pinned] + msgs[lo + shift:hi + shift]
+
+    def _describe_limit(self) -> str:
+        return f"{self._limit()} {self._unit_name}"
+
+    def _raise(self, msgs, n_pinned, pinned_cost, limit, u0=None, u1=None, unit_cost=0):
+        unit = self._unit_name
+        if u0 is None:
+            detail = "there is nothing else to drop"
+        else:
+            which = "newest" if self.trim_from_start else "oldest"
+            roles = ", ".join(m.role for m in msgs[u0:u1])
+            detail = f"the {which} unit, messages[{u0}:{u1}] ({roles}), needs {unit_cost} {unit}"
+        raise ContextBudgetError(
+            f"{type(self).__name__}: the pinned prefix, messages[0:{n_pinned}], needs {pinned_cost} "
+            f"{unit} and {detail}; the limit is {self._describe_limit()}. Raise the limit, shorten "
+            "the pinned messages, or shorten that unit before building the prompt.",
+            budget=limit,
+            pinned=pinned_cost,
+            newest=unit_cost,
+        )
+
+
+class MaxMessagesFilter(_WindowFilter):
+    """Keep the pinned prefix plus the newest ``max_messages`` other messages.
+
+    Pinned messages do not count against ``max_messages``. Fewer are kept when the limit
+    would cut a tool-call transaction; a newest transaction longer than ``max_messages``
+    raises ``ContextBudgetError``. With ``eviction="chunked"``, ``chunk`` counts messages.
+
+    >>> from jianmu_fast.message import system, human, ai
+    >>> msgs = [system("sys1"), system("sys2"), human("u1"), ai("a1"), human("u2"), ai("a2"),
+    ...         human("u3"), ai("a3")]
+    >>> [m.content for m in MaxMessagesFilter(max_messages=5).apply(msgs)]
+    ['sys1', 'sys2', 'a1', 'u2', 'a2', 'u3', 'a3']
+    """
+
+    _unit_name = "messages"
+
+    def __init__(
+        self,
+        max_messages: int,
+        pinned_roles: Iterable[str] = ("system",),
+        *,
+        trim_from_start: bool = True,
+        eviction: Eviction = "exact",
+        chunk: Optional[int] = None,
+    ) -> None:
+        if isinstance(max_messages, bool) or not isinstance(max_messages, int) or max_messages < 1:
+            raise ValueError(f"max_messages must be a positive int, got {max_messages!r}")
+        self.max_messages = max_messages
+        self.pinned_roles = _check_roles(pinned_roles)
+        self.trim_from_start = bool(trim_from_start)
+        self.eviction = eviction
+        self.chunk = _check_eviction(eviction, chunk, "messages")
+
+    def __repr__(self) -> str:
+        return (f"MaxMessagesFilter(max_messages={self.max_messages}, "
+                f"pinned_roles={tuple(sorted(self.pinned_roles))!r})")
+
+    def _limit(self) -> int:
+        return self.max_messages
+
+    def _counts(self, messages, lo, hi):
+        return np.ones(hi - lo, dtype=np.int64)
+
+    def _pinned_counts(self, messages, n_pinned):
+        return np.zeros(n_pinned, dtype=np.int64)
+
+
+class TokenBudgetFilter(_WindowFilter):
+    """Keep the pinned prefix plus the longest run of units within ``max_tokens``.
+
+    Tokens are counted by ``counter`` (default ``SimpleTokenCounter()``), chat-format
+    overhead included; ``counter.count_messages(output) <= max_tokens`` always holds, or
+    ``ContextBudgetError`` says why it cannot. With ``eviction="chunked"``, ``chunk`` counts
+    tokens (a quarter of the budget is a good start).
+
+    >>> from jianmu_fast.message import system, human, ai
+    >>> msgs = [system("Be brief."), human("x" * 40), ai("y" * 40), human("What now?")]
+    >>> [m.role for m in TokenBudgetFilter(max_tokens=31).apply(msgs)]
+    ['system', 'assistant', 'user']
+    """
+
+    def __init__(
+        self,
+        max_tokens: int,
+        counter: Any = None,
+        trim_from_start: bool = True,
+        pinned_roles: Iterable[str] = ("system",),
+        *,
+        eviction: Eviction = "exact",
+        chunk: Optional[int] = None,
+    ) -> None:
+        if isinstance(max_tokens, bool) or not isinstance(max_tokens, int) or max_tokens < 1:
+            raise ValueError(f"max_tokens must be a positive int, got {max_tokens!r}")
+        if counter is None:
+            counter = SimpleTokenCounter()
+        elif not (callable(getattr(counter, "count_message", None)) and callable(getattr(counter, "count_messages", None))):
+            raise TypeError(
+                "counter: expected a TokenCounterProtocol (count_message(m), count_messages(ms)), "
+                f"got {type(counter).__name__}"
+            )
+        self.max_tokens = max_tokens
+        self.counter = counter
+        self.trim_from_start = bool(trim_from_start)
+        self.pinned_roles = _check_roles(pinned_roles)
+        self.eviction = eviction
+        self.chunk = _check_eviction(eviction, chunk, "tokens")
+        self._count_array = getattr(counter, "count_array", None)
+
+    def __repr__(self) -> str:
+        return f"TokenBudgetFilter(max_tokens={self.max_tokens}, counter={self.counter!r})"
+
+    def _request_cost(self) -> int:
+        return int(self.counter.count_messages([]))
+
+    def _limit(self) -> int:
+        return self.max_tokens - self._request_cost()
+
+    def _describe_limit(self) -> str:
+        return f"{self.max_tokens} tokens, {self._request_cost()} of them the request's fixed cost"
+
+    def _counts(self, messages, lo, hi):
+        part = messages[lo:hi]
+        if self._count_array is not None:
+            counts = self._count_array(part)
+        else:
+            counts = [self.counter.count_message(m) for m in part]
+        return np.ascontiguousarray(counts, dtype=np.int64)

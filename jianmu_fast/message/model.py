@@ -1,0 +1,293 @@
+"""The message record every provider, filter and counter works on.
+
+A :class:`Message` is an immutable pydantic v2 model in the OpenAI chat-completions shape,
+plus a stable ``id`` and a free ``metadata`` dict that never goes to the model API.
+``to_openai()`` / ``from_openai()`` are the only conversion path, and they are lossless:
+``Message.from_openai(d).to_openai() == d`` for every valid chat-completions message dict,
+including provider-specific keys (kept in ``extra``).
+"""
+
+from __future__ import annotations
+
+import uuid
+from typing import Any, Iterable, Literal, Mapping, Optional, Union
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+
+from ..errors import MessageValidationError
+
+__all__ = [
+    "Role",
+    "Message",
+    "system",
+    "human",
+    "ai",
+    "tool",
+    "coerce_message",
+    "coerce_messages",
+]
+
+Role = Literal["system", "user", "assistant", "tool"]
+_ROLES = ("system", "user", "assistant", "tool")
+#: chat-completions keys that map onto fields; any other key of a dict goes to ``extra``
+_OPENAI_KEYS = frozenset(("role", "content", "name", "tool_call_id", "tool_calls"))
+
+
+def _new_id() -> str:
+    return uuid.uuid4().hex
+
+
+class Message(BaseModel):
+    """One chat message.
+
+    >>> m = Message(role="user", content="What is 2+2?")
+    >>> m.role, m.content, len(m.id)
+    ('user', 'What is 2+2?', 32)
+    >>> Message.from_openai({"role": "user", "content": "hi"}).to_openai()
+    {'role': 'user', 'content': 'hi'}
+    """
+
+    model_config = ConfigDict(frozen=True, extra="forbid", validate_default=False)
+
+    role: Role
+    """Who speaks: ``system``, ``user``, ``assistant`` or ``tool``."""
+
+    content: Union[str, list[dict[str, Any]], None] = None
+    """Text, a list of structured content blocks (each a dict with a ``type``), or ``None``
+    for an assistant message that only calls tools."""
+
+    name: Optional[str] = None
+    """Optional participant name (chat-completions ``name``)."""
+
+    tool_call_id: Optional[str] = None
+    """For ``role="tool"``: the id of the call this message answers."""
+
+    tool_calls: Optional[list[dict[str, Any]]] = None
+    """For ``role="assistant"``: calls in the OpenAI shape
+    ``{"id": ..., "type": "function", "function": {"name": ..., "arguments": "<json>"}}``.
+    ``id`` may be missing (older internal histories); ``sanitize_tool_call_history`` fills it."""
+
+    metadata: dict[str, Any] = Field(default_factory=dict)
+    """Free annotations (``semantic_kind``, ``tool_result``, ...); never sent to the model."""
+
+    extra: dict[str, Any] = Field(default_factory=dict)
+    """Other chat-completions keys (``refusal``, ``reasoning_content``, ...), carried through
+    ``from_openai``/``to_openai`` unchanged."""
+
+    id: str = Field(default_factory=_new_id)
+    """Stable identifier (uuid4 hex, 32 characters), kept by copies of this message."""
+
+    @field_validator("content")
+    @classmethod
+    def _check_content(cls, v: Any) -> Any:
+        if isinstance(v, list):
+            for i, block in enumerate(v):
+                btype = block.get("type")
+                if not isinstance(btype, str):
+                    raise ValueError(f"content block [{i}] needs a string 'type', got {btype!r}")
+                if btype == "text" and not isinstance(block.get("text"), str):
+                    raise ValueError(f"content block [{i}] of type 'text' needs a string 'text'")
+        return v
+
+    @field_validator("tool_calls")
+    @classmethod
+    def _check_tool_calls(cls, v: Any) -> Any:
+        if v is None:
+            return v
+        for i, call in enumerate(v):
+            cid = call.get("id")
+            if cid is not None and not isinstance(cid, str):
+                raise ValueError(f"tool_calls[{i}].id must be a string or missing, got {cid!r}")
+            fn = call.get("function")
+            if not isinstance(fn, dict):
+                raise ValueError(f"tool_calls[{i}].function must be a dict with 'name' and 'arguments'")
+            if not isinstance(fn.get("name"), str) or not fn["name"]:
+                raise ValueError(f"tool_calls[{i}].function.name must be a non-empty string")
+            args = fn.get("arguments", "")
+            if not isinstance(args, str):
+                raise ValueError(
+                    f"tool_calls[{i}].function.arguments must be a JSON string, got {type(args).__name__}"
+                )
+        return v
+
+    @field_validator("extra")
+    @classmethod
+    def _check_extra(cls, v: dict[str, Any]) -> dict[str, Any]:
+        clash = _OPENAI_KEYS.intersection(v)
+        if clash:
+            raise ValueError(f"extra must not hold message fields, found {sorted(clash)}")
+        return v
+
+    # -- conversion -------------------------------------------------------------------
+
+    @classmethod
+    def from_openai(cls, d: Mapping[str, Any]) -> "Message":
+        """Build a message from a chat-completions dict.
+
+        Keys other than role/content/name/tool_call_id/tool_calls are kept in ``extra``.
+        A bad dict raises :class:`MessageValidationError` naming the field.
+
+        >>> Message.from_openai({"role": "tool", "content": "4", "tool_call_id": "c1"}).tool_call_id
+        'c1'
+        """
+        return coerce_message(d)
+
+    def to_openai(self) -> dict[str, Any]:
+        """The chat-completions dict of this message (``id`` and ``metadata`` stay local).
+
+        A field is written when it was given or is not ``None``, so
+        ``Message.from_openai(d).to_openai() == d``.
+
+        >>> ai(None, tool_calls=[{"id": "c1", "type": "function",
+        ...     "function": {"name": "calc", "arguments": "{}"}}]).to_openai()["content"] is None
+        True
+        """
+        out: dict[str, Any] = {"role": self.role}
+        fields_set = self.model_fields_set
+        if self.content is not None or "content" in fields_set:
+            out["content"] = self.content
+        if self.name is not None or "name" in fields_set:
+            out["name"] = self.name
+        if self.tool_calls is not None or "tool_calls" in fields_set:
+            out["tool_calls"] = self.tool_calls
+        if self.tool_call_id is not None or "tool_call_id" in fields_set:
+            out["tool_call_id"] = self.tool_call_id
+        if self.extra:
+            out.update(self.extra)
+        return out
+
+    def text(self) -> str:
+        """The message text: ``content`` itself, or its text blocks joined by newlines.
+
+        >>> Message(role="user", content=[{"type": "text", "text": "a"},
+        ...                               {"type": "text", "text": "b"}]).text()
+        'a\\nb'
+        """
+        c = self.content
+        if c is None:
+            return ""
+        if isinstance(c, str):
+            return c
+        return "\n".join(b["text"] for b in c if b.get("type") == "text")
+
+
+def _format_loc(loc: tuple[Any, ...]) -> str:
+    out = ""
+    for part in loc:
+        if isinstance(part, int):
+            out += f"[{part}]"
+        else:
+            out += f".{part}" if out else str(part)
+    return out
+
+
+def _validation_message(err: ValidationError, where: str) -> str:
+    parts = []
+    for e in err.errors(include_url=False):
+        loc = _format_loc(tuple(x for x in e["loc"] if not (isinstance(x, str) and "[" in x)))
+        path = f"{where}.{loc}" if loc else where
+        msg = e["msg"].removeprefix("Value error, ")
+        parts.append(f"{path}: {msg}")
+    return "; ".join(parts)
+
+
+def coerce_message(item: Any, where: str = "message") -> Message:
+    """Return ``item`` as a :class:`Message` (a Message, or a chat-completions dict).
+
+    ``where`` names the item in errors, e.g. ``"messages[3]"``.
+
+    >>> coerce_message({"role": "user", "content": "hi"}).role
+    'user'
+    >>> coerce_message({"role": "robot"}, "messages[2]")
+    Traceback (most recent call last):
+    ...
+    jianmu_fast.errors.MessageValidationError: messages[2].role: Input should be 'system', 'user', 'assistant' or 'tool'
+    """
+    if isinstance(item, Message):
+        return item
+    if not isinstance(item, Mapping):
+        raise MessageValidationError(
+            f"{where}: expected a Message or a chat-completions dict, got {type(item).__name__}"
+        )
+    fields: dict[str, Any] = {}
+    extra: dict[str, Any] = {}
+    for k, v in item.items():
+        if k in _OPENAI_KEYS:
+            fields[k] = v
+        elif isinstance(k, str):
+            extra[k] = v
+        else:
+            raise MessageValidationError(f"{where}: keys must be strings, got {k!r}")
+    if "role" not in fields:
+        raise MessageValidationError(f"{where}.role: field required")
+    if extra:
+        fields["extra"] = extra
+    try:
+        return Message(**fields)
+    except ValidationError as exc:
+        raise MessageValidationError(_validation_message(exc, where)) from None
+
+
+def coerce_messages(items: Iterable[Any], where: str = "messages") -> list[Message]:
+    """Return a new list of :class:`Message` from Messages and chat-completions dicts.
+
+    >>> [m.role for m in coerce_messages([{"role": "user", "content": "hi"}, ai("hello")])]
+    ['user', 'assistant']
+    """
+    if isinstance(items, (str, bytes, Mapping)):
+        raise MessageValidationError(f"{where}: expected a list of messages, got {type(items).__name__}")
+    return [m if type(m) is Message else coerce_message(m, f"{where}[{i}]") for i, m in enumerate(items)]
+
+
+# -- factories ------------------------------------------------------------------------
+
+
+def system(content: Union[str, list[dict[str, Any]]], **kwargs: Any) -> Message:
+    """A ``role="system"`` message.
+
+    >>> system("You are a helpful assistant.").role
+    'system'
+    """
+    return Message(role="system", content=content, **kwargs)
+
+
+def human(content: Union[str, list[dict[str, Any]]], **kwargs: Any) -> Message:
+    """A ``role="user"`` message.
+
+    >>> human("What is 2+2?").role
+    'user'
+    """
+    return Message(role="user", content=content, **kwargs)
+
+
+def ai(
+    content: Union[str, list[dict[str, Any]], None] = None,
+    tool_calls: Optional[list[dict[str, Any]]] = None,
+    **kwargs: Any,
+) -> Message:
+    """A ``role="assistant"`` message, optionally calling tools.
+
+    >>> ai("The answer is 4.").content
+    'The answer is 4.'
+    """
+    if tool_calls is not None:
+        kwargs["tool_calls"] = tool_calls
+    return Message(role="assistant", content=content, **kwargs)
+
+
+def tool(
+    content: Union[str, list[dict[str, Any]]],
+    name: Optional[str] = None,
+    tool_call_id: Optional[str] = None,
+    **kwargs: Any,
+) -> Message:
+    """A ``role="tool"`` message carrying a tool's result.
+
+    >>> tool('{"result": 4}', name="calculator").name
+    'calculator'
+    """
+    if name is not None:
+        kwargs["name"] = name
+    if tool_call_id is not None:
+        kwargs["tool_call_id"] = tool_call_id
+    return Message(role="tool", content=content, **kwargs)
