@@ -151,7 +151,7 @@ class _WindowFilter:
         limit = self._limit()
         pinned_counts = self._pinned_counts(msgs, n_pinned)
         pinned_cost = int(pinned_counts.sum())
-        if n_pinned == n or limit < 0:
+        if n_pinned == n:
             if pinned_cost > limit:
                 self._raise(msgs, n_pinned, pinned_cost, limit)
             return list(msgs)
@@ -163,8 +163,10 @@ class _WindowFilter:
         unit_starts = split_units(msgs, start)
         if n_pinned:
             unit_starts += n_pinned
-        lo, hi = _backend.select_window(counts, unit_starts, n_pinned, limit, self.trim_from_start, self.chunk)
-        if lo == hi:
+        lo, hi = _backend.select_window(
+            counts, unit_starts, n_pinned, max(limit, 0), self.trim_from_start, self.chunk
+        )
+        if lo == hi or limit < 0:
             u = -1 if self.trim_from_start else 0
             u0 = int(unit_starts[u])
             u1 = int(unit_starts[u + 1]) if u + 1 < len(unit_starts) and u >= 0 else len(counts)

@@ -1,0 +1,35 @@
+"""Shared fixtures: the ``core`` fixture runs a test on both filter-core backends."""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+from hypothesis import HealthCheck, settings
+
+import jianmu_fast._backend as backend
+import jianmu_fast._filter_core_py as core_py
+
+# The ``core`` fixture only swaps a module attribute; it is safe to share across examples.
+settings.register_profile("jianmu", suppress_health_check=[HealthCheck.function_scoped_fixture])
+settings.load_profile("jianmu")
+
+PURE = os.environ.get("JIANMU_FAST_PURE_PYTHON") == "1"
+
+
+@pytest.fixture(params=["cython", "python"])
+def core(request, monkeypatch):
+    """The filter-core module under test; the filters use it for the test's duration.
+
+    The compiled twin is skipped only when the whole run is pure Python
+    (``JIANMU_FAST_PURE_PYTHON=1``); otherwise it must import.
+    """
+    if request.param == "cython":
+        if PURE:
+            pytest.skip("JIANMU_FAST_PURE_PYTHON=1: the compiled core is not in use")
+        import jianmu_fast._filter_core as module
+    else:
+        module = core_py
+    monkeypatch.setattr(backend, "select_window", module.select_window)
+    monkeypatch.setattr(backend, "select_windows", module.select_windows)
+    return module

@@ -1,0 +1,179 @@
+"""The compiled core equals its pure-Python reference, and both equal a brute force."""
+
+from __future__ import annotations
+
+import inspect
+import os
+
+import numpy as np
+import pytest
+from hypothesis import example, given, settings
+from hypothesis import strategies as st
+
+import jianmu_fast
+import jianmu_fast._filter_core_py as core_py
+from strategies import WindowCase, window_cases
+
+PURE = os.environ.get("JIANMU_FAST_PURE_PYTHON") == "1"
+MAX_EXAMPLES = int(os.environ.get("JIANMU_FAST_MAX_EXAMPLES", "500"))
+
+if not PURE:
+    import jianmu_fast._filter_core as core_c
+
+needs_c = pytest.mark.skipif(PURE, reason="JIANMU_FAST_PURE_PYTHON=1")
+
+
+def i64(*xs):
+    return np.array(xs, dtype=np.int64)
+
+
+def brute_force(case: WindowCase) -> tuple[int, int]:
+    """The definition: the longest contiguous run of whole units at the kept end that fits."""
+    counts, starts, n_pinned, budget = list(case.counts), list(case.unit_starts), case.n_pinned, case.budget
+    n = len(counts)
+    bounds = starts + [n]
+    pinned = sum(counts[:n_pinned])
+    empty = (n, n) if case.from_start else (n_pinned, n_pinned)
+    if not starts or pinned > budget:
+        return empty
+    fits = []
+    for k in range(len(starts) + 1):
+        lo, hi = (bounds[k], n) if case.from_start else (n_pinned, bounds[k])
+        if pinned + sum(counts[lo:hi]) <= budget:
+            fits.append((hi - lo, lo, hi))
+    _, lo, hi = max(fits)
+    return (lo, hi) if lo != hi else empty
+
+
+EDGES = [
+    WindowCase((), (), 0, 0, True, 0),                      # empty input
+    WindowCase((3, 4), (0, 1), 0, 0, True, 0),              # budget 0
+    WindowCase((9, 1, 1), (2,), 2, 5, True, 0),             # pinned prefix over the budget
+    WindowCase((1, 2, 20), (1, 2), 1, 10, True, 0),         # newest unit larger than the budget
+    WindowCase((1, 2, 20), (1, 2), 1, 10, False, 0),        # oldest kept, newest too large
+    WindowCase((0, 0, 0), (0, 1, 2), 0, 0, True, 0),        # zero-cost messages always fit
+    WindowCase((2, 5, 5, 5, 5), (1, 2, 3, 4), 1, 17, True, 4),  # chunked cut
+]
+
+
+@needs_c
+@pytest.mark.parametrize("name", ["select_window", "select_windows"])
+def test_twins_share_signatures(name):
+    assert inspect.signature(getattr(core_c, name)) == inspect.signature(getattr(core_py, name))
+
+
+@needs_c
+@given(case=window_cases())
+@settings(deadline=None, max_examples=MAX_EXAMPLES)
+def test_compiled_equals_reference(case):
+    assert core_c.select_window(*case.args) == core_py.select_window(*case.args)
+
+
+@needs_c
+@pytest.mark.parametrize("case", EDGES, ids=repr)
+def test_compiled_equals_reference_on_edges(case):
+    assert core_c.select_window(*case.args) == core_py.select_window(*case.args)
+
+
+def _cores():
+    return [core_py] if PURE else [core_py, core_c]
+
+
+@given(case=window_cases())
+@settings(deadline=None, max_examples=MAX_EXAMPLES)
+def test_exact_eviction_is_the_brute_force_definition(case):
+    exact = WindowCase(case.counts, case.unit_starts, case.n_pinned, case.budget, case.from_start, 0)
+    for core in _cores():
+        assert core.select_window(*exact.args) == brute_force(exact)
+
+
+@pytest.mark.parametrize("case", EDGES[:6], ids=repr)
+def test_edges_match_brute_force(case):
+    for core in _cores():
+        assert core.select_window(*case.args) == brute_force(case)
+
+
+def test_edge_results_are_exact():
+    for core in _cores():
+        assert core.select_window(*EDGES[0].args) == (0, 0)
+        assert core.select_window(*EDGES[1].args) == (2, 2)
+        assert core.select_window(*EDGES[2].args) == (3, 3)
+        assert core.select_window(*EDGES[3].args) == (3, 3)
+        assert core.select_window(*EDGES[4].args) == (1, 2)
+        assert core.select_window(*EDGES[5].args) == (0, 3)
+        # chunked: total 20, room 15 -> drop 5, rounded up to 8 -> first boundary at or past 8 is 3
+        assert core.select_window(*EDGES[6].args) == (3, 5)
+        # the same case with exact eviction keeps one more unit
+        assert core.select_window(*EDGES[6].args[:5], 0) == (2, 5)
+
+
+@given(case=window_cases())
+@settings(deadline=None, max_examples=MAX_EXAMPLES)
+def test_chunked_keeps_a_suffix_of_exact_within_budget(case):
+    if not case.from_start or case.chunk == 0:
+        return
+    for core in _cores():
+        lo_e, hi_e = core.select_window(*case.args[:5], 0)
+        lo_c, hi_c = core.select_window(*case.args)
+        assert hi_c == hi_e
+        assert lo_c >= lo_e
+        if lo_e == hi_e:
+            assert lo_c == hi_c
+        else:
+            assert lo_c < hi_c  # the newest unit is never dropped when it fits
+            assert sum(case.counts[: case.n_pinned]) + sum(case.counts[lo_c:hi_c]) <= case.budget
+
+
+@given(cases=st.lists(window_cases(max_messages=12), max_size=12), from_start=st.booleans(), chunk=st.sampled_from([0, 5]))
+@settings(deadline=None, max_examples=max(50, MAX_EXAMPLES // 4))
+def test_batch_equals_single_calls(cases, from_start, chunk):
+    counts = i64(*[c for case in cases for c in case.counts])
+    starts = i64(*[s for case in cases for s in case.unit_starts])
+    offsets = i64(0, *np.cumsum([len(c.counts) for c in cases]).tolist())
+    unit_offsets = i64(0, *np.cumsum([len(c.unit_starts) for c in cases]).tolist())
+    n_pinned = i64(*[c.n_pinned for c in cases])
+    budgets = i64(*[c.budget for c in cases])
+    for core in _cores():
+        lo, hi = core.select_windows(counts, offsets, starts, unit_offsets, n_pinned, budgets, from_start, chunk)
+        assert lo.dtype == np.int64 and hi.dtype == np.int64
+        expected = [core.select_window(*c.args[:4], from_start, chunk) for c in cases]
+        assert list(zip(lo.tolist(), hi.tolist())) == expected
+
+
+BAD_SINGLE = [
+    ((i64(1, -1), i64(0, 1), 0, 5, True), "counts[1] must be >= 0, got -1"),
+    ((i64(1, 2), i64(1), 0, 5, True), "unit_starts[0] must equal n_pinned (0), got 1"),
+    ((i64(1, 2), i64(), 0, 5, True), "unit_starts[0] must equal n_pinned (0), got None"),
+    ((i64(1, 2), i64(0, 0), 0, 5, True), "unit_starts must be strictly increasing (at index 1)"),
+    ((i64(1, 2), i64(0, 2), 0, 5, True), "unit_starts[1] must be below len(counts) (2)"),
+    ((i64(1, 2), i64(2), 3, 5, True), "n_pinned must be between 0 and len(counts) (2), got 3"),
+    ((i64(1, 2), i64(0), 0, -1, True), "budget must be >= 0, got -1"),
+    ((i64(1, 2), i64(0), 2, 5, True), "unit_starts must be empty when every message is pinned"),
+    ((i64(1, 2), i64(0), 0, 5, True, -2), "chunk must be >= 0, got -2"),
+]
+
+
+@pytest.mark.parametrize("args,message", BAD_SINGLE)
+def test_bad_arguments_raise_the_same_error_on_both(args, message):
+    for core in _cores():
+        with pytest.raises(ValueError) as info:
+            core.select_window(*args)
+        assert str(info.value) == message
+
+
+def test_batch_errors_name_the_prompt():
+    for core in _cores():
+        with pytest.raises(ValueError, match=r"^prompt 1: counts\[0\] must be >= 0, got -3$"):
+            core.select_windows(i64(1, -3), i64(0, 1, 2), i64(0, 0), i64(0, 1, 2), i64(0, 0), i64(5, 5), True)
+        with pytest.raises(ValueError, match="offsets must have len"):
+            core.select_windows(i64(1), i64(0, 1, 1), i64(0), i64(0, 1), i64(0), i64(5), True)
+        with pytest.raises(ValueError, match="budgets has 2 entries"):
+            core.select_windows(i64(1), i64(0, 1), i64(0), i64(0, 1), i64(0), i64(5, 5), True)
+
+
+def test_backend_is_named_and_not_silently_missing():
+    if PURE:
+        assert jianmu_fast.BACKEND == "python"
+    else:
+        assert jianmu_fast.BACKEND == "cython"
+        assert jianmu_fast._backend.select_window is core_c.select_window

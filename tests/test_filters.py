@@ -1,0 +1,244 @@
+"""MaxMessagesFilter and TokenBudgetFilter keep every invariant, on both backends."""
+
+from __future__ import annotations
+
+import copy
+import json
+import os
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from jianmu_fast.errors import ContextBudgetError
+from jianmu_fast.memory.context import MaxMessagesFilter, SimpleTokenCounter, TokenBudgetFilter
+from jianmu_fast.memory.context.filters import split_units
+from jianmu_fast.message import ai, human, system, tool
+from strategies import conversations
+
+MAX_EXAMPLES = int(os.environ.get("JIANMU_FAST_MAX_EXAMPLES", "300"))
+COUNTER = SimpleTokenCounter()
+
+
+def leading_pinned(msgs, roles=("system",)):
+    n = 0
+    while n < len(msgs) and msgs[n].role in roles:
+        n += 1
+    return n
+
+
+def units_of(msgs, start):
+    starts = split_units(msgs, start).tolist() + [len(msgs) - start]
+    return [msgs[start + a:start + b] for a, b in zip(starts, starts[1:])]
+
+
+def assert_valid_transactions(out):
+    """No tool result without its call right before it; no call without all its results."""
+    i = 0
+    while i < len(out):
+        m = out[i]
+        assert m.role != "tool", f"orphan tool result at output[{i}]"
+        if m.role == "assistant" and m.tool_calls:
+            ids = [c["id"] for c in m.tool_calls]
+            j = i + 1
+            answered = []
+            while j < len(out) and out[j].role == "tool":
+                answered.append(out[j].tool_call_id)
+                j += 1
+            assert sorted(answered) == sorted(ids), f"unanswered call at output[{i}]"
+            i = j
+        else:
+            i += 1
+
+
+# -- the design document's example -----------------------------------------------------------
+
+
+def test_max_messages_design_doc_example(core):
+    msgs = [system("sys1"), system("sys2"), human("u1"), ai("a1"), human("u2"), ai("a2"), human("u3"), ai("a3")]
+    out = MaxMessagesFilter(max_messages=5, pinned_roles=("system",)).apply(msgs)
+    assert [m.content for m in out] == ["sys1", "sys2", "a1", "u2", "a2", "u3", "a3"]
+
+
+def test_max_messages_never_cuts_a_transaction(core):
+    calls = [{"id": f"c{i}", "type": "function", "function": {"name": "f", "arguments": "{}"}} for i in range(2)]
+    msgs = [system("s"), human("q"), ai(None, tool_calls=calls), tool("r0", tool_call_id="c0"),
+            tool("r1", tool_call_id="c1"), ai("done")]
+    out = MaxMessagesFilter(max_messages=3).apply(msgs)
+    assert [m.content for m in out] == ["s", "done"]  # the 3-message transaction would need 4 slots
+    out = MaxMessagesFilter(max_messages=4).apply(msgs)
+    assert [m.role for m in out] == ["system", "assistant", "tool", "tool", "assistant"]
+
+
+def test_newest_transaction_too_long_for_max_messages_raises(core):
+    calls = [{"id": f"c{i}", "type": "function", "function": {"name": "f", "arguments": "{}"}} for i in range(3)]
+    msgs = [system("s"), human("q"), ai(None, tool_calls=calls)] + [tool("r", tool_call_id=f"c{i}") for i in range(3)]
+    with pytest.raises(ContextBudgetError) as info:
+        MaxMessagesFilter(max_messages=3).apply(msgs)
+    text = str(info.value)
+    assert "messages[2:6] (assistant, tool, tool, tool), needs 4 messages" in text
+    assert "the limit is 3 messages" in text
+    assert (info.value.budget, info.value.pinned, info.value.newest) == (3, 0, 4)
+
+
+def test_token_budget_error_says_what_each_part_needs(core):
+    msgs = [system("x" * 40), human("y" * 400)]
+    with pytest.raises(ContextBudgetError) as info:
+        TokenBudgetFilter(max_tokens=60).apply(msgs)
+    text = str(info.value)
+    assert "the pinned prefix, messages[0:1], needs 14 tokens" in text
+    assert "the newest unit, messages[1:2] (user), needs 104 tokens" in text
+    assert "the limit is 60 tokens, 3 of them the request's fixed cost" in text
+    assert isinstance(info.value, ValueError)
+
+
+def test_pinned_prefix_over_budget_raises_even_without_history(core):
+    with pytest.raises(ContextBudgetError, match="there is nothing else to drop"):
+        TokenBudgetFilter(max_tokens=10).apply([system("z" * 100)])
+    with pytest.raises(ContextBudgetError):
+        TokenBudgetFilter(max_tokens=10).apply([system("z" * 100), human("hi")])
+
+
+def test_keep_oldest_mode(core):
+    msgs = [system("s"), human("a" * 8), ai("b" * 8), human("c" * 8)]
+    out = TokenBudgetFilter(max_tokens=3 + 5 + 6 + 6, trim_from_start=False).apply(msgs)
+    assert [m.content for m in out] == ["s", "a" * 8, "b" * 8]
+
+
+def test_empty_and_all_pinned(core):
+    assert TokenBudgetFilter(100).apply([]) == []
+    only = [system("a"), system("b")]
+    assert TokenBudgetFilter(100).apply(only) == only
+    assert MaxMessagesFilter(1).apply(only) == only
+
+
+def test_pinned_roles_are_configurable(core):
+    msgs = [system("s"), human("pinned user"), ai("a1"), human("u2"), ai("a2")]
+    out = MaxMessagesFilter(1, pinned_roles=("system", "user")).apply(msgs)
+    assert [m.content for m in out] == ["s", "pinned user", "a2"]
+
+
+@pytest.mark.parametrize(
+    "make,message",
+    [
+        (lambda: MaxMessagesFilter(0), "max_messages must be a positive int, got 0"),
+        (lambda: MaxMessagesFilter(True), "max_messages must be a positive int, got True"),
+        (lambda: TokenBudgetFilter(-5), "max_tokens must be a positive int, got -5"),
+        (lambda: TokenBudgetFilter(10, pinned_roles=("robot",)), "pinned_roles has unknown roles ['robot']"),
+        (lambda: TokenBudgetFilter(10, eviction="lru"), "eviction must be 'exact' or 'chunked', got 'lru'"),
+        (lambda: TokenBudgetFilter(10, eviction="chunked"), "needs chunk= a positive int (tokens), got None"),
+        (lambda: MaxMessagesFilter(10, chunk=3), "chunk only applies to eviction='chunked'"),
+    ],
+)
+def test_bad_arguments(make, message):
+    with pytest.raises(ValueError) as info:
+        make()
+    assert message in str(info.value)
+
+
+def test_bad_counter_and_roles_types():
+    with pytest.raises(TypeError, match="counter: expected a TokenCounterProtocol"):
+        TokenBudgetFilter(10, counter="tiktoken")
+    with pytest.raises(TypeError, match="not a string"):
+        MaxMessagesFilter(3, pinned_roles="system")
+
+
+# -- properties --------------------------------------------------------------------------------
+
+
+@given(msgs=conversations(), budget=st.integers(1, 400))
+@settings(deadline=None, max_examples=MAX_EXAMPLES)
+def test_token_budget_invariants(core, msgs, budget):
+    before = copy.deepcopy([m.model_dump() for m in msgs])
+    f = TokenBudgetFilter(max_tokens=budget)
+    try:
+        out = f.apply(msgs)
+    except ContextBudgetError as exc:
+        n_pinned = leading_pinned(msgs)
+        units = units_of(msgs, n_pinned)
+        pinned = COUNTER.count_messages(msgs[:n_pinned])
+        newest = sum(COUNTER.count_message(m) for m in units[-1]) if units else 0
+        assert pinned + newest > budget
+        assert (exc.pinned, exc.newest) == (pinned - 3, newest)
+        return
+    assert [m.model_dump() for m in msgs] == before, "input mutated"
+    assert out is not msgs
+    assert COUNTER.count_messages(out) <= budget
+    n_pinned = leading_pinned(msgs)
+    assert out[:n_pinned] == msgs[:n_pinned]
+    rest = out[n_pinned:]
+    assert rest == msgs[len(msgs) - len(rest):] if rest else True
+    assert_valid_transactions(rest)
+    units = units_of(msgs, n_pinned)
+    boundaries = set()
+    acc = 0
+    for u in reversed(units):
+        acc += len(u)
+        boundaries.add(acc)
+    assert len(rest) in boundaries | {0}
+    if units:
+        assert rest, "the newest unit fits, so it is kept"
+    # maximal: adding the next older unit would exceed the budget
+    older = [u for u in units if u[0] not in rest]
+    if len(rest) < len(msgs) - n_pinned and older:
+        assert COUNTER.count_messages(out) + sum(COUNTER.count_message(m) for m in older[-1]) > budget
+    # determinism, byte for byte
+    again = f.apply(list(msgs))
+    assert json.dumps([m.model_dump() for m in again]) == json.dumps([m.model_dump() for m in out])
+
+
+@given(msgs=conversations(), n=st.integers(1, 12))
+@settings(deadline=None, max_examples=MAX_EXAMPLES)
+def test_max_messages_invariants(core, msgs, n):
+    f = MaxMessagesFilter(max_messages=n)
+    n_pinned = leading_pinned(msgs)
+    units = units_of(msgs, n_pinned)
+    try:
+        out = f.apply(msgs)
+    except ContextBudgetError:
+        assert units and len(units[-1]) > n
+        return
+    assert out[:n_pinned] == msgs[:n_pinned]
+    rest = out[n_pinned:]
+    assert len(rest) <= n
+    assert rest == msgs[len(msgs) - len(rest):] if rest else True
+    assert_valid_transactions(rest)
+    acc = 0
+    for u in reversed(units):
+        if acc + len(u) > n:
+            break
+        acc += len(u)
+    assert len(rest) == acc, "not the longest run of whole units within max_messages"
+
+
+@given(msgs=conversations(max_units=40), budget=st.integers(20, 300))
+@settings(deadline=None, max_examples=max(50, MAX_EXAMPLES // 3))
+def test_tail_walk_equals_a_decision_over_the_whole_history(core, msgs, budget):
+    """The filter hands the core only a tail; the result equals one call over everything."""
+    f = TokenBudgetFilter(max_tokens=budget)
+    n_pinned = leading_pinned(msgs)
+    counts = COUNTER.count_array(msgs)
+    starts = split_units(msgs, n_pinned) + n_pinned
+    lo, hi = core.select_window(counts, starts, n_pinned, budget - 3, True, 0)
+    try:
+        out = f.apply(msgs)
+    except ContextBudgetError:
+        assert lo == hi and len(msgs) > n_pinned or COUNTER.count_messages(msgs[:n_pinned]) > budget
+        return
+    assert out == msgs[:n_pinned] + msgs[lo:hi]
+
+
+def test_long_history_tail_only(core):
+    """A 5,000-message history: the filter counts only a tail, not the whole history."""
+    calls = []
+
+    class Spy(SimpleTokenCounter):
+        def count_array(self, ms):
+            calls.append(len(ms))
+            return super().count_array(ms)
+
+    msgs = [system("s")] + [human(f"message {i}") if i % 2 == 0 else ai(f"answer {i}") for i in range(5000)]
+    out = TokenBudgetFilter(max_tokens=200, counter=Spy()).apply(msgs)
+    assert out[-1] is msgs[-1]
+    assert sum(calls) < 200, calls
