@@ -1,0 +1,296 @@
+"""Find, parse, check and cache ``jianmu.yaml``.
+
+Which file: ``$JIANMU_CONFIG`` when it is set (the file must then exist), else
+``jianmu.yaml`` in the current working directory at the time of the call (absent: the
+empty configuration, every default applies). The file is read at first use, never at import
+time, and cached per ``(path, mtime_ns, size)``: editing it takes effect at the next call.
+
+The file holds three sections, each optional::
+
+    prompt:                       # texts of jianmu_fast.config.prompts (see PROMPT_FIELDS)
+      persona_default_prompt: "You are a terse assistant."
+      bootstrap_files: [AGENTS.md, docs/CONVENTIONS.md]
+    paths:                        # relative paths resolve against the file's own directory
+      skills_dir: skills
+      workspace_dir: .
+    constraints:
+      max_messages: 40            # a positive int, read by Constraints
+
+Errors are :class:`~jianmu_fast.errors.ConfigError` (never swallowed by the builder's error
+isolation) naming the file, the line where known, and the key: malformed YAML, a section that
+is not a mapping, a value of the wrong type. A key the loader does not know is a
+:class:`JianmuConfigWarning` naming the key and the file, and is otherwise ignored.
+
+>>> cfg = load_config()            # the repository has no jianmu.yaml
+>>> cfg.path is None, dict(cfg.prompt), dict(cfg.paths)
+(True, {}, {})
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+import warnings
+from dataclasses import dataclass, field
+from pathlib import Path
+from types import MappingProxyType
+from typing import Any, Mapping, Optional
+
+import yaml
+
+from ..errors import ConfigError
+from .prompts import PROMPT_FIELDS
+
+__all__ = [
+    "CONFIG_ENV_VAR",
+    "DEFAULT_CONFIG_NAME",
+    "JianmuConfig",
+    "JianmuConfigWarning",
+    "config_path",
+    "load_config",
+    "reload_config",
+    "clear_config_cache",
+]
+
+CONFIG_ENV_VAR = "JIANMU_CONFIG"
+DEFAULT_CONFIG_NAME = "jianmu.yaml"
+
+_SECTIONS = ("prompt", "paths", "constraints")
+_PATH_KEYS = ("skills_dir", "workspace_dir")
+_CONSTRAINT_KEYS = ("max_messages",)
+
+_EMPTY: Mapping[str, Any] = MappingProxyType({})
+
+
+class JianmuConfigWarning(UserWarning):
+    """``jianmu.yaml`` holds a key jianmu_fast does not know (a typo, most often)."""
+
+
+@dataclass(frozen=True)
+class JianmuConfig:
+    """The checked content of one ``jianmu.yaml`` (read-only mappings).
+
+    ``path`` is the file it came from (``None``: no file, the empty configuration).
+    ``prompt`` maps field names of :data:`~jianmu_fast.config.prompts.PROMPT_FIELDS` to
+    their values; ``paths`` holds absolute paths; ``constraints`` holds ``max_messages``.
+
+    >>> JianmuConfig().paths.get("skills_dir") is None
+    True
+    """
+
+    path: Optional[Path] = None
+    prompt: Mapping[str, Any] = field(default_factory=lambda: _EMPTY)
+    paths: Mapping[str, str] = field(default_factory=lambda: _EMPTY)
+    constraints: Mapping[str, Any] = field(default_factory=lambda: _EMPTY)
+
+
+_lock = threading.Lock()
+_cache: dict[tuple[str, int, int], JianmuConfig] = {}
+
+
+def config_path() -> Optional[Path]:
+    """The configuration file in effect now, or ``None`` when there is none.
+
+    ``$JIANMU_CONFIG`` names a file that must exist (a ``ConfigError`` otherwise);
+    ``./jianmu.yaml`` is used only when it exists.
+
+    >>> config_path() is None or config_path().name == "jianmu.yaml"
+    True
+    """
+    env = os.environ.get(CONFIG_ENV_VAR)
+    if env:
+        p = Path(env).expanduser().absolute()
+        if not p.is_file():
+            raise ConfigError(
+                f"{CONFIG_ENV_VAR}={env!r}: no such file ({p}). Create it, or unset {CONFIG_ENV_VAR} "
+                f"to use ./{DEFAULT_CONFIG_NAME}."
+            )
+        return p
+    p = Path.cwd() / DEFAULT_CONFIG_NAME
+    return p if p.is_file() else None
+
+
+def load_config() -> JianmuConfig:
+    """Parse the configuration file in effect (cached per path, mtime and size).
+
+    >>> load_config() is load_config()
+    True
+    """
+    path = config_path()
+    if path is None:
+        return _NO_FILE
+    try:
+        st = path.stat()
+    except OSError as exc:
+        raise ConfigError(f"{path}: cannot read the configuration file: {exc}") from exc
+    key = (str(path), st.st_mtime_ns, st.st_size)
+    with _lock:
+        cached = _cache.get(key)
+    if cached is not None:
+        return cached
+    cfg = _parse_file(path)
+    with _lock:
+        for old in [k for k in _cache if k[0] == key[0]]:
+            del _cache[old]
+        _cache[key] = cfg
+    return cfg
+
+
+def clear_config_cache() -> None:
+    """Forget every parsed configuration (tests call this after rewriting a file in place).
+
+    >>> clear_config_cache()
+    """
+    with _lock:
+        _cache.clear()
+
+
+def reload_config() -> JianmuConfig:
+    """Clear the cache and parse the configuration file in effect again.
+
+    >>> reload_config().path is None
+    True
+    """
+    clear_config_cache()
+    return load_config()
+
+
+_NO_FILE = JianmuConfig()
+
+
+# -- parsing ---------------------------------------------------------------------------------
+
+
+def _key_lines(root: Any) -> dict[tuple[str, ...], int]:
+    """1-based line of each key, by its path (``("prompt", "persona_default_prompt")``)."""
+    lines: dict[tuple[str, ...], int] = {}
+
+    def walk(node: Any, prefix: tuple[str, ...], depth: int) -> None:
+        if depth > 2 or not isinstance(node, yaml.MappingNode):
+            return
+        for k, v in node.value:
+            if isinstance(k, yaml.ScalarNode):
+                path = prefix + (str(k.value),)
+                lines.setdefault(path, k.start_mark.line + 1)
+                walk(v, path, depth + 1)
+
+    walk(root, (), 1)
+    return lines
+
+
+class _Checker:
+    def __init__(self, path: Path, lines: dict[tuple[str, ...], int]) -> None:
+        self.path = path
+        self.lines = lines
+
+    def where(self, *keys: str) -> str:
+        line = self.lines.get(tuple(keys))
+        return f"{self.path}:{line}" if line else str(self.path)
+
+    def fail(self, keys: tuple[str, ...], what: str) -> ConfigError:
+        return ConfigError(f"{self.where(*keys)}: {'.'.join(keys)}: {what}")
+
+    def unknown(self, keys: tuple[str, ...], known: tuple[str, ...] | list[str]) -> None:
+        warnings.warn(
+            f"{self.where(*keys)}: unknown key {'.'.join(keys)!r} is ignored; known keys here: "
+            f"{', '.join(known)}",
+            JianmuConfigWarning,
+            stacklevel=4,
+        )
+
+    def section(self, data: Mapping[str, Any], name: str) -> Mapping[str, Any]:
+        value = data.get(name)
+        if value is None:
+            return {}
+        if not isinstance(value, dict):
+            raise self.fail((name,), f"expected a mapping of keys to values, got {type(value).__name__}")
+        return value
+
+
+def _parse_file(path: Path) -> JianmuConfig:
+    try:
+        text = path.read_text(encoding="utf-8")
+    except UnicodeDecodeError as exc:
+        raise ConfigError(f"{path}: not valid UTF-8 at byte {exc.start}; save the file as UTF-8") from exc
+    except OSError as exc:
+        raise ConfigError(f"{path}: cannot read the configuration file: {exc}") from exc
+    try:
+        root = yaml.compose(text, Loader=yaml.SafeLoader)
+        data = yaml.safe_load(text)
+    except yaml.YAMLError as exc:
+        mark = getattr(exc, "problem_mark", None) or getattr(exc, "context_mark", None)
+        where = f"{path}:{mark.line + 1}:{mark.column + 1}" if mark is not None else str(path)
+        problem = getattr(exc, "problem", None) or str(exc)
+        raise ConfigError(f"{where}: malformed YAML: {problem}. Fix the file, or point {CONFIG_ENV_VAR} elsewhere.") from exc
+    chk = _Checker(path, _key_lines(root))
+    if data is None:
+        return JianmuConfig(path=path)
+    if not isinstance(data, dict):
+        raise ConfigError(
+            f"{path}: the top level must be a mapping with the sections {', '.join(_SECTIONS)}; "
+            f"got {type(data).__name__}"
+        )
+    for key in data:
+        if key not in _SECTIONS:
+            chk.unknown((str(key),), _SECTIONS)
+    return JianmuConfig(
+        path=path,
+        prompt=MappingProxyType(_check_prompt(chk, chk.section(data, "prompt"))),
+        paths=MappingProxyType(_check_paths(chk, chk.section(data, "paths"))),
+        constraints=MappingProxyType(_check_constraints(chk, chk.section(data, "constraints"))),
+    )
+
+
+def _check_prompt(chk: _Checker, section: Mapping[str, Any]) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for key, value in section.items():
+        keys = ("prompt", str(key))
+        if key not in PROMPT_FIELDS:
+            chk.unknown(keys, list(PROMPT_FIELDS))
+            continue
+        if value is None:
+            continue
+        if PROMPT_FIELDS[key] is list:
+            if isinstance(value, str):
+                value = [value]
+            if not isinstance(value, list) or not all(isinstance(v, str) and v for v in value):
+                raise chk.fail(keys, f"expected a list of file names (non-empty strings), got {value!r}")
+            out[key] = tuple(value)
+            continue
+        if not isinstance(value, str):
+            raise chk.fail(keys, f"expected a string, got {type(value).__name__} ({value!r}); quote it")
+        if key == "tools_prompt_template" and "{tools_desc}" not in value:
+            raise chk.fail(keys, "the template must contain '{tools_desc}', where the tool list goes")
+        out[key] = value
+    return out
+
+
+def _check_paths(chk: _Checker, section: Mapping[str, Any]) -> dict[str, str]:
+    out: dict[str, str] = {}
+    for key, value in section.items():
+        keys = ("paths", str(key))
+        if key not in _PATH_KEYS:
+            chk.unknown(keys, _PATH_KEYS)
+            continue
+        if value is None:
+            continue
+        if not isinstance(value, str) or not value:
+            raise chk.fail(keys, f"expected a directory path (a non-empty string), got {value!r}")
+        p = Path(value).expanduser()
+        out[key] = str(p if p.is_absolute() else (chk.path.parent / p).absolute())
+    return out
+
+
+def _check_constraints(chk: _Checker, section: Mapping[str, Any]) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for key, value in section.items():
+        keys = ("constraints", str(key))
+        if key not in _CONSTRAINT_KEYS:
+            chk.unknown(keys, _CONSTRAINT_KEYS)
+            continue
+        if value is None:
+            continue
+        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+            raise chk.fail(keys, f"expected a positive integer, got {value!r}")
+        out[key] = value
+    return out
