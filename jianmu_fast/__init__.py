@@ -14,6 +14,7 @@ from .errors import (
     TokenizerLoadError,
     ToolCallHistoryError,
 )
+from .prefix_cache import PrefixCacheStats, prefix_cache_stats
 
 __version__ = "0.1.0"
 
@@ -26,4 +27,6 @@ __all__ = [
     "ToolCallHistoryError",
     "ConfigError",
     "TokenizerLoadError",
+    "PrefixCacheStats",
+    "prefix_cache_stats",
 ]

@@ -1,0 +1,124 @@
+"""How much of a run of prompts a provider's prompt cache could serve.
+
+Model providers cache the longest prefix a request shares with an earlier one and bill it
+at a fraction of the price. :func:`prefix_cache_stats` takes the prompts of consecutive
+turns (each a list of :class:`~jianmu_fast.message.Message` or chat-completions dicts) and
+reports, message by message:
+
+``prefix_hit_rate``
+    the share of turns after the first whose prompt starts with the *whole* previous
+    prompt (``prompt[t][:len(prompt[t-1])] == prompt[t-1]``, comparing ``to_openai()``
+    dicts), i.e. the turns whose request only appended to the previous one;
+``cached_token_share``
+    the tokens of the longest common message prefix of each prompt with the previous one,
+    summed over the turns after the first, divided by the tokens of *all* prompts, the first
+    one included (the first prompt is never a cache hit). A prefix's tokens are
+    ``sum(counter.count_message(m))`` over its messages; a prompt's tokens are
+    ``counter.count_messages(prompt)``, which adds the request's fixed cost.
+
+Both are message-level figures against the immediately preceding prompt only: a real cache
+may also match part of the first differing message and prompts older than the previous
+one, and rounds cached lengths down to blocks (for example 128 tokens). They measure how
+stable the start of the prompt is, which is what the filters control.
+
+>>> from jianmu_fast.message import system, human, ai
+>>> s, u1, a1, u2 = system("sys"), human("hi"), ai("hello"), human("bye")
+>>> st = prefix_cache_stats([[s, u1], [s, u1, a1, u2], [s, u2]])
+>>> st.turns, st.prefix_hits, st.prefix_hit_rate
+(3, 1, 0.5)
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Iterable, Optional, Sequence
+
+from .errors import MessageValidationError
+from .message import coerce_messages
+
+__all__ = ["PrefixCacheStats", "prefix_cache_stats", "common_prefix_length"]
+
+
+@dataclass(frozen=True)
+class PrefixCacheStats:
+    """Prefix-cache figures of a run of prompts; see the module docstring for the definitions.
+
+    >>> PrefixCacheStats(turns=1, prefix_hits=0, total_tokens=10, cached_tokens=0).mean_prompt_tokens
+    10.0
+    """
+
+    turns: int
+    """Number of prompts (model calls)."""
+
+    prefix_hits: int
+    """Turns after the first whose prompt starts with the whole previous prompt."""
+
+    total_tokens: int
+    """Tokens of all prompts, ``sum(counter.count_messages(p))``."""
+
+    cached_tokens: int
+    """Tokens of the longest common message prefix of each prompt with the previous one."""
+
+    @property
+    def prefix_hit_rate(self) -> float:
+        """``prefix_hits / (turns - 1)``; 1.0 when there are fewer than two turns."""
+        return self.prefix_hits / (self.turns - 1) if self.turns > 1 else 1.0
+
+    @property
+    def cached_token_share(self) -> float:
+        """``cached_tokens / total_tokens``; 0.0 when there are no tokens."""
+        return self.cached_tokens / self.total_tokens if self.total_tokens else 0.0
+
+    @property
+    def mean_prompt_tokens(self) -> float:
+        """``total_tokens / turns``; 0.0 when there are no turns."""
+        return self.total_tokens / self.turns if self.turns else 0.0
+
+
+def common_prefix_length(a: Sequence[Any], b: Sequence[Any]) -> int:
+    """Number of leading positions where ``a`` and ``b`` hold equal items.
+
+    >>> common_prefix_length([1, 2, 3], [1, 2, 4, 5])
+    2
+    """
+    n = min(len(a), len(b))
+    i = 0
+    while i < n and a[i] == b[i]:
+        i += 1
+    return i
+
+
+def prefix_cache_stats(prompts: Iterable[Sequence[Any]], counter: Optional[Any] = None) -> PrefixCacheStats:
+    """Prefix-cache figures of consecutive prompts (lists of Messages or chat-completions dicts).
+
+    ``counter`` is a token counter (``count_message``, ``count_messages``); the default is
+    ``SimpleTokenCounter()``. A prompt that is not a list of messages raises
+    ``MessageValidationError`` naming it (``prompts[3][1].role: ...``).
+
+    >>> from jianmu_fast.message import system, human, ai
+    >>> from jianmu_fast.memory.context import SimpleTokenCounter
+    >>> s, u1, a1, u2 = system("sys"), human("hi"), ai("hello"), human("bye")
+    >>> st = prefix_cache_stats([[s, u1], [s, u1, a1, u2], [s, u2]], SimpleTokenCounter())
+    >>> st.total_tokens, st.cached_tokens, st.cached_token_share   # 13 + 24 + 13; 10 + 5
+    (50, 15, 0.3)
+    """
+    if counter is None:
+        from .memory.context.counters import SimpleTokenCounter
+
+        counter = SimpleTokenCounter()
+    if isinstance(prompts, (str, bytes)):
+        raise MessageValidationError(f"prompts: expected a sequence of prompts, got {type(prompts).__name__}")
+    turns = hits = total = cached = 0
+    prev: Optional[list[dict[str, Any]]] = None
+    for t, prompt in enumerate(prompts):
+        msgs = coerce_messages(prompt, f"prompts[{t}]")
+        wire = [m.to_openai() for m in msgs]
+        turns += 1
+        total += int(counter.count_messages(msgs))
+        if prev is not None:
+            k = common_prefix_length(prev, wire)
+            if k == len(prev):
+                hits += 1
+            cached += sum(int(counter.count_message(m)) for m in msgs[:k])
+        prev = wire
+    return PrefixCacheStats(turns=turns, prefix_hits=hits, total_tokens=total, cached_tokens=cached)
