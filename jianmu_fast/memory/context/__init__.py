@@ -12,6 +12,8 @@ from .builder import ContextBuilder
 from .counters import SimpleTokenCounter
 from .filters import MaxMessagesFilter, TokenBudgetFilter
 from .providers import StaticPromptProvider, ToolsDescProvider
+from .providers import BootstrapFilesProvider
+from .runtime import PromptRuntimeContext, RunContext
 
 __all__ = [
     "ContextBuilder",
@@ -24,4 +26,7 @@ __all__ = [
     "MaxMessagesFilter",
     "TokenBudgetFilter",
     "SimpleTokenCounter",
+    "BootstrapFilesProvider",
+    "PromptRuntimeContext",
+    "RunContext",
 ]

@@ -1,6 +1,7 @@
 """The message providers, one module each."""
 
+from .bootstrap_files import BootstrapFilesProvider
 from .static_prompt import StaticPromptProvider
 from .tools_desc import ToolsDescProvider
 
-__all__ = ["StaticPromptProvider", "ToolsDescProvider"]
+__all__ = ["StaticPromptProvider", "ToolsDescProvider", "BootstrapFilesProvider"]
