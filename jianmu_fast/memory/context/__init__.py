@@ -9,7 +9,7 @@
 
 from .base import ContextBuilderProtocol, ContextFilter, MessageProvider, TokenCounterProtocol
 from .builder import ContextBuilder
-from .counters import SimpleTokenCounter
+from .counters import HFTokenCounter, SimpleTokenCounter, TiktokenTokenCounter
 from .filters import MaxMessagesFilter, TokenBudgetFilter
 from .providers import StaticPromptProvider, ToolsDescProvider
 from .providers import BootstrapFilesProvider
@@ -26,6 +26,8 @@ __all__ = [
     "MaxMessagesFilter",
     "TokenBudgetFilter",
     "SimpleTokenCounter",
+    "TiktokenTokenCounter",
+    "HFTokenCounter",
     "BootstrapFilesProvider",
     "PromptRuntimeContext",
     "RunContext",

@@ -1,0 +1,278 @@
+"""The cached counting machinery shared by the exact counters.
+
+Two bounded caches per counter, both safe to share between threads:
+
+- **text cache**: ``str -> token count``. Each distinct text is tokenized once. One entry
+  costs about 150 bytes (dict slot, key reference, the int) plus the text itself when
+  nothing else holds it any more; the cache holds at most ``cache_size`` entries and at most
+  ``MAX_CACHED_CHARS`` characters of keys, and evicts the oldest-inserted quarter when full.
+- **message cache**: ``id(message) -> (weakref(message), count)``. A recount of an unchanged
+  ``Message`` object is one dict hit. The weak reference proves the entry belongs to this very
+  object (an ``id`` reused by a new object never matches), keeps nothing alive, and makes a
+  copy (``model_copy(update=...)``, same ``id`` field, other content) a different key. Only
+  messages whose fields are all immutable (``content`` a ``str`` or ``None``, no
+  ``tool_calls``) are cached this way; a message holding lists or dicts goes through the
+  text cache each time (still no tokenization), so mutating a nested list in place can
+  never return a stale count. About 200 bytes per entry, at most ``cache_size`` entries.
+
+Cache misses of a ``count_array`` call are collected first, de-duplicated, and tokenized in
+one pass by the subclass's ``_encode_counts(texts)``.
+"""
+
+from __future__ import annotations
+
+import threading
+import weakref
+from itertools import islice
+from typing import Any, Iterable, Mapping, Sequence
+
+import numpy as np
+
+from ...message import Message
+from ...message.model import coerce_message
+
+__all__ = ["CachedChatCounter", "DEFAULT_CACHE_SIZE"]
+
+DEFAULT_CACHE_SIZE = 1 << 16
+
+
+def _check_cache_size(cache_size: Any) -> int:
+    if isinstance(cache_size, bool) or not isinstance(cache_size, int) or cache_size < 1:
+        raise ValueError(f"cache_size must be a positive int, got {cache_size!r}")
+    return cache_size
+
+
+def _check_tokens(name: str, value: Any) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+        raise ValueError(f"{name} must be a non-negative int, got {value!r}")
+    return value
+
+
+class CachedChatCounter:
+    """Chat-format counting over a cached exact tokenizer (subclassed by the exact counters).
+
+    Subclasses set the overhead constants and implement ``_encode_counts(texts) -> list[int]``.
+    """
+
+    PER_MESSAGE = 3
+    PER_NAME = 1
+    PER_TOOL_CALL = 1
+    PER_REQUEST = 3
+    COUNT_TOOL_CALL_ID = False
+    #: the text cache also stops growing past this many characters of keys
+    MAX_CACHED_CHARS = 1 << 26
+
+    cache_size: int
+    image_tokens: int
+
+    def _init_cache(self, cache_size: int, image_tokens: int) -> None:
+        self.cache_size = _check_cache_size(cache_size)
+        self.image_tokens = _check_tokens("image_tokens", image_tokens)
+        self._lock = threading.Lock()
+        self._texts: dict[str, int] = {}
+        self._chars = 0
+        self._msgs: dict[int, tuple[weakref.ref, int]] = {}
+        self._role_base: dict[str, int] = {}
+
+    # -- subclass hook ------------------------------------------------------------------
+
+    def _encode_counts(self, texts: list[str]) -> list[int]:
+        """Exact token counts of ``texts`` (distinct, not cached), in one pass."""
+        raise NotImplementedError
+
+    # -- caches ---------------------------------------------------------------------------
+
+    def clear_cache(self) -> None:
+        """Forget every cached count (the tokenizer stays loaded).
+
+        >>> from jianmu_fast.memory.context import TiktokenTokenCounter
+        >>> c = TiktokenTokenCounter("o200k_base")
+        >>> c.count_text("hello"); c.clear_cache(); c.cache_info()
+        1
+        {'texts': 0, 'messages': 0, 'cache_size': 65536}
+        """
+        with self._lock:
+            self._texts = {}
+            self._chars = 0
+            self._msgs = {}
+
+    def cache_info(self) -> dict[str, int]:
+        """Entries held in the text and message caches, and the bound of each.
+
+        >>> from jianmu_fast.memory.context import TiktokenTokenCounter
+        >>> TiktokenTokenCounter("o200k_base", cache_size=100).cache_info()
+        {'texts': 0, 'messages': 0, 'cache_size': 100}
+        """
+        return {"texts": len(self._texts), "messages": len(self._msgs), "cache_size": self.cache_size}
+
+    def _store_texts(self, texts: list[str], counts: list[int]) -> None:
+        with self._lock:
+            cache = self._texts
+            for t, c in zip(texts, counts):
+                if t not in cache:
+                    cache[t] = c
+                    self._chars += len(t)
+            if len(cache) > self.cache_size or self._chars > self.MAX_CACHED_CHARS:
+                drop = max(len(cache) - (self.cache_size * 3) // 4, len(cache) // 4, 1)
+                for key in list(islice(iter(cache), drop)):
+                    del cache[key]
+                    self._chars -= len(key)
+
+    def _store_messages(self, items: list[tuple[Message, int]]) -> None:
+        with self._lock:
+            cache = self._msgs
+            for m, c in items:
+                cache[id(m)] = (weakref.ref(m), c)
+            if len(cache) > self.cache_size:
+                drop = len(cache) - (self.cache_size * 3) // 4
+                for key in list(islice(iter(cache), drop)):
+                    del cache[key]
+
+    def _role_cost(self, role: str) -> int:
+        base = self._role_base.get(role)
+        if base is None:
+            base = self.PER_MESSAGE + self.count_text(role)
+            self._role_base[role] = base
+        return base
+
+    # -- the public API ---------------------------------------------------------------------
+
+    def count_text(self, text: str) -> int:
+        """Exact tokens of ``text``; special-token text is counted as ordinary text."""
+        if type(text) is not str:
+            if not isinstance(text, str):
+                raise TypeError(f"text must be a str, got {type(text).__name__}")
+            text = str(text)
+        n = self._texts.get(text)
+        if n is not None:
+            return n
+        n = self._encode_counts([text])[0]
+        self._store_texts([text], [n])
+        return n
+
+    def count_message(self, message: Message) -> int:
+        """Tokens ``message`` costs in a request (see the class docstring for the formula)."""
+        e = self._msgs.get(id(message))
+        if e is not None and e[0]() is message:
+            return e[1]
+        return self._counts([message], "message")[0]
+
+    def count_messages(self, messages: Iterable[Message]) -> int:
+        """Tokens of a whole request: ``PER_REQUEST + sum(count_message(m) for m in messages)``."""
+        ms = messages if isinstance(messages, (list, tuple)) else list(messages)
+        return self.PER_REQUEST + sum(self._counts(ms, "messages"))
+
+    def count_array(self, messages: Sequence[Message]) -> np.ndarray:
+        """One int64 count per message, what the compiled core consumes.
+
+        Cache misses are tokenized together, in one pass over the distinct missing texts.
+        """
+        ms = messages if isinstance(messages, (list, tuple)) else list(messages)
+        return np.array(self._counts(ms, "messages"), dtype=np.int64)
+
+    # -- the loop ----------------------------------------------------------------------------
+
+    def _counts(self, ms: Sequence[Any], where: str) -> list[int]:
+        get = self._msgs.get
+        out: list[int] = []
+        append = out.append
+        missing: list[int] = []
+        for i, m in enumerate(ms):
+            e = get(id(m))
+            if e is not None and e[0]() is m:
+                append(e[1])
+            else:
+                append(0)
+                missing.append(i)
+        if missing:
+            self._fill(ms, missing, out, where)
+        return out
+
+    def _fill(self, ms: Sequence[Any], missing: list[int], out: list[int], where: str) -> None:
+        tget = self._texts.get
+        image = self.image_tokens
+        per_name = self.PER_NAME
+        per_call = self.PER_TOOL_CALL
+        count_id = self.COUNT_TOOL_CALL_ID
+        role_base = self._role_base
+        plan: list[tuple[int, Message, int, Any]] = []  # (index, message, fixed cost, text(s))
+        known: dict[str, int] = {}
+        need: dict[str, None] = {}
+        for i in missing:
+            m = ms[i]
+            if type(m) is not Message:
+                m = self._coerce(m, f"{where}[{i}]" if where == "messages" else where)
+            fixed = role_base.get(m.role)
+            if fixed is None:
+                fixed = self._role_cost(m.role)
+            c = m.content
+            if type(c) is str and m.name is None and m.tool_calls is None and (
+                not count_id or m.tool_call_id is None
+            ):
+                n = tget(c)
+                if n is None:
+                    need[c] = None
+                else:
+                    known[c] = n
+                plan.append((i, m, fixed, c))
+                continue
+            texts: list[str] = []
+            if isinstance(c, str):
+                texts.append(c)
+            elif c:
+                for block in c:
+                    if block.get("type") == "text":
+                        texts.append(block["text"])
+                    else:
+                        fixed += image
+            if m.name:
+                texts.append(m.name)
+                fixed += per_name
+            if count_id and m.tool_call_id:
+                texts.append(m.tool_call_id)
+            if m.tool_calls:
+                for call in m.tool_calls:
+                    fn = call["function"]
+                    fixed += per_call
+                    texts.append(fn["name"])
+                    args = fn.get("arguments")
+                    if args:
+                        texts.append(args)
+            for t in texts:
+                n = tget(t)
+                if n is None:
+                    need[t] = None
+                else:
+                    known[t] = n
+            plan.append((i, m, fixed, texts))
+        if need:
+            new = list(need)
+            counts = self._encode_counts(new)
+            self._store_texts(new, counts)
+            known.update(zip(new, counts))
+        done: list[tuple[Message, int]] = []
+        for i, m, fixed, texts in plan:
+            if type(texts) is str:
+                total = fixed + known[texts]
+                cacheable = True
+            else:
+                total = fixed
+                for t in texts:
+                    total += known[t]
+                # messages holding lists or dicts are not identity-cached (module docstring)
+                cacheable = m.tool_calls is None and not isinstance(m.content, list)
+            out[i] = total
+            if cacheable and m is ms[i]:
+                done.append((m, total))
+        if done:
+            self._store_messages(done)
+
+    @staticmethod
+    def _coerce(item: Any, where: str) -> Message:
+        if isinstance(item, Mapping) or isinstance(item, Message):
+            return coerce_message(item, where)
+        from ...errors import MessageValidationError
+
+        raise MessageValidationError(
+            f"{where}: expected a Message or a chat-completions dict, got {type(item).__name__}"
+        )

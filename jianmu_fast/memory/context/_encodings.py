@@ -1,0 +1,269 @@
+"""Loading exact tokenizers, offline first, cached once per process.
+
+``cl100k_base`` and ``o200k_base`` ship inside the package (``jianmu_fast/_data/*.tiktoken.gz``)
+and load with no network access. Their decompressed bytes are checked against the sha256
+that tiktoken itself pins (``tiktoken_ext.openai_public``) before use. The regex and the
+special tokens come from tiktoken's own constructor for the encoding, run with a private
+copy of its module globals whose ``load_tiktoken_bpe`` reads the shipped file: nothing of
+tiktoken is patched, and a tiktoken release that changes a pin makes us fall back to its
+normal loading. Any other encoding goes through ``tiktoken.get_encoding`` (tiktoken's
+download and cache).
+
+HuggingFace ``tokenizer.json`` files are loaded once per distinct content (keyed by sha256),
+with truncation and padding switched off so that counts are never capped.
+
+tiktoken and tokenizers are imported inside these functions only, so importing
+``jianmu_fast.memory.context`` loads neither.
+"""
+
+from __future__ import annotations
+
+import gzip
+import hashlib
+import os
+import threading
+import types
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Optional
+
+from ...errors import TokenizerLoadError
+
+if TYPE_CHECKING:  # pragma: no cover
+    import tiktoken
+    import tokenizers
+
+__all__ = [
+    "SHIPPED_ENCODINGS",
+    "DATA_DIR",
+    "resolve_encoding_name",
+    "load_tiktoken_encoding",
+    "load_hf_tokenizer",
+    "copy_hf_tokenizer",
+    "is_loaded",
+    "same_encoding",
+]
+
+#: encodings shipped in ``jianmu_fast/_data``, with the sha256 of the decompressed file as
+#: tiktoken 0.7 to 0.14 pin it
+SHIPPED_ENCODINGS: dict[str, str] = {
+    "cl100k_base": "223921b76ee99bde995b7ff738513eef100fb51d18c93597a113bcffe865b2a7",
+    "o200k_base": "446a9538cb6c348e3516120d7c08b09f57c36495e2acfffe59a5bf8b0cfb1a2d",
+}
+DATA_DIR = Path(__file__).resolve().parents[2] / "_data"
+
+_lock = threading.Lock()
+_encodings: dict[tuple[str, str], "tiktoken.Encoding"] = {}
+_hf: dict[str, "tokenizers.Tokenizer"] = {}
+
+
+class _PinChanged(Exception):
+    """tiktoken pins another file than the one we ship: use tiktoken's own loading."""
+
+
+def resolve_encoding_name(spec: str) -> str:
+    """The tiktoken encoding name for an encoding name or a model name.
+
+    >>> resolve_encoding_name("gpt-4o"), resolve_encoding_name("cl100k_base")
+    ('o200k_base', 'cl100k_base')
+    """
+    if spec in SHIPPED_ENCODINGS:
+        return spec
+    import tiktoken
+    import tiktoken.model
+
+    if spec in tiktoken.list_encoding_names():
+        return spec
+    try:
+        return tiktoken.model.encoding_name_for_model(spec)
+    except KeyError:
+        raise ValueError(
+            f"encoding: {spec!r} is neither a tiktoken encoding name "
+            f"({', '.join(sorted(tiktoken.list_encoding_names()))}) nor a model name tiktoken "
+            "knows (e.g. 'gpt-4o', 'gpt-4'); pass one of those or a tiktoken.Encoding"
+        ) from None
+
+
+def _read_shipped(name: str, data_dir: Path) -> bytes:
+    path = data_dir / f"{name}.tiktoken.gz"
+    try:
+        with gzip.open(path, "rb") as f:
+            data = f.read()
+    except (OSError, EOFError) as exc:
+        raise TokenizerLoadError(
+            f"cannot load tiktoken encoding {name!r}: reading the file shipped with jianmu_fast "
+            f"at {path} failed ({exc}). Reinstall jianmu_fast (pip install --force-reinstall "
+            "jianmu_fast) to restore it."
+        ) from exc
+    digest = hashlib.sha256(data).hexdigest()
+    if digest != SHIPPED_ENCODINGS[name]:
+        raise TokenizerLoadError(
+            f"cannot load tiktoken encoding {name!r}: the file shipped with jianmu_fast at {path} "
+            f"is corrupted (sha256 {digest}, tiktoken pins {SHIPPED_ENCODINGS[name]}). Reinstall "
+            "jianmu_fast (pip install --force-reinstall jianmu_fast) to restore it."
+        )
+    return data
+
+
+def _parse_ranks(data: bytes) -> dict[bytes, int]:
+    import base64
+
+    ranks = {}
+    for line in data.splitlines():
+        if line:
+            token, rank = line.split()
+            ranks[base64.b64decode(token)] = int(rank)
+    return ranks
+
+
+def _shipped_constructor_params(name: str, data_dir: Path) -> dict[str, Any]:
+    """Run tiktoken's constructor for ``name`` with its file read from ``data_dir``."""
+    from tiktoken_ext import openai_public
+
+    ctor = openai_public.ENCODING_CONSTRUCTORS[name]
+    if "load_tiktoken_bpe" not in ctor.__code__.co_names:
+        raise _PinChanged(name)
+    loaded: list[str] = []
+
+    def local_load(blobpath: str, expected_hash: Optional[str] = None) -> dict[bytes, int]:
+        fname = blobpath.rsplit("/", 1)[-1]
+        if not fname.endswith(".tiktoken") or fname[: -len(".tiktoken")] not in SHIPPED_ENCODINGS:
+            raise _PinChanged(blobpath)
+        shipped = fname[: -len(".tiktoken")]
+        if expected_hash != SHIPPED_ENCODINGS[shipped]:
+            raise _PinChanged(blobpath)
+        loaded.append(shipped)
+        return _parse_ranks(_read_shipped(shipped, data_dir))
+
+    def no_network(*args: Any, **kwargs: Any) -> Any:
+        raise _PinChanged(name)
+
+    scope = dict(ctor.__globals__)
+    scope["load_tiktoken_bpe"] = local_load
+    scope["data_gym_to_mergeable_bpe_ranks"] = no_network
+    for other in SHIPPED_ENCODINGS:  # constructors that call each other stay local too
+        fn = openai_public.ENCODING_CONSTRUCTORS[other]
+        scope[fn.__name__] = types.FunctionType(fn.__code__, scope, fn.__name__, fn.__defaults__)
+    params = types.FunctionType(ctor.__code__, scope, ctor.__name__, ctor.__defaults__)()
+    if not loaded or params.get("name") != name:
+        raise _PinChanged(name)
+    return params
+
+
+def _cache_dir_hint() -> str:
+    import tempfile
+
+    for var in ("TIKTOKEN_CACHE_DIR", "DATA_GYM_CACHE_DIR"):
+        if var in os.environ:
+            return f"{os.environ[var]!r} (from ${var})"
+    return f"{os.path.join(tempfile.gettempdir(), 'data-gym-cache')!r} (tiktoken's default)"
+
+
+def load_tiktoken_encoding(name: str, data_dir: Optional[Path] = None) -> "tiktoken.Encoding":
+    """The ``tiktoken.Encoding`` called ``name``, loaded once per process.
+
+    Shipped encodings are read from ``data_dir`` (default: the package's ``_data``).
+
+    >>> load_tiktoken_encoding("o200k_base").encode_ordinary("hello world")
+    [24912, 2375]
+    """
+    directory = DATA_DIR if data_dir is None else Path(data_dir)
+    key = (name, str(directory))
+    enc = _encodings.get(key)
+    if enc is not None:
+        return enc
+    with _lock:
+        enc = _encodings.get(key)
+        if enc is None:
+            enc = _load(name, directory)
+            _encodings[key] = enc
+    return enc
+
+
+def _load(name: str, directory: Path) -> "tiktoken.Encoding":
+    import tiktoken
+
+    if name in SHIPPED_ENCODINGS:
+        try:
+            return tiktoken.Encoding(**_shipped_constructor_params(name, directory))
+        except _PinChanged:
+            pass  # this tiktoken wants another file: let it load its own
+    try:
+        return tiktoken.get_encoding(name)
+    except ValueError as exc:
+        if "Unknown encoding" in str(exc):
+            raise ValueError(f"encoding: {exc}") from None
+        raise TokenizerLoadError(
+            f"cannot load tiktoken encoding {name!r}: {exc}. tiktoken looked in its cache "
+            f"{_cache_dir_hint()}. Delete the cached file and retry with network access, or use "
+            "'cl100k_base' / 'o200k_base', which ship with jianmu_fast."
+        ) from exc
+    except Exception as exc:  # network errors from requests, OSError, ...
+        raise TokenizerLoadError(
+            f"cannot load tiktoken encoding {name!r}: tiktoken looked in its cache "
+            f"{_cache_dir_hint()} and then tried to download it ({type(exc).__name__}: {exc}). "
+            "Fix: run once with network access, or copy the cache folder from a machine that has "
+            "it and point $TIKTOKEN_CACHE_DIR at it, or use 'cl100k_base' / 'o200k_base', which "
+            "ship with jianmu_fast and need no network."
+        ) from exc
+
+
+def copy_hf_tokenizer(tok: "tokenizers.Tokenizer") -> "tokenizers.Tokenizer":
+    """A private copy of ``tok`` with truncation and padding off (counts are never capped)."""
+    from tokenizers import Tokenizer
+
+    copy = Tokenizer.from_str(tok.to_str())
+    copy.no_truncation()
+    copy.no_padding()
+    return copy
+
+
+def load_hf_tokenizer(path: "str | os.PathLike[str]") -> tuple["tokenizers.Tokenizer", str, str]:
+    """Load a ``tokenizer.json``: ``(tokenizer, absolute path, sha256 of the file)``.
+
+    One tokenizer per distinct file content and process; truncation and padding are off.
+    """
+    from tokenizers import Tokenizer
+
+    abspath = os.path.abspath(os.fspath(path))
+    try:
+        with open(abspath, "rb") as f:
+            data = f.read()
+    except OSError as exc:
+        raise TokenizerLoadError(
+            f"cannot load HuggingFace tokenizer: reading {abspath!r} failed ({exc.strerror or exc}). "
+            "Pass the path of an existing tokenizer.json (e.g. the one saved by "
+            "tokenizer.save_pretrained(dir) or Tokenizer.save(path))."
+        ) from exc
+    digest = hashlib.sha256(data).hexdigest()
+    tok = _hf.get(digest)
+    if tok is None:
+        with _lock:
+            tok = _hf.get(digest)
+            if tok is None:
+                try:
+                    tok = Tokenizer.from_str(data.decode("utf-8"))
+                except Exception as exc:
+                    raise TokenizerLoadError(
+                        f"cannot load HuggingFace tokenizer from {abspath!r}: it is not a valid "
+                        f"tokenizer.json ({type(exc).__name__}: {exc}). Pass the tokenizer.json of a "
+                        "fast tokenizer (not vocab.txt, tokenizer_config.json or a sentencepiece model)."
+                    ) from exc
+                tok.no_truncation()
+                tok.no_padding()
+                _hf[digest] = tok
+    return tok, abspath, digest
+
+
+def is_loaded(enc: object) -> bool:
+    """Whether ``enc`` is one of the encodings this module loaded."""
+    return any(enc is e for e in list(_encodings.values()))
+
+
+def same_encoding(a: "tiktoken.Encoding", b: "tiktoken.Encoding") -> bool:
+    """Whether two encodings tokenize identically (name, regex, special tokens, ranks)."""
+    return (
+        a.name == b.name
+        and getattr(a, "_pat_str", None) == getattr(b, "_pat_str", None)
+        and getattr(a, "_special_tokens", None) == getattr(b, "_special_tokens", None)
+        and getattr(a, "_mergeable_ranks", None) == getattr(b, "_mergeable_ranks", None)
+    )
