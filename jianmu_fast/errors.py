@@ -7,7 +7,8 @@
       ├─ ContextBudgetError(JianmuError, ValueError)       the newest turn cannot fit the limit
       ├─ ToolCallHistoryError(JianmuError, ValueError)     a broken tool-call transaction at the tail
       ├─ ConfigError(JianmuError, ValueError)              a malformed jianmu.yaml or SKILL.md
-      └─ TokenizerLoadError(JianmuError, OSError)          an encoding or tokenizer.json cannot load
+      ├─ TokenizerLoadError(JianmuError, OSError)          an encoding or tokenizer.json cannot load
+      └─ BatchError(JianmuError, ValueError)               a state of a batch failed (index, cause)
 
 Each error also subclasses the builtin a user already catches. Every message says what is
 wrong, where (message index, field, file path) and how to fix it.
@@ -25,6 +26,7 @@ __all__ = [
     "ToolCallHistoryError",
     "ConfigError",
     "TokenizerLoadError",
+    "BatchError",
 ]
 
 
@@ -67,3 +69,23 @@ class ConfigError(JianmuError, ValueError):
 
 class TokenizerLoadError(JianmuError, OSError):
     """An encoding or tokenizer file cannot be loaded; the text says where it looked."""
+
+
+class BatchError(JianmuError, ValueError):
+    """One state of a batch (``jianmu_fast.batch``) failed under ``on_error="raise"``.
+
+    Attributes: ``index`` (the state's position in the batch) and ``error`` (what
+    ``builder.build(state)`` raised for it, also chained as ``__cause__``).
+    """
+
+    def __init__(self, message: str, *, index: int = -1, error: BaseException | None = None) -> None:
+        super().__init__(message)
+        self.index = index
+        self.error = error
+
+    def __reduce__(self):  # keep the attributes across process boundaries
+        return (_rebuild_batch_error, (self.args[0], self.index, self.error))
+
+
+def _rebuild_batch_error(message: str, index: int, error: BaseException | None) -> "BatchError":
+    return BatchError(message, index=index, error=error)

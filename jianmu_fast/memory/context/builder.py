@@ -122,20 +122,28 @@ class ContextBuilder:
         return messages
 
     def _filter(self, messages, local_state, global_state, ctx, tools_schema) -> list[Message]:
-        for i, flt in enumerate(self.filters):
-            try:
-                if self._filter_takes_tools[i]:
-                    out = flt.apply(messages, local_state, global_state, ctx, tools_schema=tools_schema)
-                else:
-                    out = flt.apply(messages, local_state, global_state, ctx)
-                messages = coerce_messages(out, f"filters[{i}] ({type(flt).__name__}) output")
-            except JianmuError:
-                raise
-            except Exception:
-                logger.exception("filters[%d] (%s) failed; it is skipped", i, type(flt).__name__)
-        if self.sanitize:
-            messages = _sanitize(messages)
-        return messages
+        for i in range(len(self.filters)):
+            messages = self._apply_filter(i, messages, local_state, global_state, ctx, tools_schema)
+        return self._finish(messages)
+
+    def _apply_filter(self, i, messages, local_state, global_state, ctx, tools_schema) -> list[Message]:
+        """Run ``filters[i]`` with the pipeline's error isolation (shared with ``jianmu_fast.batch``)."""
+        flt = self.filters[i]
+        try:
+            if self._filter_takes_tools[i]:
+                out = flt.apply(messages, local_state, global_state, ctx, tools_schema=tools_schema)
+            else:
+                out = flt.apply(messages, local_state, global_state, ctx)
+            return coerce_messages(out, f"filters[{i}] ({type(flt).__name__}) output")
+        except JianmuError:
+            raise
+        except Exception:
+            logger.exception("filters[%d] (%s) failed; it is skipped", i, type(flt).__name__)
+            return messages
+
+    def _finish(self, messages: list[Message]) -> list[Message]:
+        """The last step of ``build()``/``transform()``: sanitize when ``self.sanitize``."""
+        return _sanitize(messages) if self.sanitize else messages
 
 
 def _sanitize(messages: list[Message]) -> list[Message]:

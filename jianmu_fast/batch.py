@@ -1,0 +1,494 @@
+"""Batch assembly: many prompts from one ``ContextBuilder``, equal to ``build()`` per state.
+
+``build_batch(builder, states)`` returns ``[builder.build(s) for s in states]``, message for
+message, but does the expensive parts once for the whole batch:
+
+1. providers run per state, in Python (they are user code);
+2. each trimming filter stage (``MaxMessagesFilter``, ``TokenBudgetFilter``) looks at the
+   tail of every prompt that can possibly be kept (walking back from the newest message in
+   doubling steps, as the filters do), counts the messages of all those tails in **one**
+   ``counter.count_array`` call per step (the counters cache per text, so each distinct
+   text is tokenized once, and the misses of a call are tokenized in one pass), and decides
+   every prompt in **one** call of the compiled core's ``select_windows`` over CSR-packed
+   arrays. Filters of any other type run per prompt, in pipeline order;
+3. the sanitize step of ``build()`` runs per prompt.
+
+Errors behave as in ``build()``: an unexpected exception of a filter is logged and that
+stage skipped for that prompt; an error of jianmu_fast's hierarchy (``ContextBudgetError``,
+``ToolCallHistoryError``, ...) fails the state. ``on_error="raise"`` (the default) then
+raises :class:`~jianmu_fast.errors.BatchError` naming the lowest failing index, with the
+original error chained; ``on_error="skip"`` leaves ``[]`` in that slot of ``build_batch``'s
+list and logs it. ``build_batch_report`` returns both the prompts (``None`` where a state
+failed) and the failures, so a caller can tell an empty prompt from a failed one.
+
+``workers > 1`` splits the states into contiguous chunks run by a process pool (the
+builder is pickled; counters pickle by name); results keep the input order.
+"""
+
+from __future__ import annotations
+
+import logging
+import multiprocessing
+import os
+import sys
+from concurrent.futures import ProcessPoolExecutor
+from dataclasses import dataclass, field
+from typing import Any, Iterable, Literal, Optional, Sequence
+
+import numpy as np
+
+from . import _backend
+from .errors import BatchError, JianmuError
+from .memory.context.filters import MaxMessagesFilter, TokenBudgetFilter, _pinned_count, _unit_start_at_or_before
+from .message import Message, coerce_messages
+
+__all__ = [
+    "build_batch",
+    "transform_batch",
+    "build_batch_report",
+    "transform_batch_report",
+    "BatchReport",
+    "BatchFailure",
+]
+
+logger = logging.getLogger("jianmu_fast.batch")
+
+OnError = Literal["raise", "skip"]
+_WINDOW_TYPES = (MaxMessagesFilter, TokenBudgetFilter)
+_FIRST_STEP = 32
+
+
+@dataclass(frozen=True)
+class BatchFailure:
+    """A state of the batch that failed: its ``index`` and the ``error`` ``build()`` raises.
+
+    >>> f = BatchFailure(3, ValueError("bad"))
+    >>> f.reason
+    'ValueError: bad'
+    """
+
+    index: int
+    error: BaseException
+
+    @property
+    def reason(self) -> str:
+        """``"<ErrorType>: <message>"``."""
+        return f"{type(self.error).__name__}: {self.error}"
+
+
+@dataclass
+class BatchReport:
+    """What ``build_batch_report`` returns: one slot per state, and the failures.
+
+    ``prompts[i]`` is the prompt of state ``i``, or ``None`` when it failed; ``failures``
+    lists the failed states in index order.
+
+    >>> r = BatchReport(prompts=[[], None], failures=[BatchFailure(1, ValueError("x"))])
+    >>> r.ok, [f.index for f in r.failures]
+    (False, [1])
+    """
+
+    prompts: list[Optional[list[Message]]]
+    failures: list[BatchFailure] = field(default_factory=list)
+
+    @property
+    def ok(self) -> bool:
+        """True when no state failed."""
+        return not self.failures
+
+
+# -- public functions -----------------------------------------------------------------------
+
+
+def build_batch(
+    builder: Any,
+    states: Iterable[Any],
+    *,
+    global_state: Any = None,
+    ctx: Any = None,
+    tools_schema: Optional[Sequence[dict[str, Any]]] = None,
+    workers: int = 1,
+    progress: bool = False,
+    on_error: OnError = "raise",
+) -> list[list[Message]]:
+    """``[builder.build(s, global_state, ctx, tools_schema) for s in states]``, batched.
+
+    With ``on_error="skip"`` a failed state gets ``[]`` (use ``build_batch_report`` to tell
+    it apart from an empty prompt).
+
+    >>> from jianmu_fast.memory.context import ContextBuilder, StaticPromptProvider, MaxMessagesFilter
+    >>> from jianmu_fast.message import human, ai
+    >>> class History:
+    ...     def get_messages(self, local_state, global_state=None, ctx=None):
+    ...         return local_state["messages"]
+    >>> b = ContextBuilder([StaticPromptProvider("Be brief."), History()], [MaxMessagesFilter(2)])
+    >>> states = [{"messages": [human("a"), ai("b"), human("c")]}, {"messages": [human("x")]}]
+    >>> [[m.content for m in p] for p in build_batch(b, states)]
+    [['Be brief.', 'b', 'c'], ['Be brief.', 'x']]
+    """
+    report = build_batch_report(
+        builder, states, global_state=global_state, ctx=ctx, tools_schema=tools_schema,
+        workers=workers, progress=progress, on_error=on_error,
+    )
+    return [p if p is not None else [] for p in report.prompts]
+
+
+def transform_batch(
+    builder: Any,
+    message_lists: Iterable[Sequence[Any]],
+    *,
+    local_states: Optional[Sequence[Any]] = None,
+    global_state: Any = None,
+    ctx: Any = None,
+    tools_schema: Optional[Sequence[dict[str, Any]]] = None,
+    workers: int = 1,
+    progress: bool = False,
+    on_error: OnError = "raise",
+) -> list[list[Message]]:
+    """``[builder.transform(ms, local_state, ...) for ms in message_lists]``, batched.
+
+    ``local_states`` (one per list, default ``None`` for each) is what the filters receive.
+
+    >>> from jianmu_fast.memory.context import ContextBuilder, MaxMessagesFilter
+    >>> b = ContextBuilder(filters=[MaxMessagesFilter(1)])
+    >>> [[m["content"] if isinstance(m, dict) else m.content for m in p]
+    ...  for p in transform_batch(b, [[{"role": "user", "content": "a"}, {"role": "user", "content": "b"}]])]
+    [['b']]
+    """
+    report = transform_batch_report(
+        builder, message_lists, local_states=local_states, global_state=global_state, ctx=ctx,
+        tools_schema=tools_schema, workers=workers, progress=progress, on_error=on_error,
+    )
+    return [p if p is not None else [] for p in report.prompts]
+
+
+def build_batch_report(
+    builder: Any,
+    states: Iterable[Any],
+    *,
+    global_state: Any = None,
+    ctx: Any = None,
+    tools_schema: Optional[Sequence[dict[str, Any]]] = None,
+    workers: int = 1,
+    progress: bool = False,
+    on_error: OnError = "skip",
+) -> BatchReport:
+    """Like ``build_batch``, returning a :class:`BatchReport` (``None`` where a state failed).
+
+    The default here is ``on_error="skip"``; with ``"raise"`` the first failure (lowest
+    index) raises :class:`~jianmu_fast.errors.BatchError`.
+
+    >>> from jianmu_fast.memory.context import ContextBuilder, MaxMessagesFilter
+    >>> from jianmu_fast.message import ai, tool
+    >>> class History:
+    ...     def get_messages(self, local_state, global_state=None, ctx=None):
+    ...         return local_state
+    >>> call = [{"id": "c1", "type": "function", "function": {"name": "f", "arguments": "{}"}}]
+    >>> r = build_batch_report(ContextBuilder([History()], [MaxMessagesFilter(1)]),
+    ...                        [[ai("ok")], [ai(None, tool_calls=call), tool("r", tool_call_id="c1")]])
+    >>> [len(p) if p is not None else None for p in r.prompts], r.failures[0].index
+    ([1, None], 1)
+    >>> type(r.failures[0].error).__name__
+    'ContextBudgetError'
+    """
+    return _run_public(builder, list(states), None, None, global_state, ctx, tools_schema, workers, progress, on_error)
+
+
+def transform_batch_report(
+    builder: Any,
+    message_lists: Iterable[Sequence[Any]],
+    *,
+    local_states: Optional[Sequence[Any]] = None,
+    global_state: Any = None,
+    ctx: Any = None,
+    tools_schema: Optional[Sequence[dict[str, Any]]] = None,
+    workers: int = 1,
+    progress: bool = False,
+    on_error: OnError = "skip",
+) -> BatchReport:
+    """Like ``transform_batch``, returning a :class:`BatchReport`.
+
+    >>> from jianmu_fast.memory.context import ContextBuilder
+    >>> r = transform_batch_report(ContextBuilder(), [[{"role": "robot"}]])
+    >>> r.prompts, r.failures[0].reason
+    ([None], "MessageValidationError: messages[0].role: Input should be 'system', 'user', 'assistant' or 'tool'")
+    """
+    lists = list(message_lists)
+    if local_states is None:
+        states: list[Any] = [None] * len(lists)
+    else:
+        states = list(local_states)
+        if len(states) != len(lists):
+            raise ValueError(f"local_states has {len(states)} entries, message_lists has {len(lists)}")
+    return _run_public(builder, states, lists, None, global_state, ctx, tools_schema, workers, progress, on_error)
+
+
+# -- driver -----------------------------------------------------------------------------------
+
+
+def _check_args(builder: Any, workers: Any, on_error: Any) -> None:
+    if on_error not in ("raise", "skip"):
+        raise ValueError(f"on_error must be 'raise' or 'skip', got {on_error!r}")
+    if isinstance(workers, bool) or not isinstance(workers, int) or workers < 1:
+        raise ValueError(f"workers must be a positive int, got {workers!r}")
+    for name in ("providers", "filters", "_provide", "_apply_filter", "_finish"):
+        if not hasattr(builder, name):
+            raise TypeError(f"builder: expected a ContextBuilder, got {type(builder).__name__} (no {name})")
+
+
+def _run_public(builder, states, lists, _unused, global_state, ctx, tools_schema, workers, progress, on_error) -> BatchReport:
+    _check_args(builder, workers, on_error)
+    n = len(states)
+    if workers > 1 and n > 1:
+        report = _run_pool(builder, states, lists, global_state, ctx, tools_schema, workers, progress)
+    else:
+        bar = _progress_bar(n, progress)
+        try:
+            report = _run(builder, states, lists, global_state, ctx, tools_schema, bar)
+        finally:
+            if bar is not None:
+                bar.close()
+    if report.failures:
+        if on_error == "raise":
+            first = report.failures[0]
+            raise BatchError(
+                f"states[{first.index}] failed: {first.reason}. Fix that state, or pass "
+                "on_error='skip' to build the others and collect the failures "
+                "(build_batch_report).",
+                index=first.index,
+                error=first.error,
+            ) from first.error
+        for f in report.failures:
+            logger.warning("states[%d] skipped: %s", f.index, f.reason)
+    return report
+
+
+def _progress_bar(total: int, enabled: bool) -> Any:
+    if not enabled:
+        return None
+    try:
+        from tqdm import tqdm
+    except ImportError:  # tqdm is the optional extra "cli": no bar without it
+        return None
+    return tqdm(total=total, unit="prompt", file=sys.stderr, dynamic_ncols=True)
+
+
+def _run(builder, states, lists, global_state, ctx, tools_schema, bar=None) -> BatchReport:
+    """The single-process pipeline; never raises for a state, returns its failure."""
+    n = len(states)
+    prompts: list[Optional[list[Message]]] = [None] * n
+    errors: dict[int, BaseException] = {}
+    tick = bar.update if bar is not None else None
+    for i in range(n):  # providers (or coercion, for transform), per state
+        try:
+            if lists is None:
+                prompts[i] = builder._provide(states[i], global_state, ctx, tools_schema)
+            else:
+                prompts[i] = coerce_messages(lists[i])
+        except Exception as exc:
+            errors[i] = exc
+        if tick is not None and (i & 255) == 255:
+            tick(256)
+    alive = [i for i in range(n) if i not in errors]
+    for fi, flt in enumerate(builder.filters):
+        if type(flt) in _WINDOW_TYPES and len(alive) > 1:
+            _window_stage(builder, fi, flt, prompts, alive, states, global_state, ctx, tools_schema, errors)
+        else:
+            for i in alive:
+                _python_stage(builder, fi, prompts, i, states, global_state, ctx, tools_schema, errors)
+        if errors:
+            alive = [i for i in alive if i not in errors]
+    for i in alive:
+        try:
+            prompts[i] = builder._finish(prompts[i])
+        except Exception as exc:
+            errors[i] = exc
+    for i in errors:
+        prompts[i] = None
+    if tick is not None:
+        tick(n - (n // 256) * 256)
+    return BatchReport(prompts, [BatchFailure(i, errors[i]) for i in sorted(errors)])
+
+
+def _python_stage(builder, fi, prompts, i, states, global_state, ctx, tools_schema, errors) -> None:
+    try:
+        prompts[i] = builder._apply_filter(fi, prompts[i], states[i], global_state, ctx, tools_schema)
+    except Exception as exc:
+        errors[i] = exc
+
+
+def _window_stage(builder, fi, flt, prompts, alive, states, global_state, ctx, tools_schema, errors) -> None:
+    """One trimming filter over every live prompt: batched counting, one core call."""
+    try:
+        decided, slow = _decide_windows(flt, prompts, alive)
+    except Exception:  # anything unexpected: the exact per-prompt path decides (and logs)
+        decided, slow = {}, alive
+    for i, out in decided.items():
+        prompts[i] = out
+    for i in slow:  # edge cases (all pinned, limit < 0, nothing fits): the filter itself
+        _python_stage(builder, fi, prompts, i, states, global_state, ctx, tools_schema, errors)
+
+
+class _Rec:
+    """One prompt of a window stage: its tail ``msgs[start:]`` and the counts found so far."""
+
+    __slots__ = ("index", "msgs", "n_pinned", "start", "parts", "total", "pinned")
+
+    def __init__(self, index: int, msgs: list[Message], n_pinned: int) -> None:
+        self.index = index
+        self.msgs = msgs
+        self.n_pinned = n_pinned
+        self.start = len(msgs)  # the tail counted so far is msgs[start:]
+        self.parts: list[np.ndarray] = []  # tail counts, newest part first
+        self.total = 0  # what the tail costs
+        self.pinned: Optional[np.ndarray] = None  # counts of msgs[:n_pinned]
+
+
+def _decide_windows(flt, prompts, alive) -> tuple[dict[int, list[Message]], list[int]]:
+    limit = flt._limit()
+    roles = flt.pinned_roles
+    walk = flt.trim_from_start and flt.chunk == 0
+    slow: list[int] = []
+    recs: list[_Rec] = []
+    for i in alive:
+        msgs = prompts[i]
+        n_pinned = _pinned_count(msgs, roles)
+        if n_pinned == len(msgs) or limit < 0:
+            slow.append(i)
+        else:
+            recs.append(_Rec(i, msgs, n_pinned))
+    if not recs:
+        return {}, slow
+
+    if type(flt) is TokenBudgetFilter:
+        _count_tails(flt, recs, limit, walk)
+    else:  # one per message, the pinned prefix is free: a tail of limit + 1 messages suffices
+        for r in recs:
+            n = len(r.msgs)
+            r.start = _unit_start_at_or_before(r.msgs, max(r.n_pinned, n - limit - 1), r.n_pinned) if walk else r.n_pinned
+            r.parts.append(np.ones(n - r.start, dtype=np.int64))
+            r.pinned = np.zeros(r.n_pinned, dtype=np.int64)
+
+    # CSR-pack: per prompt, counts = pinned counts + tail counts; unit starts are local
+    count_parts: list[np.ndarray] = []
+    starts: list[int] = []
+    offsets = [0]
+    unit_offsets = [0]
+    for r in recs:
+        msgs, n_pinned, start = r.msgs, r.n_pinned, r.start
+        if n_pinned:
+            count_parts.append(r.pinned)
+        count_parts.extend(reversed(r.parts))
+        offsets.append(offsets[-1] + n_pinned + len(msgs) - start)
+        starts.append(n_pinned)
+        j = n_pinned + 1
+        for m in msgs[start + 1:]:
+            if m.role != "tool":
+                starts.append(j)
+            j += 1
+        unit_offsets.append(len(starts))
+    counts = np.ascontiguousarray(np.concatenate(count_parts), dtype=np.int64)
+    i64 = np.int64
+    lo, hi = _backend.select_windows(
+        counts,
+        np.array(offsets, dtype=i64),
+        np.array(starts, dtype=i64),
+        np.array(unit_offsets, dtype=i64),
+        np.array([r.n_pinned for r in recs], dtype=i64),
+        np.full(len(recs), limit, dtype=i64),
+        flt.trim_from_start,
+        flt.chunk,
+    )
+    decided: dict[int, list[Message]] = {}
+    for r, a, b in zip(recs, lo.tolist(), hi.tolist()):
+        if a == b:  # nothing fits: the filter raises its own, exact ContextBudgetError
+            slow.append(r.index)
+            continue
+        shift = r.start - r.n_pinned
+        decided[r.index] = r.msgs[:r.n_pinned] + r.msgs[a + shift:b + shift]
+    return decided, slow
+
+
+def _count_tails(flt, recs: list[_Rec], limit: int, walk: bool) -> None:
+    """Count every record's pinned prefix and a tail long enough to hold its kept run:
+    one ``count_array`` call per doubling step, over all records still walking back."""
+    pending = recs
+    step = _FIRST_STEP
+    first = True
+    while pending:
+        segs: list[Message] = []
+        spans: list[int] = []
+        for r in pending:
+            msgs, n_pinned = r.msgs, r.n_pinned
+            if first and n_pinned:
+                segs += msgs[:n_pinned]
+            start = _unit_start_at_or_before(msgs, max(n_pinned, r.start - step), n_pinned) if walk else n_pinned
+            segs += msgs[start:r.start]
+            spans.append(start)
+        counts = flt._counts(segs, 0, len(segs))
+        pos = 0
+        still = []
+        for r, start in zip(pending, spans):
+            n_pinned = r.n_pinned
+            if first:
+                r.pinned = counts[pos:pos + n_pinned]
+                pos += n_pinned
+            part = counts[pos:pos + r.start - start]
+            pos += r.start - start
+            r.parts.append(part)
+            r.total += int(part.sum())
+            r.start = start
+            if start > n_pinned and r.total <= limit - int(r.pinned.sum()):
+                still.append(r)
+        pending = still
+        step *= 2
+        first = False
+
+
+# -- processes --------------------------------------------------------------------------------
+
+_WORKER: dict[str, Any] = {}
+
+
+def _init_worker(builder, global_state, ctx, tools_schema) -> None:
+    _WORKER.update(builder=builder, global_state=global_state, ctx=ctx, tools_schema=tools_schema)
+
+
+def _run_chunk(args) -> BatchReport:
+    states, lists = args
+    w = _WORKER
+    return _run(w["builder"], states, lists, w["global_state"], w["ctx"], w["tools_schema"])
+
+
+def _mp_context():
+    methods = multiprocessing.get_all_start_methods()
+    # fork shares the parent's loaded encodings and caches and starts in milliseconds
+    return multiprocessing.get_context("fork" if "fork" in methods and sys.version_info < (3, 14) else None)
+
+
+def _run_pool(builder, states, lists, global_state, ctx, tools_schema, workers, progress) -> BatchReport:
+    n = len(states)
+    n_chunks = min(n, workers * 4)
+    bounds = [n * k // n_chunks for k in range(n_chunks + 1)]
+    tasks = [
+        (states[a:b], None if lists is None else lists[a:b]) for a, b in zip(bounds, bounds[1:])
+    ]
+    bar = _progress_bar(n, progress)
+    prompts: list[Optional[list[Message]]] = []
+    failures: list[BatchFailure] = []
+    try:
+        with ProcessPoolExecutor(
+            max_workers=min(workers, n_chunks, os.cpu_count() or workers),
+            mp_context=_mp_context(),
+            initializer=_init_worker,
+            initargs=(builder, global_state, ctx, tools_schema),
+        ) as pool:
+            for a, part in zip(bounds, pool.map(_run_chunk, tasks)):
+                prompts.extend(part.prompts)
+                failures.extend(BatchFailure(a + f.index, f.error) for f in part.failures)
+                if bar is not None:
+                    bar.update(len(part.prompts))
+    finally:
+        if bar is not None:
+            bar.close()
+    return BatchReport(prompts, failures)
