@@ -12,7 +12,7 @@ from .builder import ContextBuilder
 from .counters import HFTokenCounter, SimpleTokenCounter, TiktokenTokenCounter
 from .filters import MaxMessagesFilter, TokenBudgetFilter
 from .providers import StaticPromptProvider, ToolsDescProvider
-from .providers import BootstrapFilesProvider
+from .providers import BootstrapFilesProvider, SkillSetPromptProvider
 from .runtime import PromptRuntimeContext, RunContext
 
 __all__ = [
@@ -29,6 +29,7 @@ __all__ = [
     "TiktokenTokenCounter",
     "HFTokenCounter",
     "BootstrapFilesProvider",
+    "SkillSetPromptProvider",
     "PromptRuntimeContext",
     "RunContext",
 ]

@@ -1,7 +1,8 @@
 """The message providers, one module each."""
 
 from .bootstrap_files import BootstrapFilesProvider
+from .skill_set import SkillSetPromptProvider
 from .static_prompt import StaticPromptProvider
 from .tools_desc import ToolsDescProvider
 
-__all__ = ["StaticPromptProvider", "ToolsDescProvider", "BootstrapFilesProvider"]
+__all__ = ["StaticPromptProvider", "ToolsDescProvider", "BootstrapFilesProvider", "SkillSetPromptProvider"]
