@@ -8,7 +8,8 @@
       ├─ ToolCallHistoryError(JianmuError, ValueError)     a broken tool-call transaction at the tail
       ├─ ConfigError(JianmuError, ValueError)              a malformed jianmu.yaml or SKILL.md
       ├─ TokenizerLoadError(JianmuError, OSError)          an encoding or tokenizer.json cannot load
-      └─ BatchError(JianmuError, ValueError)               a state of a batch failed (index, cause)
+      ├─ BatchError(JianmuError, ValueError)               a state of a batch failed (index, cause)
+      └─ StateStoreError(JianmuError, OSError)             a file that is not a valid state database
 
 Each error also subclasses the builtin a user already catches. Every message says what is
 wrong, where (message index, field, file path) and how to fix it.
@@ -27,6 +28,7 @@ __all__ = [
     "ConfigError",
     "TokenizerLoadError",
     "BatchError",
+    "StateStoreError",
 ]
 
 
@@ -89,3 +91,9 @@ class BatchError(JianmuError, ValueError):
 
 def _rebuild_batch_error(message: str, index: int, error: BaseException | None) -> "BatchError":
     return BatchError(message, index=index, error=error)
+
+
+class StateStoreError(JianmuError, OSError):
+    """A state database cannot be opened or read: not a jianmu_fast state file (random bytes,
+    another application's SQLite database), a newer schema version, or a corrupt record; the
+    text names the file (and the key), and the file is never overwritten."""

@@ -7,6 +7,20 @@
 
 from ..errors import MessageValidationError, ToolCallHistoryError
 from .model import Message, Role, ai, coerce_message, coerce_messages, human, system, tool
+from .sanitize import (
+    DroppedUnit,
+    FilledCallId,
+    SanitizeReport,
+    sanitize_tool_call_history,
+    sanitize_tool_call_history_report,
+)
+from .store import (
+    LenientMessageCoercer,
+    MaxCountRetention,
+    MessageEvent,
+    StateMessageStore,
+    StrictMessageCoercer,
+)
 
 __all__ = [
     "Message",
@@ -19,4 +33,14 @@ __all__ = [
     "coerce_messages",
     "MessageValidationError",
     "ToolCallHistoryError",
+    "sanitize_tool_call_history",
+    "sanitize_tool_call_history_report",
+    "SanitizeReport",
+    "DroppedUnit",
+    "FilledCallId",
+    "StateMessageStore",
+    "StrictMessageCoercer",
+    "LenientMessageCoercer",
+    "MaxCountRetention",
+    "MessageEvent",
 ]

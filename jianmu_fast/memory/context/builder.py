@@ -147,8 +147,8 @@ class ContextBuilder:
 
 
 def _sanitize(messages: list[Message]) -> list[Message]:
-    try:
-        from ...message.sanitize import sanitize_tool_call_history
-    except ImportError:  # the history issue adds the sanitizer
-        return messages
+    """The last step of ``build()``/``transform()``: drop broken historical tool-call
+    transactions; a broken newest one raises ``ToolCallHistoryError`` (never isolated)."""
+    from ...message.sanitize import sanitize_tool_call_history
+
     return sanitize_tool_call_history(messages)
