@@ -13,32 +13,37 @@ import numpy as np
 __all__ = ["select_window", "select_windows"]
 
 
+cdef str _where(Py_ssize_t prompt):
+    return "" if prompt < 0 else f"prompt {prompt}: "
+
+
 cdef int _validate(const int64_t[::1] counts, const int64_t[::1] unit_starts,
-                   Py_ssize_t n_pinned, int64_t budget, int64_t chunk, str where) except -1:
+                   Py_ssize_t n_pinned, int64_t budget, int64_t chunk, Py_ssize_t prompt) except -1:
+    """Check one prompt's arguments; ``prompt`` is its index in a batch, or -1 (no prefix)."""
     cdef Py_ssize_t n = counts.shape[0]
     cdef Py_ssize_t n_units = unit_starts.shape[0]
     cdef Py_ssize_t i, u
     if n_pinned < 0 or n_pinned > n:
-        raise ValueError(f"{where}n_pinned must be between 0 and len(counts) ({n}), got {n_pinned}")
+        raise ValueError(f"{_where(prompt)}n_pinned must be between 0 and len(counts) ({n}), got {n_pinned}")
     if budget < 0:
-        raise ValueError(f"{where}budget must be >= 0, got {budget}")
+        raise ValueError(f"{_where(prompt)}budget must be >= 0, got {budget}")
     if chunk < 0:
-        raise ValueError(f"{where}chunk must be >= 0, got {chunk}")
+        raise ValueError(f"{_where(prompt)}chunk must be >= 0, got {chunk}")
     for i in range(n):
         if counts[i] < 0:
-            raise ValueError(f"{where}counts[{i}] must be >= 0, got {counts[i]}")
+            raise ValueError(f"{_where(prompt)}counts[{i}] must be >= 0, got {counts[i]}")
     if n == n_pinned:
         if n_units != 0:
-            raise ValueError(f"{where}unit_starts must be empty when every message is pinned")
+            raise ValueError(f"{_where(prompt)}unit_starts must be empty when every message is pinned")
         return 0
     if n_units == 0 or unit_starts[0] != n_pinned:
         first = unit_starts[0] if n_units else None
-        raise ValueError(f"{where}unit_starts[0] must equal n_pinned ({n_pinned}), got {first}")
+        raise ValueError(f"{_where(prompt)}unit_starts[0] must equal n_pinned ({n_pinned}), got {first}")
     for u in range(1, n_units):
         if unit_starts[u] <= unit_starts[u - 1]:
-            raise ValueError(f"{where}unit_starts must be strictly increasing (at index {u})")
+            raise ValueError(f"{_where(prompt)}unit_starts must be strictly increasing (at index {u})")
     if unit_starts[n_units - 1] >= n:
-        raise ValueError(f"{where}unit_starts[{n_units - 1}] must be below len(counts) ({n})")
+        raise ValueError(f"{_where(prompt)}unit_starts[{n_units - 1}] must be below len(counts) ({n})")
     return 0
 
 
@@ -114,7 +119,7 @@ def select_window(const int64_t[::1] counts, const int64_t[::1] unit_starts, Py_
                   int64_t budget, bint from_start, int64_t chunk=0):
     """Decide which messages of one prompt to keep; see ``jianmu_fast._filter_core_py``."""
     cdef int64_t lo = 0, hi = 0
-    _validate(counts, unit_starts, n_pinned, budget, chunk, "")
+    _validate(counts, unit_starts, n_pinned, budget, chunk, -1)
     with nogil:
         _select(&counts[0] if counts.shape[0] else NULL, counts.shape[0],
                 &unit_starts[0] if unit_starts.shape[0] else NULL, unit_starts.shape[0],
@@ -142,7 +147,7 @@ def select_windows(const int64_t[::1] counts, const int64_t[::1] offsets,
     cdef int64_t[::1] hi = hi_arr
     for p in range(n_prompts):
         _validate(counts[offsets[p]:offsets[p + 1]], unit_starts[unit_offsets[p]:unit_offsets[p + 1]],
-                  n_pinned[p], budgets[p], chunk, f"prompt {p}: ")
+                  n_pinned[p], budgets[p], chunk, p)
     cdef const int64_t* cbase = &counts[0] if counts.shape[0] else NULL
     cdef const int64_t* ubase = &unit_starts[0] if unit_starts.shape[0] else NULL
     with nogil:
