@@ -13,6 +13,9 @@ from .counters import HFTokenCounter, SimpleTokenCounter, TiktokenTokenCounter
 from .filters import MaxMessagesFilter, TokenBudgetFilter
 from .providers import StaticPromptProvider, ToolsDescProvider
 from .providers import BootstrapFilesProvider, SkillSetPromptProvider
+from .providers import StateHistoryProvider
+from .presets import resolve_for_llm
+from .report import BuildReport
 from .runtime import PromptRuntimeContext, RunContext
 
 __all__ = [
@@ -30,6 +33,9 @@ __all__ = [
     "HFTokenCounter",
     "BootstrapFilesProvider",
     "SkillSetPromptProvider",
+    "StateHistoryProvider",
     "PromptRuntimeContext",
     "RunContext",
+    "resolve_for_llm",
+    "BuildReport",
 ]

@@ -2,7 +2,8 @@
 
 from .bootstrap_files import BootstrapFilesProvider
 from .skill_set import SkillSetPromptProvider
+from .state_history import StateHistoryProvider
 from .static_prompt import StaticPromptProvider
 from .tools_desc import ToolsDescProvider
 
-__all__ = ["StaticPromptProvider", "ToolsDescProvider", "BootstrapFilesProvider", "SkillSetPromptProvider"]
+__all__ = ["StaticPromptProvider", "ToolsDescProvider", "BootstrapFilesProvider", "SkillSetPromptProvider", "StateHistoryProvider"]
