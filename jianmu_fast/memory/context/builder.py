@@ -80,6 +80,64 @@ class ContextBuilder:
     def __repr__(self) -> str:
         return f"ContextBuilder(providers={self.providers!r}, filters={self.filters!r})"
 
+    # -- presets (jianmu_fast.memory.context.presets) ------------------------------------
+
+    @classmethod
+    def for_chat(cls, system_prompt=None, max_messages=None, max_tokens=None, runtime_prompt=None,
+                 token_counter=None) -> "ContextBuilder":
+        """Chat preset: ``Static(persona) → [Bootstrap] → StateHistory``; see ``presets.for_chat``.
+
+        >>> [type(p).__name__ for p in ContextBuilder.for_chat().providers]
+        ['StaticPromptProvider', 'StateHistoryProvider']
+        """
+        from .presets import for_chat
+
+        return for_chat(system_prompt, max_messages, max_tokens, runtime_prompt, token_counter, builder_cls=cls)
+
+    @classmethod
+    def for_react(cls, system_prompt=None, max_messages=None, max_tokens=None, runtime_prompt=None,
+                  token_counter=None, tools_desc=None) -> "ContextBuilder":
+        """ReAct preset: ``Static(persona) → Static(react_protocol) → [ToolsDesc] → [Bootstrap]
+        → StateHistory``; see ``presets.for_react``.
+
+        >>> len(ContextBuilder.for_react(tools_desc="- calc").providers)
+        4
+        """
+        from .presets import for_react
+
+        return for_react(system_prompt, max_messages, max_tokens, runtime_prompt, token_counter, tools_desc,
+                         builder_cls=cls)
+
+    @classmethod
+    def for_skill(cls, system_prompt=None, max_messages=None, max_tokens=None, runtime_prompt=None,
+                  token_counter=None, skill_set=None, mode="summary", include_react=True, tools_desc=None,
+                  **skill_options: Any) -> "ContextBuilder":
+        """Skill preset: ``Static(persona) → [Static(react_protocol)] → [ToolsDesc] → [Bootstrap]
+        → SkillSet → StateHistory``; see ``presets.for_skill``.
+
+        >>> from jianmu_fast.skills import Skill
+        >>> type(ContextBuilder.for_skill(skill_set=[Skill("a", "A.")]).providers[2]).__name__
+        'SkillSetPromptProvider'
+        """
+        from .presets import for_skill
+
+        return for_skill(system_prompt, max_messages, max_tokens, runtime_prompt, token_counter, skill_set, mode,
+                         include_react, tools_desc, builder_cls=cls, **skill_options)
+
+    def build_report(self, local_state: Any, global_state: Any = None, ctx: Any = None,
+                     tools_schema: Optional[Sequence[dict[str, Any]]] = None, counter: Any = None,
+                     *, strict: bool = True) -> Any:
+        """``build()`` plus the tokens each provider added and each filter dropped: a
+        ``BuildReport`` whose ``.messages`` equal ``build()``'s; see ``report.build_report``.
+
+        >>> from jianmu_fast.memory.context import StaticPromptProvider
+        >>> ContextBuilder(providers=[StaticPromptProvider("Hi.")]).build_report({}).providers[0].tokens
+        5
+        """
+        from .report import build_report
+
+        return build_report(self, local_state, global_state, ctx, tools_schema, counter, strict=strict)
+
     # -- the pipeline ---------------------------------------------------------------------
 
     def build(
