@@ -214,3 +214,29 @@ def test_invalid_utf8_file(tmp_path):
 def test_unknown_field_name_in_override_is_a_bug():
     with pytest.raises(KeyError, match="unknown prompt field 'nope'"):
         prompts._prompt_override("nope", "x")
+
+
+@pytest.mark.parametrize(
+    "module",
+    [
+        "jianmu_fast.config",
+        "jianmu_fast.config.prompts",
+        "jianmu_fast.config.loader",
+        "jianmu_fast.config.constraints",
+        "jianmu_fast.skills",
+        "jianmu_fast.skills.skill",
+        "jianmu_fast.skills.catalog",
+        "jianmu_fast.memory.context.runtime",
+        "jianmu_fast.memory.context.presets",
+        "jianmu_fast.memory.context.report",
+        "jianmu_fast.memory.context.providers.bootstrap_files",
+        "jianmu_fast.memory.context.providers.skill_set",
+    ],
+)
+def test_docstring_examples(module):
+    """The ``>>>`` examples of this issue's modules run (testpaths holds only tests/)."""
+    import doctest
+    import importlib
+
+    result = doctest.testmod(importlib.import_module(module), optionflags=doctest.ELLIPSIS)
+    assert result.attempted > 0 and result.failed == 0, result

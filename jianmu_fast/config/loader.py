@@ -36,8 +36,6 @@ from pathlib import Path
 from types import MappingProxyType
 from typing import Any, Mapping, Optional
 
-import yaml
-
 from ..errors import ConfigError
 from .prompts import PROMPT_FIELDS
 
@@ -163,6 +161,7 @@ _NO_FILE = JianmuConfig()
 
 def _key_lines(root: Any) -> dict[tuple[str, ...], int]:
     """1-based line of each key, by its path (``("prompt", "persona_default_prompt")``)."""
+    import yaml
     lines: dict[tuple[str, ...], int] = {}
 
     def walk(node: Any, prefix: tuple[str, ...], depth: int) -> None:
@@ -208,6 +207,8 @@ class _Checker:
 
 
 def _parse_file(path: Path) -> JianmuConfig:
+    import yaml  # lazy: importing jianmu_fast does not load pyyaml
+
     try:
         text = path.read_text(encoding="utf-8")
     except UnicodeDecodeError as exc:

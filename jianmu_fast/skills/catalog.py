@@ -98,7 +98,11 @@ class SkillsCatalog:
     __hash__ = None  # type: ignore[assignment]
 
     def get(self, name: str) -> Optional[Skill]:
-        """The skill named ``name``, or ``None``."""
+        """The skill named ``name``, or ``None``.
+
+        >>> SkillsCatalog([Skill("greet", "Say hello.")]).get("nope") is None
+        True
+        """
         return next((s for s in self.skills if s.name == name), None)
 
     @classmethod

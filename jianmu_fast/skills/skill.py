@@ -22,8 +22,6 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Literal, Mapping, Union
 
-import yaml
-
 from ..errors import ConfigError
 
 __all__ = ["Skill", "SkillType", "parse_skill_md", "load_skill", "SKILL_FILE"]
@@ -111,6 +109,8 @@ def parse_skill_md(text: str, path: Union[str, os.PathLike[str], None] = None) -
     >>> s.name, s.always, s.instructions
     ('greet', True, 'Be warm.')
     """
+    import yaml  # lazy: importing jianmu_fast does not load pyyaml
+
     where = str(path) if path is not None else "<SKILL.md>"
     head, body, first_line = _split_front_matter(text, where)
     try:

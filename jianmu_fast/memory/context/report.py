@@ -32,7 +32,11 @@ logger = logging.getLogger("jianmu_fast.context")
 
 @dataclass(frozen=True)
 class ProviderReport:
-    """What ``providers[index]`` contributed (``failed``: it raised and was skipped)."""
+    """What ``providers[index]`` contributed (``failed``: it raised and was skipped).
+
+    >>> ProviderReport(0, "StaticPromptProvider", messages=1, tokens=7).tokens
+    7
+    """
 
     index: int
     name: str
@@ -43,7 +47,11 @@ class ProviderReport:
 
 @dataclass(frozen=True)
 class StageReport:
-    """What one filter (or the final sanitize step, ``index == -1``) kept and dropped."""
+    """What one filter (or the final sanitize step, ``index == -1``) kept and dropped.
+
+    >>> StageReport(0, "MaxMessagesFilter", 5, 3, 50, 30, 2, 20).dropped_tokens
+    20
+    """
 
     index: int
     name: str
@@ -133,6 +141,11 @@ def build_report(
     ``strict=False`` records a ``JianmuError`` raised by a filter (a ``ContextBudgetError``,
     say) in ``report.error`` instead of raising it; ``messages`` are then what reached that
     filter.
+
+    >>> from jianmu_fast.memory.context import ContextBuilder, StaticPromptProvider, TokenBudgetFilter
+    >>> b = ContextBuilder(providers=[StaticPromptProvider("x" * 400)], filters=[TokenBudgetFilter(20)])
+    >>> type(build_report(b, {}, strict=False).error).__name__
+    'ContextBudgetError'
     """
     counter = counter if counter is not None else _default_counter(builder)
     cache: dict[int, int] = {}

@@ -123,7 +123,11 @@ class SkillSetPromptProvider:
                 f"always_only={self.always_only})")
 
     def has_file_tool(self, tools_schema: Optional[Iterable[Any]]) -> bool:
-        """Whether ``tools_schema`` names one of ``file_read_tools``."""
+        """Whether ``tools_schema`` names one of ``file_read_tools``.
+
+        >>> SkillSetPromptProvider([]).has_file_tool([{"name": "read_file"}])
+        True
+        """
         return any(n in self.file_read_tools for n in tool_names(tools_schema))
 
     def get_messages(
@@ -145,7 +149,16 @@ class SkillSetPromptProvider:
     # -- rendering ----------------------------------------------------------------------------
 
     def render(self, on_demand: bool) -> str:
-        """The message text; ``on_demand`` (summary mode only): a file-reading tool exists."""
+        """The message text; ``on_demand`` (summary mode only): a file-reading tool exists.
+
+        >>> from jianmu_fast.skills import Skill
+        >>> print(SkillSetPromptProvider([Skill("a", "A.", "Do A.", always=True)], always_only=True).render(False))
+        # Active Skills
+        <BLANKLINE>
+        ## a
+        <BLANKLINE>
+        Do A.
+        """
         if self.always_only:
             active = [s for s in self.skills if s.always]
             if not active:
