@@ -1,0 +1,199 @@
+"""Cached counting: each distinct text tokenized once, stale counts impossible, thread safety,
+pickling by name or path."""
+
+from __future__ import annotations
+
+import pickle
+import shutil
+import threading
+from pathlib import Path
+
+import pytest
+import tiktoken
+
+from jianmu_fast.errors import TokenizerLoadError
+from jianmu_fast.memory.context import HFTokenCounter, TiktokenTokenCounter
+from jianmu_fast.memory.context._encodings import load_tiktoken_encoding
+from jianmu_fast.message import ai, human, system, tool
+
+MINILM = Path(__file__).parent / "data" / "all-MiniLM-L6-v2.tokenizer.json"
+
+
+class SpyCore:
+    """Wraps tiktoken's Rust core and records every text it is asked to encode."""
+
+    def __init__(self, core):
+        self.core = core
+        self.seen: list[str] = []
+
+    def encode_ordinary(self, text):
+        self.seen.append(text)
+        return self.core.encode_ordinary(text)
+
+    def __getattr__(self, name):
+        return getattr(self.core, name)
+
+
+def spied_counter(**kw) -> tuple[TiktokenTokenCounter, SpyCore]:
+    real = load_tiktoken_encoding("o200k_base")
+    enc = tiktoken.Encoding(name="o200k_base", pat_str=real._pat_str,
+                            mergeable_ranks=real._mergeable_ranks, special_tokens=real._special_tokens)
+    spy = SpyCore(enc._core_bpe)
+    enc._core_bpe = spy
+    return TiktokenTokenCounter(enc, **kw), spy
+
+
+@pytest.fixture(scope="module")
+def spied():
+    return spied_counter
+
+
+def conversation():
+    calls = [{"id": "c1", "type": "function", "function": {"name": "search", "arguments": '{"q": "tea"}'}},
+             {"id": "c2", "type": "function", "function": {"name": "search", "arguments": '{"q": "tea"}'}}]
+    return [system("Be brief."), human("find tea"), ai(None, tool_calls=calls),
+            tool("green tea", name="search", tool_call_id="c1"), tool("green tea", name="search", tool_call_id="c2"),
+            ai("Green tea."), human("find tea")]
+
+
+def test_each_distinct_text_is_tokenized_once(spied):
+    c, spy = spied()
+    msgs = conversation()
+    first = c.count_array(msgs).tolist()
+    texts = spy.seen[:]
+    assert len(texts) == len(set(texts)), "a text was tokenized twice in one pass"
+    assert set(texts) >= {"Be brief.", "find tea", "search", '{"q": "tea"}', "green tea", "Green tea."}
+    spy.seen.clear()
+    assert c.count_array(msgs).tolist() == first
+    assert c.count_messages(msgs) == 3 + sum(first)
+    assert [c.count_message(m) for m in msgs] == first
+    assert c.count_array(msgs[2:5]).tolist() == first[2:5]
+    assert spy.seen == [], "a warm recount called the tokenizer"
+    # a new message object with already-seen texts costs no tokenization either
+    assert c.count_message(human("find tea")) == first[1]
+    assert spy.seen == []
+
+
+def test_copies_with_the_same_id_do_not_share_a_count():
+    c = TiktokenTokenCounter()
+    m = human("short")
+    longer = m.model_copy(update={"content": "a much longer message than the first one"})
+    assert longer.id == m.id
+    a, b = c.count_message(m), c.count_message(longer)
+    assert b > a
+    assert c.count_array([m, longer]).tolist() == [a, b]
+
+
+def test_in_place_mutation_of_nested_parts_is_never_stale():
+    """Messages holding lists/dicts are not identity-cached, so an in-place edit is seen."""
+    c = TiktokenTokenCounter()
+    calls = [{"id": "c1", "type": "function", "function": {"name": "f", "arguments": "{}"}}]
+    m = ai(None, tool_calls=calls)
+    before = c.count_message(m)
+    m.tool_calls[0]["function"]["arguments"] = '{"query": "something quite a bit longer"}'
+    assert c.count_message(m) > before
+    blocks = human([{"type": "text", "text": "x"}])
+    n1 = c.count_message(blocks)
+    blocks.content[0]["text"] = "x y z w v u"
+    assert c.count_message(blocks) > n1
+
+
+def test_cache_is_bounded_and_counts_stay_exact():
+    c = TiktokenTokenCounter(cache_size=16)
+    enc = load_tiktoken_encoding("o200k_base")
+    msgs = [human(f"message number {i} " * (i % 5 + 1)) for i in range(200)]
+    for _ in range(2):
+        assert c.count_array(msgs).tolist() == [3 + 1 + len(enc.encode_ordinary(m.content)) for m in msgs]
+        info = c.cache_info()
+        assert info["texts"] <= 16 and info["messages"] <= 16 and info["cache_size"] == 16
+
+
+def test_collected_messages_leave_no_stale_entry():
+    """The message cache holds weak references: a new object reusing an id is a miss."""
+    c = TiktokenTokenCounter()
+    for i in range(300):  # CPython reuses ids of freed objects quickly
+        m = human("x" * (i % 7 + 1))
+        assert c.count_message(m) == 3 + 1 + c.count_text("x" * (i % 7 + 1))
+        del m
+
+
+def test_threads_share_a_counter(spied):
+    c, spy = spied(cache_size=64)
+    msgs = [human(f"thread text {i % 150} " + "word " * (i % 13)) for i in range(600)]
+    expected = TiktokenTokenCounter().count_array(msgs).tolist()
+    results: list[list[int]] = []
+    errors: list[BaseException] = []
+
+    def work(offset):
+        try:
+            for k in range(5):
+                shift = (offset * 37 + k * 91) % 600
+                got = c.count_array(msgs[shift:] + msgs[:shift]).tolist()
+                results.append(got == expected[shift:] + expected[:shift])
+        except BaseException as exc:  # pragma: no cover - reported below
+            errors.append(exc)
+
+    threads = [threading.Thread(target=work, args=(i,)) for i in range(8)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert not errors, errors
+    assert all(results) and len(results) == 40
+    assert c.count_array(msgs).tolist() == expected
+
+
+# -- pickling ------------------------------------------------------------------------------------
+
+
+def test_tiktoken_pickles_by_name():
+    c = TiktokenTokenCounter("gpt-4", cache_size=123, image_tokens=7)
+    c.count_array(conversation())
+    blob = pickle.dumps(c)
+    assert len(blob) < 400, "the vocabulary or the cache travelled"
+    back = pickle.loads(blob)
+    assert (back.encoding_name, back.cache_size, back.image_tokens) == ("cl100k_base", 123, 7)
+    assert back.cache_info()["texts"] == 0
+    assert back.count_array(conversation()).tolist() == c.count_array(conversation()).tolist()
+
+
+def test_tiktoken_from_a_known_encoding_object_pickles_by_name():
+    real = load_tiktoken_encoding("o200k_base")
+    copy = tiktoken.Encoding(name="o200k_base", pat_str=real._pat_str,
+                             mergeable_ranks=real._mergeable_ranks, special_tokens=real._special_tokens)
+    for enc in (real, copy):
+        blob = pickle.dumps(TiktokenTokenCounter(enc))
+        assert len(blob) < 400
+        assert pickle.loads(blob).count_text("hello world") == 2
+
+
+def test_tiktoken_from_a_custom_encoding_refuses_to_pickle():
+    real = load_tiktoken_encoding("cl100k_base")
+    custom = tiktoken.Encoding(name="my_cl100k_im", pat_str=real._pat_str, mergeable_ranks=real._mergeable_ranks,
+                               special_tokens={**real._special_tokens, "<|im_start|>": 100264})
+    c = TiktokenTokenCounter(custom)
+    assert c.count_text("<|im_start|>") == len(real.encode_ordinary("<|im_start|>"))
+    with pytest.raises(pickle.PicklingError, match="'my_cl100k_im'.*Build the counter from a name"):
+        pickle.dumps(c)
+
+
+def test_hf_pickles_by_path(tmp_path):
+    path = tmp_path / "tokenizer.json"
+    shutil.copyfile(MINILM, path)
+    c = HFTokenCounter(path)
+    blob = pickle.dumps(c)
+    assert len(blob) < 600
+    back = pickle.loads(blob)
+    assert back.path == str(path)
+    assert back.count_array(conversation()).tolist() == c.count_array(conversation()).tolist()
+    path.write_text(path.read_text().replace('"[UNK]"', '"[UNKNOWN]"'))
+    with pytest.raises(TokenizerLoadError, match="changed since the counter was pickled"):
+        pickle.loads(blob)
+
+
+def test_hf_from_an_object_refuses_to_pickle():
+    from tokenizers import Tokenizer
+
+    c = HFTokenCounter(Tokenizer.from_file(str(MINILM)))
+    with pytest.raises(pickle.PicklingError, match=r"tok\.save\('tokenizer\.json'\)"):
+        pickle.dumps(c)
