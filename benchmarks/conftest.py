@@ -20,7 +20,10 @@ from traces import make_conversation  # noqa: E402
 
 from jianmu_fast.message import Message, coerce_messages  # noqa: E402
 
-__all__ = ["conversation"]
+__all__ = ["conversation", "REPORT"]
+
+#: lines benchmarks add for the end-of-run summary (figures that are not timings)
+REPORT: list[str] = []
 
 SEED = 20261130
 
@@ -49,3 +52,16 @@ def conversation_2k() -> list[Message]:
 @pytest.fixture(scope="session")
 def conversation_20k() -> list[Message]:
     return conversation(20_000)
+
+
+@pytest.fixture(scope="session")
+def report() -> list[str]:
+    """Append a line here to print it in the ``jianmu_fast figures`` summary at the end."""
+    return REPORT
+
+
+def pytest_terminal_summary(terminalreporter, exitstatus, config):  # noqa: ARG001
+    if REPORT:
+        terminalreporter.section("jianmu_fast figures")
+        for line in REPORT:
+            terminalreporter.write_line(line)

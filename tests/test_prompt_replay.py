@@ -16,7 +16,7 @@ from typing import Any
 import pytest
 
 from jianmu_fast.memory.context import ContextBuilder, StaticPromptProvider, TokenBudgetFilter
-from jianmu_fast.memory.context import MaxMessagesFilter, SimpleTokenCounter
+from jianmu_fast.memory.context import MaxMessagesFilter, SimpleTokenCounter, StateHistoryProvider
 from jianmu_fast.message import Message, ai, human, tool
 from jianmu_fast.prefix_cache import prefix_cache_stats
 
@@ -25,18 +25,10 @@ SYSTEM = "You are a careful assistant. Use the tools when they help. 请用用�
 
 
 class HistoryProvider:
-    """Returns ``local_state["messages"]`` (stand-in until StateHistoryProvider is used)."""
+    """Returns ``local_state["messages"]`` as stored: the history without annotations."""
 
     def get_messages(self, local_state: Any, global_state: Any = None, ctx: Any = None) -> list[Message]:
         return list(local_state["messages"])
-
-
-def history_provider():
-    try:
-        from jianmu_fast.memory.context import StateHistoryProvider  # the history issue
-    except ImportError:
-        return HistoryProvider()
-    return StateHistoryProvider()
 
 
 def conversation(n_episodes: int, seed: int) -> list[Message]:
@@ -72,7 +64,7 @@ def turn_ends(msgs: list[Message]) -> list[int]:
 
 
 def replay(flt, msgs, provider=None):
-    provider = provider if provider is not None else history_provider()
+    provider = provider if provider is not None else StateHistoryProvider()
     builder = ContextBuilder(providers=[StaticPromptProvider(SYSTEM), provider], filters=[flt])
     return [builder.build({"messages": msgs[:end]}) for end in turn_ends(msgs)]
 
@@ -108,7 +100,7 @@ def final_step(flt, msgs):
 def test_replay_prefix_is_byte_stable(core, make_filter, seed, provider):
     msgs = conversation(120, seed)
     flt = make_filter()
-    prompts = replay(flt, msgs, HistoryProvider() if provider == "plain" else history_provider())
+    prompts = replay(flt, msgs, HistoryProvider() if provider == "plain" else StateHistoryProvider())
     serial = [wire(p) for p in prompts]
     heads = [s[:n_pinned(p)] for s, p in zip(serial, prompts)]
     system_json = json.dumps({"content": SYSTEM, "role": "system"}, ensure_ascii=False)
