@@ -37,6 +37,7 @@ dict with a snapshot of it (a C-level ``==``): store Messages for the cheapest t
 from __future__ import annotations
 
 import copy
+import hashlib
 import json
 import operator
 import threading
@@ -236,7 +237,9 @@ class StateHistoryProvider:
         text = history_semantics_prompt()
         m = self._semantics
         if m is None or m.content != text:
-            m = self._semantics = system(text, metadata={"semantic_kind": "history_semantics"})
+            # the id is derived from the text, so every provider and process sends the same bytes
+            mid = hashlib.sha256(text.encode("utf-8")).hexdigest()[:32]
+            m = self._semantics = system(text, metadata={"semantic_kind": "history_semantics"}, id=mid)
         return m
 
     def _convert(self, items: Sequence[Any]) -> tuple[list[Message], int]:
