@@ -16,14 +16,19 @@ $(STAMP): pyproject.toml setup.py csrc/_filter_core.pyx
 install: $(STAMP)
 
 run: $(STAMP)
-	$(PY) examples/run.py
+	mkdir -p out
+	$(VENV)/bin/jianmu-fast build examples/conversations.jsonl -o out/prompts.jsonl \
+		--preset react --tools-desc-file examples/tools_desc.txt --max-tokens 4000
+	@echo "prompts written to out/prompts.jsonl"
 
 test: $(STAMP)
 	$(PY) -m pytest -q
 	JIANMU_FAST_PURE_PYTHON=1 JIANMU_FAST_MAX_EXAMPLES=200 $(PY) -m pytest -q
 
 bench: $(STAMP)
-	$(PY) -m pytest benchmarks --benchmark-disable-gc -q
+	mkdir -p out
+	$(PY) -m pytest benchmarks --benchmark-disable-gc -q --benchmark-json=out/bench.json
+	$(PY) benchmarks/report.py out/bench.json benchmarks/RESULTS.md
 
 clean:
 	rm -rf $(VENV) build *.egg-info jianmu_fast/*.so

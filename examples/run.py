@@ -1,41 +1,50 @@
-"""Build prompts for the bundled example conversations and report tokens kept and dropped."""
+"""The Python side of ``make run``: build every example conversation with ``build_batch``.
+
+``make run`` calls the command line (``jianmu-fast build examples/conversations.jsonl ...``);
+this script does the same through the API and prints one row per conversation::
+
+    .venv/bin/python examples/run.py [examples/conversations.jsonl]
+"""
+
+from __future__ import annotations
 
 import json
 import pathlib
 import sys
+import time
 
 import jianmu_fast
-from jianmu_fast.memory.context import (
-    ContextBuilder,
-    MaxMessagesFilter,
-    SimpleTokenCounter,
-    StaticPromptProvider,
-    TokenBudgetFilter,
-)
+from jianmu_fast.batch import build_batch_report
+from jianmu_fast.memory.context import ContextBuilder, TiktokenTokenCounter
 from jianmu_fast.message import coerce_messages
 
-
-class _History:
-    def get_messages(self, local_state, global_state=None, ctx=None):
-        return local_state["messages"]
+HERE = pathlib.Path(__file__).resolve().parent
 
 
 def main(path: str) -> int:
-    counter = SimpleTokenCounter()
-    builder = ContextBuilder(
-        providers=[StaticPromptProvider("You are a helpful agent."), _History()],
-        filters=[MaxMessagesFilter(max_messages=40), TokenBudgetFilter(800, counter=counter)],
+    counter = TiktokenTokenCounter("o200k_base")
+    builder = ContextBuilder.for_react(
+        system_prompt="You are a careful agent.",
+        tools_desc=(HERE / "tools_desc.txt").read_text(encoding="utf-8"),
+        max_tokens=4000,
+        token_counter=counter,
     )
-    print(f"backend: {jianmu_fast.BACKEND}")
-    print(f"{'conversation':>12} {'messages':>8} {'kept':>5} {'tokens in':>9} {'kept':>6} {'dropped':>7}")
-    for i, line in enumerate(pathlib.Path(path).read_text().splitlines()):
-        history = coerce_messages(json.loads(line)["messages"], f"line {i + 1}: messages")
-        prompt = builder.build({"messages": history})
-        full = counter.count_messages(builder.providers[0].get_messages({}) + history)
-        kept = counter.count_messages(prompt)
-        print(f"{i:>12} {len(history):>8} {len(prompt):>5} {full:>9} {kept:>6} {full - kept:>7}")
-    return 0
+    lines = pathlib.Path(path).read_text(encoding="utf-8").splitlines()
+    histories = [coerce_messages(json.loads(line)["messages"], f"line {i + 1}: messages") for i, line in enumerate(lines)]
+    t0 = time.perf_counter()
+    report = build_batch_report(builder, [{"messages": h} for h in histories])
+    seconds = time.perf_counter() - t0
+    print(f"backend {jianmu_fast.BACKEND}: {len(histories)} prompts in {seconds * 1000:.0f} ms")
+    print(f"{'line':>5} {'messages':>8} {'kept':>5} {'tokens':>7}")
+    for i, (history, prompt) in enumerate(zip(histories, report.prompts)):
+        if prompt is None:
+            continue
+        if i < 10 or i == len(histories) - 1:
+            print(f"{i + 1:>5} {len(history):>8} {len(prompt):>5} {counter.count_messages(prompt):>7}")
+    for f in report.failures:
+        print(f"line {f.index + 1}: {f.reason}")
+    return 1 if report.failures else 0
 
 
 if __name__ == "__main__":
-    sys.exit(main(sys.argv[1] if len(sys.argv) > 1 else str(pathlib.Path(__file__).with_name("conversations.jsonl"))))
+    sys.exit(main(sys.argv[1] if len(sys.argv) > 1 else str(HERE / "conversations.jsonl")))

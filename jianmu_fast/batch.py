@@ -130,7 +130,7 @@ def build_batch(
         builder, states, global_state=global_state, ctx=ctx, tools_schema=tools_schema,
         workers=workers, progress=progress, on_error=on_error,
     )
-    return [p if p is not None else [] for p in report.prompts]
+    return _slots(report)
 
 
 def transform_batch(
@@ -159,7 +159,7 @@ def transform_batch(
         builder, message_lists, local_states=local_states, global_state=global_state, ctx=ctx,
         tools_schema=tools_schema, workers=workers, progress=progress, on_error=on_error,
     )
-    return [p if p is not None else [] for p in report.prompts]
+    return _slots(report)
 
 
 def build_batch_report(
@@ -258,9 +258,14 @@ def _run_public(builder, states, lists, _unused, global_state, ctx, tools_schema
                 index=first.index,
                 error=first.error,
             ) from first.error
-        for f in report.failures:
-            logger.warning("states[%d] skipped: %s", f.index, f.reason)
     return report
+
+
+def _slots(report: BatchReport) -> list[list[Message]]:
+    """``build_batch``'s list: a failed state (logged) gets ``[]``."""
+    for f in report.failures:
+        logger.warning("states[%d] skipped: %s", f.index, f.reason)
+    return [p if p is not None else [] for p in report.prompts]
 
 
 def _progress_bar(total: int, enabled: bool) -> Any:

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import inspect
 import logging
+from operator import countOf
 from typing import Any, Callable, Iterable, Optional, Sequence
 
 from ...errors import JianmuError
@@ -172,7 +173,10 @@ class ContextBuilder:
                     block = provider.get_messages(local_state, global_state, ctx, tools_schema=tools_schema)
                 else:
                     block = provider.get_messages(local_state, global_state, ctx)
-                messages.extend(coerce_messages(block, f"providers[{i}] ({type(provider).__name__}) output"))
+                if type(block) is list and countOf(map(type, block), Message) == len(block):
+                    messages.extend(block)  # already Messages: skip the per-item coercion loop
+                else:
+                    messages.extend(coerce_messages(block, f"providers[{i}] ({type(provider).__name__}) output"))
             except JianmuError:
                 raise
             except Exception:
