@@ -240,3 +240,17 @@ def test_docstring_examples(module):
 
     result = doctest.testmod(importlib.import_module(module), optionflags=doctest.ELLIPSIS)
     assert result.attempted > 0 and result.failed == 0, result
+
+
+def test_importing_the_package_does_not_load_pyyaml_or_read_config(tmp_path):
+    """Configuration is read at first use: a broken jianmu.yaml cannot break ``import``."""
+    import subprocess
+    import sys
+
+    (tmp_path / "jianmu.yaml").write_text("prompt: [\n")
+    code = (
+        "import sys, jianmu_fast, jianmu_fast.memory.context, jianmu_fast.skills, jianmu_fast.config; "
+        "print('yaml' in sys.modules)"
+    )
+    out = subprocess.run([sys.executable, "-c", code], cwd=tmp_path, capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "False"

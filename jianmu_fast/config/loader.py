@@ -161,7 +161,7 @@ _NO_FILE = JianmuConfig()
 
 def _key_lines(root: Any) -> dict[tuple[str, ...], int]:
     """1-based line of each key, by its path (``("prompt", "persona_default_prompt")``)."""
-    import yaml
+    import yaml  # type: ignore[import-untyped]
     lines: dict[tuple[str, ...], int] = {}
 
     def walk(node: Any, prefix: tuple[str, ...], depth: int) -> None:
@@ -207,7 +207,7 @@ class _Checker:
 
 
 def _parse_file(path: Path) -> JianmuConfig:
-    import yaml  # lazy: importing jianmu_fast does not load pyyaml
+    import yaml  # type: ignore[import-untyped]  # lazy: importing jianmu_fast does not load pyyaml
 
     try:
         text = path.read_text(encoding="utf-8")

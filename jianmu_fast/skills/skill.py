@@ -109,7 +109,7 @@ def parse_skill_md(text: str, path: Union[str, os.PathLike[str], None] = None) -
     >>> s.name, s.always, s.instructions
     ('greet', True, 'Be warm.')
     """
-    import yaml  # lazy: importing jianmu_fast does not load pyyaml
+    import yaml  # type: ignore[import-untyped]  # lazy: importing jianmu_fast does not load pyyaml
 
     where = str(path) if path is not None else "<SKILL.md>"
     head, body, first_line = _split_front_matter(text, where)

@@ -233,7 +233,7 @@ def resolve_for_llm(
     rp = _runtime(runtime_prompt)
     if rp is not None and rp.context_builder is not None:
         return rp.context_builder
-    common = dict(system_prompt=system_prompt, runtime_prompt=rp)
+    common: dict[str, Any] = dict(system_prompt=system_prompt, runtime_prompt=rp)
     if allow_skill_context and (skill_set is not None or (rp is not None and rp.requests_skills())):
         return for_skill(skill_set=skill_set, tools_desc=tools_desc, **common, **preset_kwargs)
     kwargs = {k: v for k, v in preset_kwargs.items() if k not in _SKILL_ONLY}
