@@ -16,6 +16,9 @@ at ``max_bytes`` and all of them together at ``max_total_bytes`` of UTF-8; a cut
 a character boundary and followed by a visible ``[... truncated ...]`` line. Invalid UTF-8
 is decoded with U+FFFD replacement characters. Contents are cached per
 ``(real path, mtime_ns, size)``, so a hot loop stats the files but does not re-read them.
+
+The provider always reads when it runs; the presets add it to a chain only when
+``PromptRuntimeContext.include_bootstrap_files`` is true.
 """
 
 from __future__ import annotations
