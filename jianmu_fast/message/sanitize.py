@@ -55,6 +55,7 @@ __all__ = [
 ]
 
 logger = logging.getLogger("jianmu_fast.message")
+_MESSAGE_TYPE = frozenset((Message,))
 
 
 @dataclass(frozen=True)
@@ -201,7 +202,7 @@ def _scan(
     """One pass. Returns ``(out or None when unchanged, dropped, filled, coerced)``."""
     n = len(messages)
     items: Any = messages
-    if not all(type(m) is Message for m in messages):
+    if not set(map(type, messages)) <= _MESSAGE_TYPE:  # C-level check: all plain Messages
         items = [m if isinstance(m, Message) else coerce_message(m, f"messages[{i}]") for i, m in enumerate(messages)]
     out: Optional[list[Message]] = None
     dropped: list[DroppedUnit] = []
@@ -212,10 +213,29 @@ def _scan(
         m = items[i]
         role = m.role
         if role == "assistant" and m.tool_calls:
+            calls = m.tool_calls
             j = i + 1
             while j < n and items[j].role == "tool":
                 j += 1
-            reason, fills = _check_transaction(m.tool_calls, items[i + 1 : j])
+            k = j - i - 1
+            if k == 1 and len(calls) == 1:  # fast path: the usual single call, answered once
+                cid = calls[0].get("id")
+                ok = bool(cid) and items[i + 1].tool_call_id == cid
+            elif k == len(calls):
+                ids = {c.get("id") for c in calls}
+                ok = len(ids) == k and None not in ids and "" not in ids and ids == {
+                    items[x].tool_call_id for x in range(i + 1, j)
+                }
+            else:
+                ok = False
+            if ok:
+                if out is not None:
+                    out.extend(items[i:j])
+                if pending_tail is not None:
+                    pending_tail = None
+                i = j
+                continue
+            reason, fills = _check_transaction(calls, items[i + 1 : j])
         elif role == "tool":
             j = i + 1
             while j < n and items[j].role == "tool":
