@@ -11,6 +11,7 @@ from .errors import (
     ContextBudgetError,
     JianmuError,
     MessageValidationError,
+    StateStoreError,
     TokenizerLoadError,
     ToolCallHistoryError,
 )
@@ -27,6 +28,7 @@ __all__ = [
     "ToolCallHistoryError",
     "ConfigError",
     "TokenizerLoadError",
+    "StateStoreError",
     "PrefixCacheStats",
     "prefix_cache_stats",
 ]
