@@ -177,7 +177,8 @@ class StateManager:
         >>> path = os.path.join(tempfile.mkdtemp(), "state.db")
         >>> with StateManager.sqlite(path) as sm:
         ...     sm.set("turn", 3)
-        >>> StateManager.sqlite(path).get("turn")
+        >>> with StateManager.sqlite(path) as sm:
+        ...     sm.get("turn")
         3
         """
         from .sqlite import SQLiteBackend
