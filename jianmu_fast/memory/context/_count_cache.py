@@ -9,11 +9,11 @@ Two bounded caches per counter, both safe to share between threads:
 - **message cache**: ``id(message) -> (weakref(message), count)``. A recount of an unchanged
   ``Message`` object is one dict hit. The weak reference proves the entry belongs to this very
   object (an ``id`` reused by a new object never matches), keeps nothing alive, and makes a
-  copy (``model_copy(update=...)``, same ``id`` field, other content) a different key. Only
-  messages whose fields are all immutable (``content`` a ``str`` or ``None``, no
-  ``tool_calls``) are cached this way; a message holding lists or dicts goes through the
-  text cache each time (still no tokenization), so mutating a nested list in place can
-  never return a stale count. About 200 bytes per entry, at most ``cache_size`` entries.
+  copy (``model_copy(update=...)``, same ``id`` field, other content) a different key. A
+  message holding lists or dicts (content blocks, ``tool_calls``) is frozen only on the
+  surface, so its entry also keeps a snapshot of the texts its count depends on, compared
+  on every hit: mutating a nested list or dict in place never returns a stale count. About
+  200 bytes per entry (plus the snapshot's list), at most ``cache_size`` entries.
 
 Cache misses of a ``count_array`` call are collected first, de-duplicated, and tokenized in
 one pass by the subclass's ``_encode_counts(texts)``.
@@ -48,6 +48,22 @@ def _check_tokens(name: str, value: Any) -> int:
     return value
 
 
+def _snapshot(m: Message) -> list[Any]:
+    """What of ``m``'s mutable parts (content blocks, tool calls) its count depends on."""
+    parts: list[Any] = []
+    c = m.content
+    if type(c) is list:
+        for b in c:
+            parts.append(b.get("type"))
+            parts.append(b.get("text"))
+    if m.tool_calls:
+        for call in m.tool_calls:
+            fn = call["function"]
+            parts.append(fn["name"])
+            parts.append(fn.get("arguments"))
+    return parts
+
+
 class CachedChatCounter:
     """Chat-format counting over a cached exact tokenizer (subclassed by the exact counters).
 
@@ -71,7 +87,7 @@ class CachedChatCounter:
         self._lock = threading.Lock()
         self._texts: dict[str, int] = {}
         self._chars = 0
-        self._msgs: dict[int, tuple[weakref.ref, int]] = {}
+        self._msgs: dict[int, tuple[Any, ...]] = {}
         self._role_base: dict[str, int] = {}
 
     # -- subclass hook ------------------------------------------------------------------
@@ -118,11 +134,12 @@ class CachedChatCounter:
                     del cache[key]
                     self._chars -= len(key)
 
-    def _store_messages(self, items: list[tuple[Message, int]]) -> None:
+    def _store_messages(self, items: list[tuple[Any, ...]]) -> None:
         with self._lock:
             cache = self._msgs
-            for m, c in items:
-                cache[id(m)] = (weakref.ref(m), c)
+            for item in items:
+                m = item[0]
+                cache[id(m)] = (weakref.ref(m),) + item[1:]
             if len(cache) > self.cache_size:
                 drop = len(cache) - (self.cache_size * 3) // 4
                 for key in list(islice(iter(cache), drop)):
@@ -153,7 +170,7 @@ class CachedChatCounter:
     def count_message(self, message: Message) -> int:
         """Tokens ``message`` costs in a request (see the class docstring for the formula)."""
         e = self._msgs.get(id(message))
-        if e is not None and e[0]() is message:
+        if e is not None and e[0]() is message and (len(e) == 2 or _snapshot(message) == e[2]):
             return e[1]
         return self._counts([message], "message")[0]
 
@@ -179,7 +196,7 @@ class CachedChatCounter:
         missing: list[int] = []
         for i, m in enumerate(ms):
             e = get(id(m))
-            if e is not None and e[0]() is m:
+            if e is not None and e[0]() is m and (len(e) == 2 or _snapshot(m) == e[2]):
                 append(e[1])
             else:
                 append(0)
@@ -254,16 +271,19 @@ class CachedChatCounter:
         for i, m, fixed, texts in plan:
             if type(texts) is str:
                 total = fixed + known[texts]
-                cacheable = True
-            else:
-                total = fixed
-                for t in texts:
-                    total += known[t]
-                # messages holding lists or dicts are not identity-cached (module docstring)
-                cacheable = m.tool_calls is None and not isinstance(m.content, list)
+                out[i] = total
+                if m is ms[i]:
+                    done.append((m, total))
+                continue
+            total = fixed
+            for t in texts:
+                total += known[t]
             out[i] = total
-            if cacheable and m is ms[i]:
-                done.append((m, total))
+            if m is ms[i]:
+                if m.tool_calls is None and type(m.content) is not list:
+                    done.append((m, total))
+                else:  # lists or dicts inside: a hit must also match a snapshot of them
+                    done.append((m, total, _snapshot(m)))
         if done:
             self._store_messages(done)
 
