@@ -13,6 +13,8 @@ import threading
 from types import SimpleNamespace
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from jianmu_fast.errors import MessageValidationError
 from jianmu_fast.message import (
@@ -27,6 +29,8 @@ from jianmu_fast.message import (
     tool,
 )
 from jianmu_fast.state import StateManager
+
+MAX_EXAMPLES = int(os.environ.get("JIANMU_FAST_MAX_EXAMPLES", "300"))
 
 
 @pytest.fixture(params=["memory", "sqlite"])
@@ -245,3 +249,56 @@ def test_sigkilled_writer_keeps_every_acknowledged_append(tmp_path, acks):
         assert conn.execute("PRAGMA integrity_check").fetchone() == ("ok",)
     finally:
         conn.close()
+
+
+# -- retention, fuzzed ----------------------------------------------------------------------
+
+
+def _units(k_calls: int, tag: int) -> list[Message]:
+    if k_calls == 0:
+        return [human(f"u{tag}")]
+    a = ai(None, tool_calls=[call(f"c{tag}_{i}") for i in range(k_calls)])
+    return [a] + [tool(str(i), tool_call_id=f"c{tag}_{i}") for i in range(k_calls)]
+
+
+@given(
+    n=st.integers(1, 6),
+    plan=st.lists(st.tuples(st.integers(0, 4), st.booleans()), max_size=14),
+    backend=st.sampled_from(["memory", "memory", "sqlite"]),
+)
+@settings(deadline=None, max_examples=max(10, MAX_EXAMPLES // 3))
+def test_max_count_retention_invariants(tmp_path_factory, n, plan, backend):
+    sm = StateManager() if backend == "memory" else StateManager.sqlite(
+        tmp_path_factory.mktemp("r") / "s.db", synchronous="NORMAL")
+    store = StateMessageStore(sm, max_messages=n)
+    appended: list[Message] = []
+    try:
+        for tag, (k_calls, one_by_one) in enumerate(plan):
+            unit = _units(k_calls, tag)
+            if one_by_one:
+                for m in unit:
+                    store.append(m)
+                    appended.append(m)
+                    _check_retention(store.list(), appended, n)
+            else:
+                store.extend(unit)
+                appended.extend(unit)
+                _check_retention(store.list(), appended, n)
+    finally:
+        sm.close()
+
+
+def _check_retention(stored, appended, n):
+    ids = [m.id for m in stored]
+    assert ids == [m.id for m in appended[len(appended) - len(stored):]]  # a suffix, order kept
+    if not stored:
+        return
+    assert stored[0].role != "tool"  # never an orphan result at the head
+    if len(stored) > n:  # only the newest transaction, kept whole
+        assert stored[0].tool_calls and all(m.role == "tool" for m in stored[1:])
+    evicted = appended[: len(appended) - len(stored)]
+    if evicted and len(stored) < n:  # the unit just before would not have fit
+        i = len(evicted) - 1
+        while i > 0 and evicted[i].role == "tool":
+            i -= 1
+        assert len(stored) + len(evicted) - i > n
