@@ -245,6 +245,23 @@ def test_cut_is_monotone_and_stable_while_the_history_grows(core, msgs, setup):
         prev = (cut, step, out, held)
 
 
+@given(lists=st.lists(conversations(max_units=10), min_size=1, max_size=6), setup=setups)
+@settings(deadline=None, max_examples=REPLAY_EXAMPLES)
+def test_batch_and_hot_loop_give_the_same_prompts(core, lists, setup):
+    from jianmu_fast.batch import transform_batch
+    from jianmu_fast.memory.context import ContextBuilder
+
+    builder = ContextBuilder(filters=[setup.chunked])
+    one_by_one = []
+    for msgs in lists:
+        try:
+            one_by_one.append(builder.transform(msgs))
+        except ContextBudgetError:
+            one_by_one.append([])
+    batched = transform_batch(builder, lists, on_error="skip")
+    assert [[m.to_openai() for m in p] for p in batched] == [[m.to_openai() for m in p] for p in one_by_one]
+
+
 def test_bad_chunk_arguments():
     with pytest.raises(ValueError, match="needs chunk= a positive int \\(messages\\), got 0"):
         MaxMessagesFilter(5, eviction="chunked", chunk=0)
