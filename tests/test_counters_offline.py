@@ -107,3 +107,39 @@ def test_missing_or_garbled_shipped_file_raises(tmp_path):
     (d / "o200k_base.tiktoken.gz").write_bytes(b"not gzip at all")
     with pytest.raises(TokenizerLoadError, match=r"'o200k_base'.*failed"):
         load_tiktoken_encoding("o200k_base", data_dir=d)
+
+
+def _fill_tiktoken_cache(cache: Path, name: str) -> None:
+    """Put the shipped file where tiktoken's own loader looks for it (sha1 of its URL)."""
+    import hashlib
+
+    url = f"https://openaipublic.blob.core.windows.net/encodings/{name}.tiktoken"
+    cache.mkdir(exist_ok=True)
+    data = gzip.decompress((DATA_DIR / f"{name}.tiktoken.gz").read_bytes())
+    (cache / hashlib.sha1(url.encode()).hexdigest()).write_bytes(data)
+
+
+def test_shipped_encodings_equal_tiktokens_own(tmp_path, monkeypatch):
+    """tiktoken's own get_encoding, fed the same file through its cache, tokenizes alike."""
+    import tiktoken
+
+    from test_counters_exact import TEXTS
+
+    monkeypatch.setenv("TIKTOKEN_CACHE_DIR", str(tmp_path / "cache"))
+    for name in ("o200k_base", "cl100k_base"):
+        _fill_tiktoken_cache(tmp_path / "cache", name)
+        ours, theirs = load_tiktoken_encoding(name), tiktoken.get_encoding(name)
+        assert ours is not theirs
+        assert ours._pat_str == theirs._pat_str and ours._special_tokens == theirs._special_tokens
+        assert [ours.encode_ordinary(t) for t in TEXTS[:300]] == [theirs.encode_ordinary(t) for t in TEXTS[:300]]
+
+
+def test_a_changed_pin_falls_back_to_tiktoken(tmp_path, monkeypatch):
+    """When tiktoken pins another file than the one shipped, tiktoken's loading is used."""
+    from jianmu_fast.memory.context import _encodings
+
+    monkeypatch.setitem(_encodings.SHIPPED_ENCODINGS, "cl100k_base", "0" * 64)
+    monkeypatch.setenv("TIKTOKEN_CACHE_DIR", str(tmp_path / "cache"))
+    _fill_tiktoken_cache(tmp_path / "cache", "cl100k_base")
+    enc = load_tiktoken_encoding("cl100k_base", data_dir=tmp_path / "unused")
+    assert enc.encode_ordinary("hello world") == [15339, 1917]

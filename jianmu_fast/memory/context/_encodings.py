@@ -121,8 +121,8 @@ def _shipped_constructor_params(name: str, data_dir: Path) -> dict[str, Any]:
     """Run tiktoken's constructor for ``name`` with its file read from ``data_dir``."""
     from tiktoken_ext import openai_public  # type: ignore[import-untyped]
 
-    ctor = openai_public.ENCODING_CONSTRUCTORS[name]
-    if "load_tiktoken_bpe" not in ctor.__code__.co_names:
+    ctor = openai_public.ENCODING_CONSTRUCTORS.get(name)
+    if ctor is None or "load_tiktoken_bpe" not in ctor.__code__.co_names:
         raise _PinChanged(name)
     loaded: list[str] = []
 
