@@ -133,8 +133,8 @@ def _check_transaction(
 ) -> tuple[Optional[str], dict[int, str]]:
     """``(reason, fills)``: reason is ``None`` for a valid transaction once ``fills``
     (call position -> id) are applied."""
-    ids = [_call_id(c) for c in calls]
-    rids = [r.tool_call_id or None for r in results]
+    ids: list[Any] = [_call_id(c) for c in calls]  # None where missing; str once filled
+    rids: list[Any] = [r.tool_call_id or None for r in results]
     for k, rid in enumerate(rids):
         if rid is None:
             return f"tool result #{k + 1} has no tool_call_id", {}
@@ -160,7 +160,7 @@ def _check_transaction(
             rnames = Counter(n for _, n in unmatched if n is not None)
             if all(n is not None and cnames.count(n) == 1 and rnames[n] == 1 for n in cnames):
                 by_name = {n: rid for rid, n in unmatched if n is not None}
-                fills = {k: by_name[n] for k, n in zip(missing, cnames)}  # type: ignore[index]
+                fills = {k: by_name[n] for k, n in zip(missing, cnames) if n is not None}
         if not fills:
             return f"{len(missing)} call(s) without id and no unambiguous result to take it from", {}
         for k, rid in fills.items():

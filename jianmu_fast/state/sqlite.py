@@ -218,7 +218,7 @@ class SQLiteBackend:
         return self._decode_value(key, value)
 
     def set_many(self, items: list[tuple[str, Any]]) -> None:
-        encoded = []
+        encoded: list[tuple[str, Any, Any]] = []
         for key, value in items:
             if _is_message_list(value):
                 encoded.append((key, list(value), [encode_message(m, f"state[{key!r}][{i}]") for i, m in enumerate(value)]))

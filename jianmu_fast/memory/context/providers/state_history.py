@@ -10,7 +10,8 @@ With ``annotate=True`` (the default), as the design document says:
 - an assistant message with ``tool_calls`` becomes a copy whose content is a note that starts
   ``"This assistant message records your own previous tool-call decision"``, followed by its
   original text and its calls rendered as sorted-key JSON (id, name, arguments), with
-  ``metadata["semantic_kind"] = "self_tool_plan"``;
+  ``metadata["semantic_kind"] = "self_tool_plan"`` (the note is text: non-text content blocks
+  of such a message, rare for an assistant, are not carried into the note);
 - a tool message whose ``metadata["tool_result"]`` is not ``None`` becomes a copy whose content
   is a JSON *execution receipt* (``json.dumps(sort_keys=True)``: ``note``, ``tool`` (its
   ``name``, or the name of the call it answers), ``tool_call_id``, ``result``, and ``content``
