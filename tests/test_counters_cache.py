@@ -197,3 +197,10 @@ def test_hf_from_an_object_refuses_to_pickle():
     c = HFTokenCounter(Tokenizer.from_file(str(MINILM)))
     with pytest.raises(pickle.PicklingError, match=r"tok\.save\('tokenizer\.json'\)"):
         pickle.dumps(c)
+
+
+def test_image_tokens_is_read_only():
+    c = TiktokenTokenCounter(image_tokens=10)
+    with pytest.raises(AttributeError):
+        c.image_tokens = 765
+    assert c.image_tokens == 10

@@ -79,16 +79,20 @@ class CachedChatCounter:
     MAX_CACHED_CHARS = 1 << 26
 
     cache_size: int
-    image_tokens: int
 
     def _init_cache(self, cache_size: int, image_tokens: int) -> None:
         self.cache_size = _check_cache_size(cache_size)
-        self.image_tokens = _check_tokens("image_tokens", image_tokens)
+        self._image_tokens = _check_tokens("image_tokens", image_tokens)
         self._lock = threading.Lock()
         self._texts: dict[str, int] = {}
         self._chars = 0
         self._msgs: dict[int, tuple[Any, ...]] = {}
         self._role_base: dict[str, int] = {}
+
+    @property
+    def image_tokens(self) -> int:
+        """Fixed cost of each non-text content block (read-only: cached counts depend on it)."""
+        return self._image_tokens
 
     # -- subclass hook ------------------------------------------------------------------
 
@@ -207,7 +211,7 @@ class CachedChatCounter:
 
     def _fill(self, ms: Sequence[Any], missing: list[int], out: list[int], where: str) -> None:
         tget = self._texts.get
-        image = self.image_tokens
+        image = self._image_tokens
         per_name = self.PER_NAME
         per_call = self.PER_TOOL_CALL
         count_id = self.COUNT_TOOL_CALL_ID
