@@ -216,32 +216,6 @@ def test_unknown_field_name_in_override_is_a_bug():
         prompts._prompt_override("nope", "x")
 
 
-@pytest.mark.parametrize(
-    "module",
-    [
-        "jianmu_fast.config",
-        "jianmu_fast.config.prompts",
-        "jianmu_fast.config.loader",
-        "jianmu_fast.config.constraints",
-        "jianmu_fast.skills",
-        "jianmu_fast.skills.skill",
-        "jianmu_fast.skills.catalog",
-        "jianmu_fast.memory.context.runtime",
-        "jianmu_fast.memory.context.presets",
-        "jianmu_fast.memory.context.report",
-        "jianmu_fast.memory.context.providers.bootstrap_files",
-        "jianmu_fast.memory.context.providers.skill_set",
-    ],
-)
-def test_docstring_examples(module):
-    """The ``>>>`` examples of this issue's modules run (testpaths holds only tests/)."""
-    import doctest
-    import importlib
-
-    result = doctest.testmod(importlib.import_module(module), optionflags=doctest.ELLIPSIS)
-    assert result.attempted > 0 and result.failed == 0, result
-
-
 def test_importing_the_package_does_not_load_pyyaml_or_read_config(tmp_path):
     """Configuration is read at first use: a broken jianmu.yaml cannot break ``import``."""
     import subprocess
