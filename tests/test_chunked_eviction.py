@@ -161,17 +161,24 @@ def test_chunked_keeps_the_newest_unit_even_when_the_step_reaches_into_it(core):
     assert [m.role for m in f.apply(msgs)] == ["system", "assistant", "tool"]
 
 
-def test_newest_unit_too_large_raises_like_exact(core):
-    msgs = [system("s"), human("q"), ai("x" * 200)]
-    for f_exact, f_chunked in [
-        (TokenBudgetFilter(40), TokenBudgetFilter(40, eviction="chunked", chunk=10)),
-    ]:
-        with pytest.raises(ContextBudgetError) as a:
-            f_exact.apply(msgs)
-        with pytest.raises(ContextBudgetError) as b:
-            f_chunked.apply(msgs)
-        assert str(a.value) == str(b.value)
-        assert "the newest unit, messages[2:3] (assistant), needs 54 tokens" in str(b.value)
+CALLS3 = [{"id": f"c{i}", "type": "function", "function": {"name": "f", "arguments": "{}"}} for i in range(3)]
+
+
+@pytest.mark.parametrize(("exact", "chunked", "msgs", "text"), [
+    (TokenBudgetFilter(40), TokenBudgetFilter(40, eviction="chunked", chunk=10),
+     [system("s"), human("q"), ai("x" * 200)],
+     "the newest unit, messages[2:3] (assistant), needs 54 tokens"),
+    (MaxMessagesFilter(3), MaxMessagesFilter(3, eviction="chunked", chunk=2),
+     [system("s"), human("q"), ai(None, tool_calls=CALLS3)] + [tool("r", tool_call_id=f"c{i}") for i in range(3)],
+     "the newest unit, messages[2:6] (assistant, tool, tool, tool), needs 4 messages"),
+], ids=["tokens", "messages"])
+def test_newest_unit_too_large_raises_like_exact(core, exact, chunked, msgs, text):
+    with pytest.raises(ContextBudgetError) as a:
+        exact.apply(msgs)
+    with pytest.raises(ContextBudgetError) as b:
+        chunked.apply(msgs)
+    assert str(a.value) == str(b.value)
+    assert text in str(b.value)
 
 
 # -- properties --------------------------------------------------------------------------------
