@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import logging
 import os
+import pickle
 
 import pytest
 from hypothesis import given, settings
@@ -100,6 +101,9 @@ def test_broken_tail_raises_naming_index_role_and_ids():
     assert msg.startswith("messages[2] (role='assistant', tool_call ids=['c1', 'c2'])")
     assert "call(s) ['c2'] have no result" in msg and "append one role='tool' message" in msg
     assert isinstance(ei.value, ValueError) and isinstance(ei.value, JianmuError)
+    e = pickle.loads(pickle.dumps(ei.value))  # batch workers send errors across processes
+    assert (e.index, e.role, e.call_ids, e.reason) == (2, "assistant", ("c1", "c2"), "call(s) ['c2'] have no result")
+    assert str(e) == msg
 
 
 def test_orphan_tool_run_at_the_tail_raises():

@@ -178,22 +178,27 @@ def _check_transaction(
 
 
 def _tail_error(index: int, unit: list[Message], reason: str) -> ToolCallHistoryError:
+    """The error for a broken newest unit; it also carries ``index``, ``role``, ``call_ids``
+    and ``reason`` as attributes (kept by pickling)."""
     head = unit[0]
     if head.role == "assistant":
         ids = [_call_id(c) for c in head.tool_calls or ()]
-        return ToolCallHistoryError(
+        err = ToolCallHistoryError(
             f"messages[{index}] (role='assistant', tool_call ids={ids}): the newest tool-call "
             f"transaction is broken: {reason}. Cannot send the newest turn: append one role='tool' "
             "message per call (tool_call_id set to the call's id) right after it, or remove the "
             "unanswered calls before building the prompt."
         )
-    ids = [m.tool_call_id for m in unit]
-    return ToolCallHistoryError(
-        f"messages[{index}] (role='tool', tool_call_id={ids[0]!r}; run of {len(unit)} tool "
-        f"message(s) with ids {ids}): answers no tool_call of an assistant message right before "
-        "it. Cannot send the newest turn: drop these tool messages, or add the assistant message "
-        "that issued the calls directly before them."
-    )
+    else:
+        ids = [m.tool_call_id for m in unit]
+        err = ToolCallHistoryError(
+            f"messages[{index}] (role='tool', tool_call_id={ids[0]!r}; run of {len(unit)} tool "
+            f"message(s) with ids {ids}): answers no tool_call of an assistant message right before "
+            "it. Cannot send the newest turn: drop these tool messages, or add the assistant message "
+            "that issued the calls directly before them."
+        )
+    err.index, err.role, err.call_ids, err.reason = index, head.role, tuple(ids), reason  # type: ignore[attr-defined]
+    return err
 
 
 def _scan(
