@@ -204,3 +204,17 @@ def test_image_tokens_is_read_only():
     with pytest.raises(AttributeError):
         c.image_tokens = 765
     assert c.image_tokens == 10
+
+
+def test_text_cache_is_bounded_in_characters():
+    class Small(TiktokenTokenCounter):
+        MAX_CACHED_CHARS = 640  # texts over 10 characters are not kept
+
+    c = Small()
+    enc = load_tiktoken_encoding("o200k_base")
+    texts = [f"t{i:03d}" for i in range(300)] + ["a long text " * 50]
+    assert [c.count_text(t) for t in texts] == [len(enc.encode_ordinary(t)) for t in texts]
+    assert "a long text " * 50 not in c._texts
+    assert sum(map(len, c._texts)) <= 640 and 0 < c.cache_info()["texts"] <= 160
+    msg = human("a long text " * 50)
+    assert c.count_message(msg) == c.count_message(msg) == 4 + len(enc.encode_ordinary(msg.content))

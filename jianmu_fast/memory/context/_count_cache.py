@@ -5,7 +5,8 @@ Two bounded caches per counter, both safe to share between threads:
 - **text cache**: ``str -> token count``. Each distinct text is tokenized once. One entry
   costs about 150 bytes (dict slot, key reference, the int) plus the text itself when
   nothing else holds it any more; the cache holds at most ``cache_size`` entries and at most
-  ``MAX_CACHED_CHARS`` characters of keys, and evicts the oldest-inserted quarter when full.
+  ``MAX_CACHED_CHARS`` characters of keys (texts over 1/64 of that are not kept), and when
+  full evicts the oldest-inserted entries down to three quarters of both bounds.
 - **message cache**: ``id(message) -> (weakref(message), count)``. A recount of an unchanged
   ``Message`` object is one dict hit. The weak reference proves the entry belongs to this very
   object (an ``id`` reused by a new object never matches), keeps nothing alive, and makes a
@@ -128,13 +129,17 @@ class CachedChatCounter:
     def _store_texts(self, texts: list[str], counts: list[int]) -> None:
         with self._lock:
             cache = self._texts
+            longest = self.MAX_CACHED_CHARS >> 6
             for t, c in zip(texts, counts):
-                if t not in cache:
+                if t not in cache and len(t) <= longest:  # huge texts: the message cache only
                     cache[t] = c
                     self._chars += len(t)
             if len(cache) > self.cache_size or self._chars > self.MAX_CACHED_CHARS:
-                drop = max(len(cache) - (self.cache_size * 3) // 4, len(cache) // 4, 1)
-                for key in list(islice(iter(cache), drop)):
+                keep_n = (self.cache_size * 3) // 4
+                keep_chars = (self.MAX_CACHED_CHARS * 3) // 4
+                for key in list(cache):  # oldest first
+                    if len(cache) <= keep_n and self._chars <= keep_chars:
+                        break
                     del cache[key]
                     self._chars -= len(key)
 
