@@ -164,7 +164,12 @@ class CachedChatCounter:
     # -- the public API ---------------------------------------------------------------------
 
     def count_text(self, text: str) -> int:
-        """Exact tokens of ``text``; special-token text is counted as ordinary text."""
+        """Exact tokens of ``text``; special-token text is counted as ordinary text.
+
+        >>> from jianmu_fast.memory.context import TiktokenTokenCounter
+        >>> TiktokenTokenCounter("o200k_base").count_text("tiktoken is great!")
+        6
+        """
         if type(text) is not str:
             if not isinstance(text, str):
                 raise TypeError(f"text must be a str, got {type(text).__name__}")
@@ -177,14 +182,27 @@ class CachedChatCounter:
         return n
 
     def count_message(self, message: Message) -> int:
-        """Tokens ``message`` costs in a request (see the class docstring for the formula)."""
+        """Tokens ``message`` costs in a request (see the class docstring for the formula).
+
+        >>> from jianmu_fast.memory.context import TiktokenTokenCounter
+        >>> from jianmu_fast.message import human
+        >>> TiktokenTokenCounter("o200k_base").count_message(human("Hi!", name="ann"))
+        8
+        """
         e = self._msgs.get(id(message))
         if e is not None and e[0]() is message and (len(e) == 2 or _snapshot(message) == e[2]):
             return e[1]
         return self._counts([message], "message")[0]
 
     def count_messages(self, messages: Iterable[Message]) -> int:
-        """Tokens of a whole request: ``PER_REQUEST + sum(count_message(m) for m in messages)``."""
+        """Tokens of a whole request: ``PER_REQUEST + sum(count_message(m) for m in messages)``.
+
+        >>> from jianmu_fast.memory.context import TiktokenTokenCounter
+        >>> from jianmu_fast.message import human, system
+        >>> c = TiktokenTokenCounter("o200k_base")
+        >>> c.count_messages([system("Be brief."), human("Hi!")]), c.count_messages([])
+        (16, 3)
+        """
         ms = messages if isinstance(messages, (list, tuple)) else list(messages)
         return self.PER_REQUEST + sum(self._counts(ms, "messages"))
 
@@ -192,6 +210,11 @@ class CachedChatCounter:
         """One int64 count per message, what the compiled core consumes.
 
         Cache misses are tokenized together, in one pass over the distinct missing texts.
+
+        >>> from jianmu_fast.memory.context import TiktokenTokenCounter
+        >>> from jianmu_fast.message import human, system
+        >>> TiktokenTokenCounter("o200k_base").count_array([system("Be brief."), human("Hi!")])
+        array([7, 6])
         """
         ms = messages if isinstance(messages, (list, tuple)) else list(messages)
         return np.array(self._counts(ms, "messages"), dtype=np.int64)
