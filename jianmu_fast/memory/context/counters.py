@@ -134,7 +134,7 @@ class TiktokenTokenCounter(CachedChatCounter):
     ``"<|endoftext|>"`` in user content is ordinary text, never an error. The formula is the
     cookbook's for chat models ("How to count tokens with tiktoken": 129 tokens on its example
     with cl100k_base, 124 with o200k_base, both matching the API and reproduced in our tests),
-    extended to tools::
+    extended to content blocks and tool calls (``count_tools`` covers the request's tools)::
 
         count_message(m) = 3 + tokens(role)                    # <|start|>role ... <|end|>
                          + tokens(content)                     # str, or each text block
@@ -143,9 +143,11 @@ class TiktokenTokenCounter(CachedChatCounter):
                          + per tool call: 1 + tokens(function.name) + tokens(function.arguments)
         count_messages(ms) = 3 + sum(count_message(m))         # 3: <|start|>assistant<|message|>
 
-    ``tool_call_id`` and call ids are not counted: the API does not bill them. This
-    reproduces a measured request (an assistant tool call plus its tool result, 35 prompt
-    tokens on gpt-4; counting the 18-token id would give 53), see tests. A high-detail image
+    ``tool_call_id`` and call ids are not counted, and a call costs 1 token beyond its name
+    and arguments: so calibrated, the formula reproduces a request measured against the API
+    (an assistant tool call plus its result: 35 prompt tokens on gpt-4; counting the 18-token
+    id would give 53), see tests. OpenAI does not publish how several parallel calls in one
+    message are rendered, so those counts are the formula's, not a measurement. A high-detail image
     costs more than 85 tokens (765 for 1024x1024 on gpt-4o): raise ``image_tokens`` if you
     send those. Counts are cached (``cache_size`` distinct texts and messages, see
     ``_count_cache``); the counter is thread-safe and pickles by encoding name.
