@@ -12,8 +12,8 @@ Two bounded caches per counter, both safe to share between threads:
   object (an ``id`` reused by a new object never matches), keeps nothing alive, and makes a
   copy (``model_copy(update=...)``, same ``id`` field, other content) a different key. A
   message holding lists or dicts (content blocks, ``tool_calls``) is frozen only on the
-  surface, so its entry also keeps a snapshot of the texts its count depends on, compared
-  on every hit: mutating a nested list or dict in place never returns a stale count. About
+  surface, so its entry also keeps copies of those lists and dicts, compared with ``==`` on
+  every hit (one C-level comparison): mutating a nested list or dict in place never returns a stale count. About
   200 bytes per entry (plus the snapshot's list), at most ``cache_size`` entries.
 
 Cache misses of a ``count_array`` call are collected first, de-duplicated, and tokenized in
@@ -49,20 +49,16 @@ def _check_tokens(name: str, value: Any) -> int:
     return value
 
 
-def _snapshot(m: Message) -> list[Any]:
-    """What of ``m``'s mutable parts (content blocks, tool calls) its count depends on."""
-    parts: list[Any] = []
+def _snapshot(m: Message) -> tuple[Any, Any]:
+    """Copies of ``m``'s mutable parts, deep enough to hold every text its count depends on:
+    a hit compares them with ``==`` (one C-level comparison, no Python loop)."""
     c = m.content
     if type(c) is list:
-        for b in c:
-            parts.append(b.get("type"))
-            parts.append(b.get("text"))
-    if m.tool_calls:
-        for call in m.tool_calls:
-            fn = call["function"]
-            parts.append(fn["name"])
-            parts.append(fn.get("arguments"))
-    return parts
+        c = [dict(b) for b in c]
+    tc = m.tool_calls
+    if tc is not None:
+        tc = [{**call, "function": dict(call["function"])} for call in tc]
+    return c, tc
 
 
 class CachedChatCounter:
@@ -190,7 +186,9 @@ class CachedChatCounter:
         8
         """
         e = self._msgs.get(id(message))
-        if e is not None and e[0]() is message and (len(e) == 2 or _snapshot(message) == e[2]):
+        if e is not None and e[0]() is message and (
+            len(e) == 2 or (message.tool_calls == e[3] and message.content == e[2])
+        ):
             return e[1]
         return self._counts([message], "message")[0]
 
@@ -228,7 +226,9 @@ class CachedChatCounter:
         missing: list[int] = []
         for i, m in enumerate(ms):
             e = get(id(m))
-            if e is not None and e[0]() is m and (len(e) == 2 or _snapshot(m) == e[2]):
+            if e is not None and e[0]() is m and (
+                len(e) == 2 or (m.tool_calls == e[3] and m.content == e[2])
+            ):
                 append(e[1])
             else:
                 append(0)
@@ -315,7 +315,7 @@ class CachedChatCounter:
                 if m.tool_calls is None and type(m.content) is not list:
                     done.append((m, total))
                 else:  # lists or dicts inside: a hit must also match a snapshot of them
-                    done.append((m, total, _snapshot(m)))
+                    done.append((m, total) + _snapshot(m))
         if done:
             self._store_messages(done)
 
