@@ -283,3 +283,12 @@ def test_tiktoken_accepts_an_encoding_object():
 def test_repr():
     assert repr(HFTokenCounter(MINILM)).startswith("HFTokenCounter('")
     assert repr(HFTokenCounter(raw_hf())) == "HFTokenCounter(<tokenizers.Tokenizer>)"
+
+
+def test_exported_and_protocol_conforming():
+    import jianmu_fast.memory.context as ctx
+    from jianmu_fast.memory.context import TokenCounterProtocol
+
+    assert {"SimpleTokenCounter", "TiktokenTokenCounter", "HFTokenCounter"} <= set(ctx.__all__)
+    assert isinstance(TiktokenTokenCounter(), TokenCounterProtocol)
+    assert isinstance(HFTokenCounter(MINILM), TokenCounterProtocol)
