@@ -3,7 +3,11 @@
 ``build_batch(builder, states)`` returns ``[builder.build(s) for s in states]``, message for
 message, but does the expensive parts once for the whole batch:
 
-1. providers run per state, in Python (they are user code);
+1. providers run once per state, in Python (they are user code). States that are dicts
+   whose ``"messages"`` lists start with the same Message are provided together, shortest
+   first, so that an incremental provider (``StateHistoryProvider`` reuses its previous
+   output when the new history extends it) only looks at the new messages; a provider with
+   side effects may therefore see the states in another order than the input's;
 2. each trimming filter stage (``MaxMessagesFilter``, ``TokenBudgetFilter``) looks at the
    tail of every prompt that can possibly be kept (walking back from the newest message in
    doubling steps, as the filters do), counts the messages of all those tails in **one**
@@ -21,8 +25,10 @@ original error chained; ``on_error="skip"`` leaves ``[]`` in that slot of ``buil
 list and logs it. ``build_batch_report`` returns both the prompts (``None`` where a state
 failed) and the failures, so a caller can tell an empty prompt from a failed one.
 
-``workers > 1`` splits the states into contiguous chunks run by a process pool (the
-builder is pickled; counters pickle by name); results keep the input order.
+``workers > 1`` splits the states (grouped as above) into chunks run by a process pool (the
+builder goes to each worker once; counters pickle by name); the results are unpickled
+copies, equal to ``build()``'s but not the same objects, and keep the input order. See
+``jianmu_fast._batch_windows`` for how a trimming stage is decided.
 """
 
 from __future__ import annotations
@@ -35,11 +41,9 @@ from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any, Iterable, Literal, Optional, Sequence
 
-import numpy as np
-
-from . import _backend
 from .errors import BatchError, JianmuError
-from .memory.context.filters import MaxMessagesFilter, TokenBudgetFilter, _pinned_count, _unit_start_at_or_before
+from ._batch_windows import decide_windows
+from .memory.context.filters import MaxMessagesFilter, TokenBudgetFilter
 from .message import Message, coerce_messages
 
 __all__ = [
@@ -55,7 +59,6 @@ logger = logging.getLogger("jianmu_fast.batch")
 
 OnError = Literal["raise", "skip"]
 _WINDOW_TYPES = (MaxMessagesFilter, TokenBudgetFilter)
-_FIRST_STEP = 32
 
 
 @dataclass(frozen=True)
@@ -191,7 +194,7 @@ def build_batch_report(
     >>> type(r.failures[0].error).__name__
     'ContextBudgetError'
     """
-    return _run_public(builder, list(states), None, None, global_state, ctx, tools_schema, workers, progress, on_error)
+    return _run_public(builder, list(states), None, global_state, ctx, tools_schema, workers, progress, on_error)
 
 
 def transform_batch_report(
@@ -220,7 +223,7 @@ def transform_batch_report(
         states = list(local_states)
         if len(states) != len(lists):
             raise ValueError(f"local_states has {len(states)} entries, message_lists has {len(lists)}")
-    return _run_public(builder, states, lists, None, global_state, ctx, tools_schema, workers, progress, on_error)
+    return _run_public(builder, states, lists, global_state, ctx, tools_schema, workers, progress, on_error)
 
 
 # -- driver -----------------------------------------------------------------------------------
@@ -236,7 +239,7 @@ def _check_args(builder: Any, workers: Any, on_error: Any) -> None:
             raise TypeError(f"builder: expected a ContextBuilder, got {type(builder).__name__} (no {name})")
 
 
-def _run_public(builder, states, lists, _unused, global_state, ctx, tools_schema, workers, progress, on_error) -> BatchReport:
+def _run_public(builder, states, lists, global_state, ctx, tools_schema, workers, progress, on_error) -> BatchReport:
     _check_args(builder, workers, on_error)
     n = len(states)
     if workers > 1 and n > 1:
@@ -284,7 +287,7 @@ def _run(builder, states, lists, global_state, ctx, tools_schema, bar=None) -> B
     prompts: list[Optional[list[Message]]] = [None] * n
     errors: dict[int, BaseException] = {}
     tick = bar.update if bar is not None else None
-    for i in range(n):  # providers (or coercion, for transform), per state
+    for i in _provider_order(states) if lists is None else range(n):  # providers, per state
         try:
             if lists is None:
                 prompts[i] = builder._provide(states[i], global_state, ctx, tools_schema)
@@ -315,6 +318,19 @@ def _run(builder, states, lists, global_state, ctx, tools_schema, bar=None) -> B
     return BatchReport(prompts, [BatchFailure(i, errors[i]) for i in sorted(errors)])
 
 
+def _provider_order(states: list[Any]) -> Sequence[int]:
+    """The order to run providers in: states whose ``"messages"`` lists start with the same
+    message are grouped, shortest first, so that an incremental provider (the history
+    provider reuses its previous output when the new history extends it) does work for the
+    new messages only. Any other state keeps its place; results keep the input order."""
+    keys = []
+    for i, s in enumerate(states):
+        ms = s.get("messages") if isinstance(s, dict) else None
+        keys.append((id(ms[0]), len(ms), i) if type(ms) is list and ms else (-1, 0, i))
+    keys.sort()
+    return [k[2] for k in keys]
+
+
 def _python_stage(builder, fi, prompts, i, states, global_state, ctx, tools_schema, errors) -> None:
     try:
         prompts[i] = builder._apply_filter(fi, prompts[i], states[i], global_state, ctx, tools_schema)
@@ -325,129 +341,13 @@ def _python_stage(builder, fi, prompts, i, states, global_state, ctx, tools_sche
 def _window_stage(builder, fi, flt, prompts, alive, states, global_state, ctx, tools_schema, errors) -> None:
     """One trimming filter over every live prompt: batched counting, one core call."""
     try:
-        decided, slow = _decide_windows(flt, prompts, alive)
+        decided, slow = decide_windows(flt, prompts, alive)
     except Exception:  # anything unexpected: the exact per-prompt path decides (and logs)
         decided, slow = {}, alive
     for i, out in decided.items():
         prompts[i] = out
     for i in slow:  # edge cases (all pinned, limit < 0, nothing fits): the filter itself
         _python_stage(builder, fi, prompts, i, states, global_state, ctx, tools_schema, errors)
-
-
-class _Rec:
-    """One prompt of a window stage: its tail ``msgs[start:]`` and the counts found so far."""
-
-    __slots__ = ("index", "msgs", "n_pinned", "start", "parts", "total", "pinned")
-
-    def __init__(self, index: int, msgs: list[Message], n_pinned: int) -> None:
-        self.index = index
-        self.msgs = msgs
-        self.n_pinned = n_pinned
-        self.start = len(msgs)  # the tail counted so far is msgs[start:]
-        self.parts: list[np.ndarray] = []  # tail counts, newest part first
-        self.total = 0  # what the tail costs
-        self.pinned: Optional[np.ndarray] = None  # counts of msgs[:n_pinned]
-
-
-def _decide_windows(flt, prompts, alive) -> tuple[dict[int, list[Message]], list[int]]:
-    limit = flt._limit()
-    roles = flt.pinned_roles
-    walk = flt.trim_from_start and flt.chunk == 0
-    slow: list[int] = []
-    recs: list[_Rec] = []
-    for i in alive:
-        msgs = prompts[i]
-        n_pinned = _pinned_count(msgs, roles)
-        if n_pinned == len(msgs) or limit < 0:
-            slow.append(i)
-        else:
-            recs.append(_Rec(i, msgs, n_pinned))
-    if not recs:
-        return {}, slow
-
-    if type(flt) is TokenBudgetFilter:
-        _count_tails(flt, recs, limit, walk)
-    else:  # one per message, the pinned prefix is free: a tail of limit + 1 messages suffices
-        for r in recs:
-            n = len(r.msgs)
-            r.start = _unit_start_at_or_before(r.msgs, max(r.n_pinned, n - limit - 1), r.n_pinned) if walk else r.n_pinned
-            r.parts.append(np.ones(n - r.start, dtype=np.int64))
-            r.pinned = np.zeros(r.n_pinned, dtype=np.int64)
-
-    # CSR-pack: per prompt, counts = pinned counts + tail counts; unit starts are local
-    count_parts: list[np.ndarray] = []
-    starts: list[int] = []
-    offsets = [0]
-    unit_offsets = [0]
-    for r in recs:
-        msgs, n_pinned, start = r.msgs, r.n_pinned, r.start
-        if n_pinned:
-            count_parts.append(r.pinned)
-        count_parts.extend(reversed(r.parts))
-        offsets.append(offsets[-1] + n_pinned + len(msgs) - start)
-        starts.append(n_pinned)
-        j = n_pinned + 1
-        for m in msgs[start + 1:]:
-            if m.role != "tool":
-                starts.append(j)
-            j += 1
-        unit_offsets.append(len(starts))
-    counts = np.ascontiguousarray(np.concatenate(count_parts), dtype=np.int64)
-    i64 = np.int64
-    lo, hi = _backend.select_windows(
-        counts,
-        np.array(offsets, dtype=i64),
-        np.array(starts, dtype=i64),
-        np.array(unit_offsets, dtype=i64),
-        np.array([r.n_pinned for r in recs], dtype=i64),
-        np.full(len(recs), limit, dtype=i64),
-        flt.trim_from_start,
-        flt.chunk,
-    )
-    decided: dict[int, list[Message]] = {}
-    for r, a, b in zip(recs, lo.tolist(), hi.tolist()):
-        if a == b:  # nothing fits: the filter raises its own, exact ContextBudgetError
-            slow.append(r.index)
-            continue
-        shift = r.start - r.n_pinned
-        decided[r.index] = r.msgs[:r.n_pinned] + r.msgs[a + shift:b + shift]
-    return decided, slow
-
-
-def _count_tails(flt, recs: list[_Rec], limit: int, walk: bool) -> None:
-    """Count every record's pinned prefix and a tail long enough to hold its kept run:
-    one ``count_array`` call per doubling step, over all records still walking back."""
-    pending = recs
-    step = _FIRST_STEP
-    first = True
-    while pending:
-        segs: list[Message] = []
-        spans: list[int] = []
-        for r in pending:
-            msgs, n_pinned = r.msgs, r.n_pinned
-            if first and n_pinned:
-                segs += msgs[:n_pinned]
-            start = _unit_start_at_or_before(msgs, max(n_pinned, r.start - step), n_pinned) if walk else n_pinned
-            segs += msgs[start:r.start]
-            spans.append(start)
-        counts = flt._counts(segs, 0, len(segs))
-        pos = 0
-        still = []
-        for r, start in zip(pending, spans):
-            n_pinned = r.n_pinned
-            if first:
-                r.pinned = counts[pos:pos + n_pinned]
-                pos += n_pinned
-            part = counts[pos:pos + r.start - start]
-            pos += r.start - start
-            r.parts.append(part)
-            r.total += int(part.sum())
-            r.start = start
-            if start > n_pinned and r.total <= limit - int(r.pinned.sum()):
-                still.append(r)
-        pending = still
-        step *= 2
-        first = False
 
 
 # -- processes --------------------------------------------------------------------------------
@@ -472,28 +372,33 @@ def _mp_context():
 
 
 def _run_pool(builder, states, lists, global_state, ctx, tools_schema, workers, progress) -> BatchReport:
+    """Contiguous chunks of the states (grouped as for the providers, so that the prefixes of
+    one conversation meet the same worker's caches), run by a process pool; results are
+    unpickled copies, equal to ``build()``'s, placed back in input order."""
     n = len(states)
+    order = list(_provider_order(states)) if lists is None else list(range(n))
     n_chunks = min(n, workers * 4)
     bounds = [n * k // n_chunks for k in range(n_chunks + 1)]
-    tasks = [
-        (states[a:b], None if lists is None else lists[a:b]) for a, b in zip(bounds, bounds[1:])
-    ]
+    chunks = [order[a:b] for a, b in zip(bounds, bounds[1:])]
+    tasks = [([states[i] for i in c], None if lists is None else [lists[i] for i in c]) for c in chunks]
     bar = _progress_bar(n, progress)
-    prompts: list[Optional[list[Message]]] = []
+    prompts: list[Optional[list[Message]]] = [None] * n
     failures: list[BatchFailure] = []
     try:
         with ProcessPoolExecutor(
-            max_workers=min(workers, n_chunks, os.cpu_count() or workers),
+            max_workers=min(workers, n_chunks),
             mp_context=_mp_context(),
             initializer=_init_worker,
             initargs=(builder, global_state, ctx, tools_schema),
         ) as pool:
-            for a, part in zip(bounds, pool.map(_run_chunk, tasks)):
-                prompts.extend(part.prompts)
-                failures.extend(BatchFailure(a + f.index, f.error) for f in part.failures)
+            for chunk, part in zip(chunks, pool.map(_run_chunk, tasks)):
+                for i, p in zip(chunk, part.prompts):
+                    prompts[i] = p
+                failures.extend(BatchFailure(chunk[f.index], f.error) for f in part.failures)
                 if bar is not None:
-                    bar.update(len(part.prompts))
+                    bar.update(len(chunk))
     finally:
         if bar is not None:
             bar.close()
+    failures.sort(key=lambda f: f.index)
     return BatchReport(prompts, failures)

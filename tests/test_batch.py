@@ -298,7 +298,9 @@ def test_counting_is_one_call_per_step(core):
             calls["count_array"] += 1
             return super().count_array(messages)
 
-    real = batch._backend.select_windows
+    import jianmu_fast._backend as backend_module
+
+    real = backend_module.select_windows
 
     def spy(*args):
         calls["select_windows"] += 1
@@ -308,8 +310,6 @@ def test_counting_is_one_call_per_step(core):
     rng = random.Random(1)
     pool = [human(_text(rng, 10, 200)) for _ in range(400)]
     states = [{"messages": pool[:rng.randint(1, 400)]} for _ in range(300)]
-    import jianmu_fast._backend as backend_module
-
     orig = backend_module.select_windows
     backend_module.select_windows = spy
     try:
@@ -338,3 +338,24 @@ def test_progress_without_tqdm(monkeypatch):
 
 def test_batch_failure_reason():
     assert BatchFailure(0, KeyError("k")).reason == "KeyError: 'k'"
+
+
+def test_providers_see_shared_histories_grouped_and_results_keep_input_order():
+    """States that are prefixes of one history are provided shortest first (so incremental
+    providers extend their previous output); the results come back in input order."""
+    seen = []
+
+    class Spy(History):
+        def get_messages(self, local_state, global_state=None, ctx=None):
+            seen.append(len(local_state["messages"]))
+            return super().get_messages(local_state, global_state, ctx)
+
+    conv = [human(f"m{i}") for i in range(30)]
+    other = [human(f"o{i}") for i in range(30)]
+    states = [{"messages": conv[:k]} for k in (20, 5, 30)] + [{"messages": other[:7]}, {"x": 1}, {"messages": conv[:9]}]
+    states[4] = {"messages": []}
+    builder = ContextBuilder([Spy()], [MaxMessagesFilter(3)])
+    out = build_batch(builder, states)
+    assert sorted(seen) == sorted([20, 5, 30, 7, 0, 9])  # once per state
+    assert [n for n in seen if n in (5, 9, 20, 30)] == [5, 9, 20, 30]
+    assert out == [builder.build(s) for s in states]

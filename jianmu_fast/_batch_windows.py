@@ -1,0 +1,158 @@
+"""The trimming stages of ``jianmu_fast.batch``: every prompt's tail counted in one pass per
+step, every window decided in one call of the compiled core.
+
+For a ``MaxMessagesFilter`` or ``TokenBudgetFilter`` stage over many prompts:
+
+1. each prompt's pinned prefix is found as the filter finds it;
+2. walking back from the newest message in doubling steps (16, 32, 64, ... messages, each
+   ending on a unit start), the tails of all prompts still walking are concatenated and
+   counted by one ``count_array`` call per step, each distinct Message object once; a prompt
+   stops walking when its tail costs more than its budget left after the pinned prefix (its
+   kept run then lies inside the tail, since the core walks from the newest unit) or reaches
+   the pinned prefix. With ``trim_from_start=False`` or chunked eviction the whole history
+   after the pinned prefix is counted, as the filter does;
+3. pinned counts, tail counts and local unit starts are CSR-packed, and one call of
+   ``_backend.select_windows`` decides every prompt;
+4. a prompt where nothing fits (``lo == hi``), where everything is pinned, or whose limit is
+   negative goes back to the filter's own ``apply`` so that its error (or result) is exactly
+   the filter's.
+"""
+
+from __future__ import annotations
+
+from typing import Optional
+
+import numpy as np
+
+from . import _backend
+from .memory.context.filters import TokenBudgetFilter, _pinned_count, _unit_start_at_or_before
+from .message import Message
+
+__all__ = ["decide_windows"]
+
+_FIRST_STEP = 16  # the first tail each prompt counts; then 32, 64, ... (any start is exact)
+
+
+class _Rec:
+    """One prompt of a window stage: its tail ``msgs[start:]`` and the counts found so far."""
+
+    __slots__ = ("index", "msgs", "n_pinned", "start", "parts", "total", "pinned", "pinned_cost")
+
+    def __init__(self, index: int, msgs: list[Message], n_pinned: int) -> None:
+        self.index = index
+        self.msgs = msgs
+        self.n_pinned = n_pinned
+        self.start = len(msgs)  # the tail counted so far is msgs[start:]
+        self.parts: list[list[int]] = []  # tail counts, newest part first
+        self.total = 0  # what the tail costs
+        self.pinned: list[int] = []  # counts of msgs[:n_pinned]
+        self.pinned_cost = 0
+
+
+def decide_windows(flt, prompts, alive) -> tuple[dict[int, list[Message]], list[int]]:
+    limit = flt._limit()
+    roles = flt.pinned_roles
+    walk = flt.trim_from_start and flt.chunk == 0
+    slow: list[int] = []
+    recs: list[_Rec] = []
+    for i in alive:
+        msgs = prompts[i]
+        n_pinned = _pinned_count(msgs, roles)
+        if n_pinned == len(msgs) or limit < 0:
+            slow.append(i)
+        else:
+            recs.append(_Rec(i, msgs, n_pinned))
+    if not recs:
+        return {}, slow
+
+    if type(flt) is TokenBudgetFilter:
+        _count_tails(flt, recs, limit, walk)
+    else:  # one per message, the pinned prefix is free: a tail of limit + 1 messages suffices
+        for r in recs:
+            n = len(r.msgs)
+            r.start = _unit_start_at_or_before(r.msgs, max(r.n_pinned, n - limit - 1), r.n_pinned) if walk else r.n_pinned
+            r.parts.append([1] * (n - r.start))
+            r.pinned = [0] * r.n_pinned
+
+    # CSR-pack: per prompt, counts = pinned counts + tail counts; unit starts are local
+    flat: list[int] = []
+    starts: list[int] = []
+    offsets = [0]
+    unit_offsets = [0]
+    for r in recs:
+        msgs, n_pinned, start = r.msgs, r.n_pinned, r.start
+        flat += r.pinned
+        for part in reversed(r.parts):
+            flat += part
+        offsets.append(len(flat))
+        starts.append(n_pinned)
+        starts += [j for j, m in enumerate(msgs[start + 1:], n_pinned + 1) if m.role != "tool"]
+        unit_offsets.append(len(starts))
+    i64 = np.int64
+    lo, hi = _backend.select_windows(
+        np.array(flat, dtype=i64),
+        np.array(offsets, dtype=i64),
+        np.array(starts, dtype=i64),
+        np.array(unit_offsets, dtype=i64),
+        np.array([r.n_pinned for r in recs], dtype=i64),
+        np.full(len(recs), limit, dtype=i64),
+        flt.trim_from_start,
+        flt.chunk,
+    )
+    decided: dict[int, list[Message]] = {}
+    for r, a, b in zip(recs, lo.tolist(), hi.tolist()):
+        if a == b:  # nothing fits: the filter raises its own, exact ContextBudgetError
+            slow.append(r.index)
+            continue
+        shift = r.start - r.n_pinned
+        decided[r.index] = r.msgs[:r.n_pinned] + r.msgs[a + shift:b + shift]
+    return decided, slow
+
+
+def _count_tails(flt, recs: list[_Rec], limit: int, walk: bool) -> None:
+    """Count every record's pinned prefix and a tail long enough to hold its kept run:
+    one ``count_array`` call per doubling step, over all records still walking back."""
+    pending = recs
+    step = _FIRST_STEP
+    first = True
+    while pending:
+        segs: list[Message] = []
+        spans: list[int] = []
+        for r in pending:
+            msgs, n_pinned = r.msgs, r.n_pinned
+            if first and n_pinned:
+                segs += msgs[:n_pinned]
+            start = _unit_start_at_or_before(msgs, max(n_pinned, r.start - step), n_pinned) if walk else n_pinned
+            segs += msgs[start:r.start]
+            spans.append(start)
+        counts = _count_unique(flt, segs)
+        pos = 0
+        still = []
+        for r, start in zip(pending, spans):
+            n_pinned = r.n_pinned
+            if first and n_pinned:
+                r.pinned = counts[pos:pos + n_pinned]
+                r.pinned_cost = sum(r.pinned)
+                pos += n_pinned
+            part = counts[pos:pos + r.start - start]
+            pos += r.start - start
+            r.parts.append(part)
+            r.total += sum(part)
+            r.start = start
+            if start > n_pinned and r.total <= limit - r.pinned_cost:
+                still.append(r)
+        pending = still
+        step *= 2
+        first = False
+
+
+def _count_unique(flt, segs: list[Message]) -> list[int]:
+    """Counts of ``segs``, each distinct Message object handed to the counter once (prompts
+    that are prefixes of one conversation share most of their tails)."""
+    by_id = {id(m): m for m in segs}
+    if len(by_id) == len(segs):
+        return np.asarray(flt._counts(segs, 0, len(segs)), dtype=np.int64).tolist()
+    uniq = list(by_id.values())
+    counts = np.asarray(flt._counts(uniq, 0, len(uniq)), dtype=np.int64).tolist()
+    by_id_count = dict(zip(by_id, counts))
+    return list(map(by_id_count.__getitem__, map(id, segs)))
