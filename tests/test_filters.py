@@ -242,3 +242,41 @@ def test_long_history_tail_only(core):
     out = TokenBudgetFilter(max_tokens=200, counter=Spy()).apply(msgs)
     assert out[-1] is msgs[-1]
     assert sum(calls) < 200, calls
+
+
+@given(convs=st.lists(conversations(max_units=10), min_size=1, max_size=4), cuts=st.lists(st.integers(0, 40), min_size=1, max_size=6),
+       budget=st.integers(30, 300), chunked=st.booleans())
+@settings(deadline=None, max_examples=max(50, MAX_EXAMPLES // 3))
+def test_reused_filter_equals_a_fresh_one(core, convs, cuts, budget, chunked):
+    """The history cache (chunked and keep-oldest paths) never changes a result: replaying
+    growing prefixes, switching conversations, and shrinking all match a fresh filter."""
+    opts = {"eviction": "chunked", "chunk": 25} if chunked else {"trim_from_start": False}
+    reused = TokenBudgetFilter(budget, **opts)
+    reused_n = MaxMessagesFilter(5, **({"eviction": "chunked", "chunk": 2} if chunked else {"trim_from_start": False}))
+    for conv in convs:
+        for cut in sorted(cuts) + cuts:
+            msgs = conv[: min(cut, len(conv))]
+            for f, fresh in ((reused, TokenBudgetFilter(budget, **opts)),
+                             (reused_n, MaxMessagesFilter(5, **({"eviction": "chunked", "chunk": 2} if chunked else {"trim_from_start": False})))):
+                try:
+                    expected = fresh.apply(msgs)
+                except ContextBudgetError as exc:
+                    with pytest.raises(ContextBudgetError) as info:
+                        f.apply(msgs)
+                    assert str(info.value) == str(exc)
+                    continue
+                assert f.apply(msgs) == expected
+
+
+def test_history_cache_is_not_pickled_and_reprs_show_options():
+    import pickle
+
+    f = TokenBudgetFilter(100, eviction="chunked", chunk=25)
+    f.apply([system("s"), human("a"), ai("b")])
+    assert f._history_cache is not None
+    g = pickle.loads(pickle.dumps(f))
+    assert g._history_cache is None and g.chunk == 25
+    assert repr(f) == ("TokenBudgetFilter(max_tokens=100, counter=SimpleTokenCounter(chars_per_token=4), "
+                       "pinned_roles=('system',), eviction='chunked', chunk=25)")
+    assert repr(MaxMessagesFilter(3, trim_from_start=False)) == (
+        "MaxMessagesFilter(max_messages=3, pinned_roles=('system',), trim_from_start=False)")

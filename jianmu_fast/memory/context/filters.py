@@ -136,6 +136,38 @@ class _WindowFilter:
             step *= 2
         return end, (parts[0] if len(parts) == 1 else np.concatenate(parts[::-1]))
 
+    # What the last call counted over the whole history (chunked eviction and keep-oldest need
+    # every count, not only a tail): (history messages, their counts, their unit starts). A call
+    # whose history starts with that list (same objects, or equal ones) counts only what was
+    # appended. A pure cache: results are the same without it.
+    _history_cache: Optional[tuple[list[Message], np.ndarray, np.ndarray]] = None
+
+    def __getstate__(self) -> dict[str, Any]:
+        state = self.__dict__.copy()
+        state.pop("_history_cache", None)
+        return state
+
+    def _history(self, messages: list[Message], n_pinned: int) -> tuple[np.ndarray, np.ndarray]:
+        """Counts and unit starts (relative to ``n_pinned``) of every non-pinned message."""
+        hist = messages[n_pinned:]
+        cached = self._history_cache
+        if cached is not None:
+            ref, counts, starts = cached
+            k = len(ref)
+            if len(hist) >= k and hist[:k] == ref:
+                if len(hist) > k:
+                    new_starts = split_units(hist, k) + k
+                    if k and hist[k].role == "tool":
+                        new_starts = new_starts[1:]
+                    counts = np.concatenate((counts, self._counts(hist, k, len(hist))))
+                    starts = np.concatenate((starts, new_starts))
+                    self._history_cache = (hist, counts, starts)
+                return counts, starts
+        counts = self._counts(hist, 0, len(hist))
+        starts = split_units(hist, 0)
+        self._history_cache = (hist, counts, starts)
+        return counts, starts
+
     def apply(
         self,
         messages: Sequence[Message],
@@ -157,12 +189,13 @@ class _WindowFilter:
             return list(msgs)
         if self.trim_from_start and self.chunk == 0:
             start, tail_counts = self._tail(msgs, n_pinned, limit - pinned_cost)
+            unit_starts = split_units(msgs, start)
         else:
-            start, tail_counts = n_pinned, self._counts(msgs, n_pinned, n)
+            start = n_pinned
+            tail_counts, unit_starts = self._history(msgs, n_pinned)
         counts = np.concatenate((pinned_counts, tail_counts)) if n_pinned else tail_counts
-        unit_starts = split_units(msgs, start)
         if n_pinned:
-            unit_starts += n_pinned
+            unit_starts = unit_starts + n_pinned
         lo, hi = _backend.select_window(
             counts, unit_starts, n_pinned, max(limit, 0), self.trim_from_start, self.chunk
         )
@@ -177,6 +210,14 @@ class _WindowFilter:
 
     def _describe_limit(self) -> str:
         return f"{self._limit()} {self._unit_name}"
+
+    def _repr_options(self) -> str:
+        out = f", pinned_roles={tuple(sorted(self.pinned_roles))!r}"
+        if not self.trim_from_start:
+            out += ", trim_from_start=False"
+        if self.chunk:
+            out += f", eviction='chunked', chunk={self.chunk}"
+        return out
 
     def _raise(self, msgs, n_pinned, pinned_cost, limit, u0=None, u1=None, unit_cost=0):
         unit = self._unit_name
@@ -230,8 +271,7 @@ class MaxMessagesFilter(_WindowFilter):
         self.chunk = _check_eviction(eviction, chunk, "messages")
 
     def __repr__(self) -> str:
-        return (f"MaxMessagesFilter(max_messages={self.max_messages}, "
-                f"pinned_roles={tuple(sorted(self.pinned_roles))!r})")
+        return f"MaxMessagesFilter(max_messages={self.max_messages}{self._repr_options()})"
 
     def _limit(self) -> int:
         return self.max_messages
@@ -285,7 +325,7 @@ class TokenBudgetFilter(_WindowFilter):
         self._count_array = getattr(counter, "count_array", None)
 
     def __repr__(self) -> str:
-        return f"TokenBudgetFilter(max_tokens={self.max_tokens}, counter={self.counter!r})"
+        return f"TokenBudgetFilter(max_tokens={self.max_tokens}, counter={self.counter!r}{self._repr_options()})"
 
     def _request_cost(self) -> int:
         return int(self.counter.count_messages([]))
