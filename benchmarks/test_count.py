@@ -8,8 +8,8 @@ conversation of ``traces.make_conversation``:
 - ``count-5k-<encoding>``: ``count_array`` cold (empty caches) and warm (a recount of the
   same messages) against a raw ``encode_ordinary`` loop and ``encode_ordinary_batch`` over
   every text of the messages (contents, names, tool-call names and arguments);
-- ``count-5k-hf``: the same for ``HFTokenCounter`` against ``tokenizers``' ``encode_batch``
-  and a raw ``encode`` loop.
+- ``count-5k-hf``: the same for ``HFTokenCounter`` against ``tokenizers``' ``encode_batch``,
+  ``encode_batch_fast`` (no offsets) and a raw ``encode`` loop.
 
 Each scenario first asserts that the counter's counts equal the counts rebuilt from the raw
 tokenizer's output, and only then times. The last test prints the ratios the issue asks for:
@@ -91,7 +91,7 @@ def test_count_tiktoken(benchmark, messages, encoding, impl):
     _record(group, impl, benchmark)
 
 
-@pytest.mark.parametrize("impl", ["raw_batch", "raw_loop", "cold", "warm"])
+@pytest.mark.parametrize("impl", ["raw_batch", "raw_batch_fast", "raw_loop", "cold", "warm"])
 def test_count_hf(benchmark, messages, impl):
     group = "count-5k-hf"
     benchmark.group = group
@@ -104,6 +104,9 @@ def test_count_hf(benchmark, messages, impl):
     assert counter.count_array(messages).tolist() == want
     if impl == "raw_batch":
         benchmark.pedantic(lambda: [len(e) for e in tok.encode_batch(texts, add_special_tokens=False)],
+                           rounds=5, iterations=1)
+    elif impl == "raw_batch_fast":
+        benchmark.pedantic(lambda: [len(e) for e in tok.encode_batch_fast(texts, add_special_tokens=False)],
                            rounds=5, iterations=1)
     elif impl == "raw_loop":
         benchmark.pedantic(lambda: [len(tok.encode(t, add_special_tokens=False)) for t in texts],
@@ -147,6 +150,8 @@ def test_ratios_interleaved(messages, capsys):
             counter = HFTokenCounter(MINILM)
             texts = [t for m in messages for t in message_texts(m)]
             raw = {"raw_batch": (lambda: [len(e) for e in tok.encode_batch(texts, add_special_tokens=False)], None),
+                   "raw_batch_fast": (lambda: [len(e) for e in tok.encode_batch_fast(texts, add_special_tokens=False)],
+                                      None),
                    "raw_loop": (lambda: [len(tok.encode(t, add_special_tokens=False)) for t in texts], None)}
         else:
             enc = load_tiktoken_encoding(encoding)
