@@ -218,3 +218,22 @@ def test_text_cache_is_bounded_in_characters():
     assert sum(map(len, c._texts)) <= 640 and 0 < c.cache_info()["texts"] <= 160
     msg = human("a long text " * 50)
     assert c.count_message(msg) == c.count_message(msg) == 4 + len(enc.encode_ordinary(msg.content))
+
+
+def test_threads_share_an_hf_counter():
+    c = HFTokenCounter(MINILM, cache_size=32)
+    msgs = [human(f"thread text {i % 90} " + "word " * (i % 11)) for i in range(300)]
+    expected = HFTokenCounter(MINILM).count_array(msgs).tolist()
+    outcomes: list[bool] = []
+
+    def work(offset):
+        for k in range(4):
+            shift = (offset * 31 + k * 53) % 300
+            outcomes.append(c.count_array(msgs[shift:] + msgs[:shift]).tolist() == expected[shift:] + expected[:shift])
+
+    threads = [threading.Thread(target=work, args=(i,)) for i in range(6)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert outcomes == [True] * 24
