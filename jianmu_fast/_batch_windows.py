@@ -4,8 +4,8 @@ step, every window decided in one call of the compiled core.
 For a ``MaxMessagesFilter`` or ``TokenBudgetFilter`` stage over many prompts:
 
 1. each prompt's pinned prefix is found as the filter finds it;
-2. walking back from the newest message in doubling steps (16, 32, 64, ... messages, each
-   ending on a unit start), the tails of all prompts still walking are concatenated and
+2. walking back from the newest message in steps (each ending on a unit start; the first
+   sized from the budget, the next from the average cost per message seen so far), the tails of all prompts still walking are concatenated and
    counted by one ``count_array`` call per step, each distinct Message object once; a prompt
    stops walking when its tail costs more than its budget left after the pinned prefix (its
    kept run then lies inside the tail, since the core walks from the newest unit) or reaches
@@ -30,13 +30,10 @@ from .message import Message
 
 __all__ = ["decide_windows"]
 
-_FIRST_STEP = 16  # the first tail each prompt counts; then 32, 64, ... (any start is exact)
-
-
 class _Rec:
     """One prompt of a window stage: its tail ``msgs[start:]`` and the counts found so far."""
 
-    __slots__ = ("index", "msgs", "n_pinned", "start", "parts", "total", "pinned", "pinned_cost")
+    __slots__ = ("index", "msgs", "n_pinned", "start", "parts", "total", "pinned", "pinned_cost", "step")
 
     def __init__(self, index: int, msgs: list[Message], n_pinned: int) -> None:
         self.index = index
@@ -47,6 +44,7 @@ class _Rec:
         self.total = 0  # what the tail costs
         self.pinned: list[int] = []  # counts of msgs[:n_pinned]
         self.pinned_cost = 0
+        self.step = 0  # how far the next step walks back
 
 
 def decide_windows(flt, prompts, alive) -> tuple[dict[int, list[Message]], list[int]]:
@@ -111,9 +109,15 @@ def decide_windows(flt, prompts, alive) -> tuple[dict[int, list[Message]], list[
 
 def _count_tails(flt, recs: list[_Rec], limit: int, walk: bool) -> None:
     """Count every record's pinned prefix and a tail long enough to hold its kept run:
-    one ``count_array`` call per doubling step, over all records still walking back."""
+    one ``count_array`` call per step, over all records still walking back.
+
+    The first step is ``limit // 150`` messages (8 to 64); each later step aims at what the
+    budget left needs at the average cost per message seen so far, plus a quarter, and is
+    at least half of what was counted already, so a prompt needs few steps however its
+    message sizes vary."""
     pending = recs
-    step = _FIRST_STEP
+    for r in recs:
+        r.step = min(64, max(8, limit // 150))
     first = True
     while pending:
         segs: list[Message] = []
@@ -122,7 +126,7 @@ def _count_tails(flt, recs: list[_Rec], limit: int, walk: bool) -> None:
             msgs, n_pinned = r.msgs, r.n_pinned
             if first and n_pinned:
                 segs += msgs[:n_pinned]
-            start = _unit_start_at_or_before(msgs, max(n_pinned, r.start - step), n_pinned) if walk else n_pinned
+            start = _unit_start_at_or_before(msgs, max(n_pinned, r.start - r.step), n_pinned) if walk else n_pinned
             segs += msgs[start:r.start]
             spans.append(start)
         counts = _count_unique(flt, segs)
@@ -139,10 +143,13 @@ def _count_tails(flt, recs: list[_Rec], limit: int, walk: bool) -> None:
             r.parts.append(part)
             r.total += sum(part)
             r.start = start
-            if start > n_pinned and r.total <= limit - r.pinned_cost:
+            left = limit - r.pinned_cost - r.total
+            if start > n_pinned and left >= 0:
+                counted = len(r.msgs) - start
+                per = r.total // counted if r.total >= counted else 1
+                r.step = max(8, counted // 2, (left // per) * 5 // 4 + 2)
                 still.append(r)
         pending = still
-        step *= 2
         first = False
 
 
