@@ -32,6 +32,20 @@ def _accepts(fn: Callable[..., Any], name: str) -> bool:
     return any(p.kind is p.VAR_KEYWORD or (p.name == name and p.kind is not p.POSITIONAL_ONLY) for p in params)
 
 
+#: providers of ours whose ``get_messages`` always returns a new list of Messages
+_MESSAGE_LIST_PROVIDERS = frozenset({
+    "jianmu_fast.memory.context.providers.static_prompt.StaticPromptProvider",
+    "jianmu_fast.memory.context.providers.tools_desc.ToolsDescProvider",
+    "jianmu_fast.memory.context.providers.state_history.StateHistoryProvider",
+})
+
+
+def _returns_messages(provider: Any) -> bool:
+    """Whether ``provider``'s output needs no coercion (exact type only, not subclasses)."""
+    cls = type(provider)
+    return f"{cls.__module__}.{cls.__qualname__}" in _MESSAGE_LIST_PROVIDERS
+
+
 def _check_stages(items: Optional[Iterable[Any]], kind: str, proto: type, method: str, sig: str) -> list[Any]:
     if items is None:
         return []
@@ -76,6 +90,7 @@ class ContextBuilder:
         )
         self.sanitize = bool(sanitize)
         self._provider_takes_tools = [_accepts(p.get_messages, "tools_schema") for p in self.providers]
+        self._provider_trusted = [_returns_messages(p) for p in self.providers]
         self._filter_takes_tools = [_accepts(f.apply, "tools_schema") for f in self.filters]
 
     def __repr__(self) -> str:
@@ -173,7 +188,7 @@ class ContextBuilder:
                     block = provider.get_messages(local_state, global_state, ctx, tools_schema=tools_schema)
                 else:
                     block = provider.get_messages(local_state, global_state, ctx)
-                if type(block) is list and countOf(map(type, block), Message) == len(block):
+                if self._provider_trusted[i] or (type(block) is list and countOf(map(type, block), Message) == len(block)):
                     messages.extend(block)  # already Messages: skip the per-item coercion loop
                 else:
                     messages.extend(coerce_messages(block, f"providers[{i}] ({type(provider).__name__}) output"))

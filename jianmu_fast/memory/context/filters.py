@@ -119,9 +119,13 @@ class _WindowFilter:
         return self._counts(messages, 0, n_pinned)
 
     def _tail(self, messages: Sequence[Message], n_pinned: int, avail: int) -> tuple[int, np.ndarray]:
-        """Walk back from the newest message in doubling steps, each ending on a unit start,
-        until what was walked costs more than ``avail``: the kept run lies inside it."""
-        end = len(messages)
+        """Walk back from the newest message in steps, each ending on a unit start, until
+        what was walked costs more than ``avail``: the kept run lies inside it.
+
+        The first step is 32 messages; each next one aims at what ``avail`` still allows at
+        the average cost per message walked so far, plus a quarter, and is at least half of
+        what was walked (so the steps grow geometrically whatever the message sizes)."""
+        n = end = len(messages)
         parts = []
         total = 0
         step = 32
@@ -133,7 +137,9 @@ class _WindowFilter:
             end = start
             if total > avail:
                 break
-            step *= 2
+            walked = n - end
+            per = max(1, total // walked)
+            step = max(walked // 2, (avail - total) // per * 5 // 4 + 2)
         return end, (parts[0] if len(parts) == 1 else np.concatenate(parts[::-1]))
 
     # What the last call counted over the whole history (chunked eviction and keep-oldest need
