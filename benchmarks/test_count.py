@@ -38,8 +38,8 @@ def messages() -> list[Message]:
     return coerce_messages(make_conversation(N, SEED))
 
 
-def message_texts(m: Message) -> list[str]:
-    """Every text of ``m`` that the counters tokenize (tiktoken's formula: no tool_call_id)."""
+def message_texts(m: Message, with_ids: bool = False) -> list[str]:
+    """Every text of ``m`` that a counter tokenizes (``tool_call_id`` only for the HF counter)."""
     out = [m.content] if isinstance(m.content, str) else [b["text"] for b in m.content or [] if b["type"] == "text"]
     if m.name:
         out.append(m.name)
@@ -47,6 +47,8 @@ def message_texts(m: Message) -> list[str]:
         out.append(call["function"]["name"])
         if call["function"].get("arguments"):
             out.append(call["function"]["arguments"])
+    if with_ids and m.tool_call_id:
+        out.append(m.tool_call_id)
     return out
 
 
@@ -54,7 +56,7 @@ def expected_counts(counter, messages, text_count) -> list[int]:
     """Per-message counts rebuilt from raw token counts by the documented formula."""
     out = []
     for m in messages:
-        n = counter.PER_MESSAGE + text_count(m.role) + sum(text_count(t) for t in message_texts(m))
+        n = counter.PER_MESSAGE + text_count(m.role) + sum(text_count(t) for t in message_texts(m, False))
         n += counter.PER_NAME if m.name else 0
         n += counter.PER_TOOL_CALL * len(m.tool_calls or [])
         if counter.COUNT_TOOL_CALL_ID and m.tool_call_id:
@@ -98,7 +100,7 @@ def test_count_hf(benchmark, messages, impl):
     from tokenizers import Tokenizer
 
     tok = copy_hf_tokenizer(Tokenizer.from_file(str(MINILM)))
-    texts = [t for m in messages for t in message_texts(m)]
+    texts = [t for m in messages for t in message_texts(m, with_ids=True)]
     counter = HFTokenCounter(MINILM)
     want = expected_counts(counter, messages, lambda t: len(tok.encode(t, add_special_tokens=False).ids))
     assert counter.count_array(messages).tolist() == want
@@ -148,7 +150,7 @@ def test_ratios_interleaved(messages, capsys):
         if encoding == "hf":
             tok = copy_hf_tokenizer(Tokenizer.from_file(str(MINILM)))
             counter = HFTokenCounter(MINILM)
-            texts = [t for m in messages for t in message_texts(m)]
+            texts = [t for m in messages for t in message_texts(m, with_ids=True)]
             raw = {"raw_batch": (lambda: [len(e) for e in tok.encode_batch(texts, add_special_tokens=False)], None),
                    "raw_batch_fast": (lambda: [len(e) for e in tok.encode_batch_fast(texts, add_special_tokens=False)],
                                       None),
