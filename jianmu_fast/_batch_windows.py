@@ -22,6 +22,8 @@ from __future__ import annotations
 
 from typing import Optional
 
+from operator import attrgetter
+
 import numpy as np
 
 from . import _backend
@@ -29,6 +31,8 @@ from .memory.context.filters import TokenBudgetFilter, _pinned_count, _unit_star
 from .message import Message
 
 __all__ = ["decide_windows"]
+
+_role = attrgetter("role")
 
 class _Rec:
     """One prompt of a window stage: its tail ``msgs[start:]`` and the counts found so far."""
@@ -74,25 +78,34 @@ def decide_windows(flt, prompts, alive) -> tuple[dict[int, list[Message]], list[
 
     # CSR-pack: per prompt, counts = pinned counts + tail counts; unit starts are local
     flat: list[int] = []
-    starts: list[int] = []
+    flat_msgs: list[Message] = []
     offsets = [0]
-    unit_offsets = [0]
     for r in recs:
-        msgs, n_pinned, start = r.msgs, r.n_pinned, r.start
+        msgs, n_pinned = r.msgs, r.n_pinned
         flat += r.pinned
         for part in reversed(r.parts):
             flat += part
+        if n_pinned:
+            flat_msgs += msgs[:n_pinned]
+        flat_msgs += msgs[r.start:]
         offsets.append(len(flat))
-        starts.append(n_pinned)
-        starts += [j for j, m in enumerate(msgs[start + 1:], n_pinned + 1) if m.role != "tool"]
-        unit_offsets.append(len(starts))
     i64 = np.int64
+    off = np.array(offsets, dtype=i64)
+    n_pinned_arr = np.array([r.n_pinned for r in recs], dtype=i64)
+    # a unit starts at the first message after the pinned prefix and at every later non-tool one
+    prompt_of = np.repeat(np.arange(len(recs)), np.diff(off))
+    local = np.arange(len(flat), dtype=i64) - off[:-1][prompt_of]
+    pinned = n_pinned_arr[prompt_of]
+    not_tool = np.fromiter(map("tool".__ne__, map(_role, flat_msgs)), dtype=bool, count=len(flat_msgs))
+    is_start = (local == pinned) | ((local > pinned) & not_tool)
+    unit_offsets = np.zeros(len(recs) + 1, dtype=i64)
+    np.cumsum(np.bincount(prompt_of[is_start], minlength=len(recs)), out=unit_offsets[1:])
     lo, hi = _backend.select_windows(
         np.array(flat, dtype=i64),
-        np.array(offsets, dtype=i64),
-        np.array(starts, dtype=i64),
-        np.array(unit_offsets, dtype=i64),
-        np.array([r.n_pinned for r in recs], dtype=i64),
+        off,
+        np.ascontiguousarray(local[is_start]),
+        unit_offsets,
+        n_pinned_arr,
         np.full(len(recs), limit, dtype=i64),
         flt.trim_from_start,
         flt.chunk,
@@ -111,13 +124,13 @@ def _count_tails(flt, recs: list[_Rec], limit: int, walk: bool) -> None:
     """Count every record's pinned prefix and a tail long enough to hold its kept run:
     one ``count_array`` call per step, over all records still walking back.
 
-    The first step is ``limit // 150`` messages (8 to 64); each later step aims at what the
+    The first step is ``limit // 100`` messages (8 to 64); each later step aims at what the
     budget left needs at the average cost per message seen so far, plus a quarter, and is
     at least half of what was counted already, so a prompt needs few steps however its
     message sizes vary."""
     pending = recs
     for r in recs:
-        r.step = min(64, max(8, limit // 150))
+        r.step = min(64, max(8, limit // 100))
     first = True
     while pending:
         segs: list[Message] = []
