@@ -70,9 +70,9 @@ def _call_id(rng: random.Random) -> str:
                              for _ in range(24))
 
 
-def _size(rng: random.Random) -> int:
-    """Result size in characters: log-uniform between 40 and 4000."""
-    return int(40 * 100 ** rng.random())
+def _size(rng: random.Random, hi: int = 4000) -> int:
+    """Result size in characters: log-uniform between 40 and ``hi`` (default 4000)."""
+    return int(40 * (hi / 40) ** rng.random())
 
 
 def _fill(rng: random.Random, target: int, line: Callable[[random.Random, int], str]) -> str:
@@ -225,7 +225,7 @@ def _answer(rng: random.Random) -> str:
     return " ".join(_sentence(rng) for _ in range(rng.randint(1, 6))) + rng.choice(["", " ✅", " 🎉"])
 
 
-def _tool_round(rng: random.Random, n_calls: int) -> list[dict[str, Any]]:
+def _tool_round(rng: random.Random, n_calls: int, max_result_chars: int = 4000) -> list[dict[str, Any]]:
     calls, results = [], []
     for _ in range(n_calls):
         name, make_args, make_result = rng.choice(_TOOLS)
@@ -233,13 +233,15 @@ def _tool_round(rng: random.Random, n_calls: int) -> list[dict[str, Any]]:
         cid = _call_id(rng)
         calls.append({"id": cid, "type": "function",
                       "function": {"name": name, "arguments": json.dumps(args, ensure_ascii=False)}})
-        results.append({"role": "tool", "tool_call_id": cid, "content": make_result(rng, args, _size(rng))})
+        results.append({"role": "tool", "tool_call_id": cid, "content": make_result(rng, args, _size(rng, max_result_chars))})
     preamble = rng.choice([None, None, None, "Let me check.", "I'll look that up.", "先查一下。"])
     return [{"role": "assistant", "content": preamble, "tool_calls": calls}, *results]
 
 
-def make_conversation(n_messages: int, seed: int) -> list[dict[str, Any]]:
+def make_conversation(n_messages: int, seed: int, *, max_result_chars: int = 4000) -> list[dict[str, Any]]:
     """Exactly ``n_messages`` chat-completions dicts, deterministic for ``seed``.
+
+    Tool results are log-uniform in size between 40 and ``max_result_chars`` characters.
 
     >>> conv = make_conversation(40, seed=7)
     >>> len(conv), conv[0]["role"], check_history(conv)
@@ -249,6 +251,8 @@ def make_conversation(n_messages: int, seed: int) -> list[dict[str, Any]]:
     """
     if isinstance(n_messages, bool) or not isinstance(n_messages, int) or n_messages < 0:
         raise ValueError(f"n_messages must be a non-negative int, got {n_messages!r}")
+    if max_result_chars < 40:
+        raise ValueError(f"max_result_chars must be >= 40, got {max_result_chars!r}")
     rng = random.Random(seed)
     if n_messages == 0:
         return []
@@ -266,7 +270,7 @@ def make_conversation(n_messages: int, seed: int) -> list[dict[str, Any]]:
         if want_tools:
             k = 1 if rng.random() < 0.6 else rng.choice([2, 3])
             k = min(k, left - 1)
-            out.extend(_tool_round(rng, k))
+            out.extend(_tool_round(rng, k, max_result_chars))
             state, rounds = "tools", rounds + 1
         else:
             out.append({"role": "assistant", "content": _answer(rng)})

@@ -49,8 +49,7 @@ def test_annotations_follow_the_design_document():
     assert user is h[0] and answer is h[3]
     assert plan.content == (
         "This assistant message records your own previous tool-call decision (self_tool_plan); it is not a new "
-        "request. The results of these calls follow as tool messages.\nOriginal message: thinking 0\n"
-        'Tool calls: [{"arguments": "{\\"k\\": 0}", "id": "call_0", "name": "calc"}]'
+        "request. Its calls are attached; their results follow as tool messages.\nOriginal message: thinking 0"
     )
     assert plan.metadata == {"semantic_kind": "self_tool_plan"} and plan.tool_calls == h[1].tool_calls
     assert plan.id == h[1].id
