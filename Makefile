@@ -27,8 +27,8 @@ test: $(STAMP)
 
 bench: $(STAMP)
 	mkdir -p out
-	$(PY) -m pytest benchmarks --benchmark-disable-gc -q --benchmark-json=out/bench.json
-	$(PY) benchmarks/report.py out/bench.json benchmarks/RESULTS.md
+	$(PY) -m pytest benchmarks --benchmark-disable-gc -q --benchmark-json=out/bench.json; status=$$?; \
+	$(PY) benchmarks/report.py out/bench.json benchmarks/RESULTS.md; exit $$status
 
 clean:
 	rm -rf $(VENV) build *.egg-info jianmu_fast/*.so
