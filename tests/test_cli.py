@@ -124,7 +124,7 @@ def test_bad_lines_skip_writes_the_others(tmp_path, script_exists):
             "--max-tokens", "500")
     assert r.returncode == 0, r.stderr
     got = read_jsonl(out)
-    assert [len(g["messages"]) for g in got] == [7, 10]  # persona + semantics note + history
+    assert [len(g["messages"]) for g in got] == [7, 11]  # persona + semantics note + history
     err = r.stderr
     assert "in.jsonl:2: not JSON" in err
     assert "in.jsonl:3: ToolCallHistoryError: messages[" in err and "'x1'" in err
