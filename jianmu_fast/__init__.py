@@ -7,6 +7,7 @@ True
 
 from ._backend import BACKEND
 from .errors import (
+    BatchError,
     ConfigError,
     ContextBudgetError,
     JianmuError,
@@ -29,6 +30,7 @@ __all__ = [
     "ConfigError",
     "TokenizerLoadError",
     "StateStoreError",
+    "BatchError",
     "PrefixCacheStats",
     "prefix_cache_stats",
 ]

@@ -154,8 +154,8 @@ def transform_batch(
 
     >>> from jianmu_fast.memory.context import ContextBuilder, MaxMessagesFilter
     >>> b = ContextBuilder(filters=[MaxMessagesFilter(1)])
-    >>> [[m["content"] if isinstance(m, dict) else m.content for m in p]
-    ...  for p in transform_batch(b, [[{"role": "user", "content": "a"}, {"role": "user", "content": "b"}]])]
+    >>> [[m.content for m in p] for p in transform_batch(b, [[{"role": "user", "content": "a"},
+    ...                                                      {"role": "user", "content": "b"}]])]
     [['b']]
     """
     report = transform_batch_report(
