@@ -22,17 +22,22 @@ from __future__ import annotations
 
 from typing import Optional
 
+import os
+from concurrent.futures import ThreadPoolExecutor
 from operator import attrgetter
 
 import numpy as np
 
 from . import _backend
+from .memory.context.counters import TiktokenTokenCounter
 from .memory.context.filters import TokenBudgetFilter, _pinned_count, _unit_start_at_or_before
 from .message import Message
 
 __all__ = ["decide_windows"]
 
 _role = attrgetter("role")
+_PARALLEL_MIN = 2048  # messages in one count call before it is split over two threads
+_CPUS = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
 
 class _Rec:
     """One prompt of a window stage: its tail ``msgs[start:]`` and the counts found so far."""
@@ -171,8 +176,34 @@ def _count_unique(flt, segs: list[Message]) -> list[int]:
     that are prefixes of one conversation share most of their tails)."""
     by_id = {id(m): m for m in segs}
     if len(by_id) == len(segs):
-        return np.asarray(flt._counts(segs, 0, len(segs)), dtype=np.int64).tolist()
-    uniq = list(by_id.values())
-    counts = np.asarray(flt._counts(uniq, 0, len(uniq)), dtype=np.int64).tolist()
+        return _count(flt, segs)
+    counts = _count(flt, list(by_id.values()))
     by_id_count = dict(zip(by_id, counts))
     return list(map(by_id_count.__getitem__, map(id, segs)))
+
+
+def _count(flt, msgs: list[Message]) -> list[int]:
+    """``flt``'s counts of ``msgs``. A large call with a ``TiktokenTokenCounter`` (thread-safe,
+    and tiktoken releases the GIL while it encodes) is split over two threads: cold, that
+    encodes the new texts on two cores; warm, it costs one thread start. A text is encoded by
+    one thread only, unless a tool call's name or arguments equal another message's whole
+    text (then both sides may encode it once)."""
+    def run(part: list[Message]) -> list[int]:
+        return np.asarray(flt._counts(part, 0, len(part)), dtype=np.int64).tolist()
+
+    if len(msgs) < _PARALLEL_MIN or type(getattr(flt, "counter", None)) is not TiktokenTokenCounter or _CPUS < 2:
+        return run(msgs)
+    # Split by the hash of the text, so that a text two messages share is not encoded by both
+    # threads; messages with several texts (tool calls, names, blocks) stay on one side.
+    sides: tuple[list[int], list[int]] = ([], [])
+    for i, m in enumerate(msgs):
+        c = m.content
+        simple = type(c) is str and m.tool_calls is None and m.name is None
+        sides[hash(c) & 1 if simple else 0].append(i)
+    with ThreadPoolExecutor(2) as pool:
+        parts = list(pool.map(run, ([msgs[i] for i in sides[0]], [msgs[i] for i in sides[1]])))
+    out = [0] * len(msgs)
+    for side, counts in zip(sides, parts):
+        for i, c in zip(side, counts):
+            out[i] = c
+    return out

@@ -200,11 +200,16 @@ def test_batch_equals_build_hypothesis(histories, budget, max_messages, from_sta
     assert batch_outcomes(build_batch_report(builder, states)) == outcomes(builder, states)
 
 
-def test_exact_tiktoken_counter(core):
-    counters = pytest.importorskip("jianmu_fast.memory.context.counters")
-    if not hasattr(counters, "TiktokenTokenCounter"):
-        pytest.skip("TiktokenTokenCounter has not landed")
-    counter = counters.TiktokenTokenCounter("o200k_base")
+@pytest.mark.parametrize("threads", [False, True])
+def test_exact_tiktoken_counter(core, threads, monkeypatch):
+    """Exact counts, counted in one thread, or split over two (forced for small batches)."""
+    import jianmu_fast._batch_windows as windows
+    from jianmu_fast.memory.context import TiktokenTokenCounter
+
+    if threads:
+        monkeypatch.setattr(windows, "_PARALLEL_MIN", 16)
+        monkeypatch.setattr(windows, "_CPUS", 2)
+    counter = TiktokenTokenCounter("o200k_base")
     builder = ContextBuilder([StaticPromptProvider("You are terse."), History()],
                              [MaxMessagesFilter(30), TokenBudgetFilter(250, counter=counter)])
     states = random_states(seed=11, n=600)
