@@ -204,6 +204,6 @@ def _count(flt, msgs: list[Message]) -> list[int]:
         parts = list(pool.map(run, ([msgs[i] for i in sides[0]], [msgs[i] for i in sides[1]])))
     out = [0] * len(msgs)
     for side, counts in zip(sides, parts):
-        for i, c in zip(side, counts):
-            out[i] = c
+        for i, n in zip(side, counts):
+            out[i] = n
     return out

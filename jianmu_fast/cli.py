@@ -300,12 +300,11 @@ def _run_chunk(chunk, args, builder, counter, dst, stats, src_name, build_batch_
             continue
         parsed.append((lineno, rest, msgs))
     if args.on_error == "raise" and bad:
-        first_bad = min(bad)
-        parsed = [p for p in parsed if p[0] < first_bad]
+        parsed = [p for p in parsed if p[0] < min(bad)]
     report = build_batch_report(builder, [{"messages": p[2]} for p in parsed], workers=args.workers)
     for f in report.failures:
         bad[parsed[f.index][0]] = f.reason
-    first_bad = min(bad) if bad else None
+    first_bad: Optional[int] = min(bad) if bad else None
     out: list[str] = []
     for (lineno, rest, history), prompt in zip(parsed, report.prompts):
         if prompt is None:
