@@ -90,25 +90,36 @@ def decide_windows(flt, prompts, alive) -> tuple[dict[int, list[Message]], list[
         flat += r.pinned
         for part in reversed(r.parts):
             flat += part
+        r.parts = r.pinned = []  # type: ignore[assignment]  # the counts now live in flat only
         if n_pinned:
             flat_msgs += msgs[:n_pinned]
         flat_msgs += msgs[r.start:]
         offsets.append(len(flat))
     i64 = np.int64
+    counts = np.array(flat, dtype=i64)
+    del flat
+    not_tool = np.fromiter(map("tool".__ne__, map(_role, flat_msgs)), dtype=bool, count=len(flat_msgs))
+    del flat_msgs
     off = np.array(offsets, dtype=i64)
     n_pinned_arr = np.array([r.n_pinned for r in recs], dtype=i64)
     # a unit starts at the first message after the pinned prefix and at every later non-tool one
-    prompt_of = np.repeat(np.arange(len(recs)), np.diff(off))
-    local = np.arange(len(flat), dtype=i64) - off[:-1][prompt_of]
+    prompt_of = np.repeat(np.arange(len(recs), dtype=np.int32), np.diff(off))
+    local = np.arange(len(counts), dtype=i64)
+    local -= off[:-1][prompt_of]
     pinned = n_pinned_arr[prompt_of]
-    not_tool = np.fromiter(map("tool".__ne__, map(_role, flat_msgs)), dtype=bool, count=len(flat_msgs))
-    is_start = (local == pinned) | ((local > pinned) & not_tool)
+    is_start = local > pinned
+    is_start &= not_tool
+    is_start |= local == pinned
+    del pinned, not_tool
     unit_offsets = np.zeros(len(recs) + 1, dtype=i64)
     np.cumsum(np.bincount(prompt_of[is_start], minlength=len(recs)), out=unit_offsets[1:])
+    del prompt_of
+    starts = np.ascontiguousarray(local[is_start])
+    del local, is_start
     lo, hi = _backend.select_windows(
-        np.array(flat, dtype=i64),
+        counts,
         off,
-        np.ascontiguousarray(local[is_start]),
+        starts,
         unit_offsets,
         n_pinned_arr,
         np.full(len(recs), limit, dtype=i64),
