@@ -33,3 +33,26 @@ def core(request, monkeypatch):
     monkeypatch.setattr(backend, "select_window", module.select_window)
     monkeypatch.setattr(backend, "select_windows", module.select_windows)
     return module
+
+
+def _sandbox(cwd, monkeypatch):
+    from jianmu_fast.config import clear_config_cache
+
+    monkeypatch.delenv("JIANMU_CONFIG", raising=False)
+    cwd.mkdir(exist_ok=True)
+    monkeypatch.chdir(cwd)
+    clear_config_cache()
+    yield cwd
+    clear_config_cache()
+
+
+@pytest.fixture
+def config_sandbox(tmp_path, monkeypatch):
+    """Run in ``tmp_path`` with no ``JIANMU_CONFIG`` and an empty configuration cache."""
+    yield from _sandbox(tmp_path, monkeypatch)
+
+
+@pytest.fixture
+def config_sandbox_subdir(tmp_path, monkeypatch):
+    """Like ``config_sandbox``, in ``tmp_path / "cwd"`` (so tmp_path can hold files outside it)."""
+    yield from _sandbox(tmp_path / "cwd", monkeypatch)

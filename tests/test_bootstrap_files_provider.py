@@ -8,19 +8,10 @@ import os
 
 import pytest
 
-from jianmu_fast.config import clear_config_cache
 from jianmu_fast.memory.context import BootstrapFilesProvider, PromptRuntimeContext, RunContext
 
 
-@pytest.fixture(autouse=True)
-def isolated(tmp_path, monkeypatch):
-    monkeypatch.delenv("JIANMU_CONFIG", raising=False)
-    cwd = tmp_path / "cwd"
-    cwd.mkdir()
-    monkeypatch.chdir(cwd)
-    clear_config_cache()
-    yield
-    clear_config_cache()
+pytestmark = pytest.mark.usefixtures("config_sandbox_subdir")
 
 
 @pytest.fixture

@@ -7,7 +7,6 @@ import logging
 
 import pytest
 
-from jianmu_fast.config import clear_config_cache
 from jianmu_fast.errors import ContextBudgetError
 from jianmu_fast.memory.context import (
     BuildReport,
@@ -21,13 +20,7 @@ from jianmu_fast.memory.context import (
 from jianmu_fast.message import ai, human, tool
 
 
-@pytest.fixture(autouse=True)
-def isolated(tmp_path, monkeypatch):
-    monkeypatch.delenv("JIANMU_CONFIG", raising=False)
-    monkeypatch.chdir(tmp_path)
-    clear_config_cache()
-    yield
-    clear_config_cache()
+pytestmark = pytest.mark.usefixtures("config_sandbox")
 
 
 @pytest.fixture(scope="module")

@@ -21,14 +21,7 @@ from jianmu_fast.errors import ConfigError, JianmuError
 from jianmu_fast.memory.context import StaticPromptProvider, ToolsDescProvider
 
 
-@pytest.fixture(autouse=True)
-def isolated(tmp_path, monkeypatch):
-    """Run in an empty directory with no JIANMU_CONFIG and an empty cache."""
-    monkeypatch.delenv("JIANMU_CONFIG", raising=False)
-    monkeypatch.chdir(tmp_path)
-    clear_config_cache()
-    yield
-    clear_config_cache()
+pytestmark = pytest.mark.usefixtures("config_sandbox")
 
 
 def write(path: Path, text: str) -> Path:

@@ -27,15 +27,7 @@ from jianmu_fast.skills import Skill, SkillsCatalog
 S, B, T, K, H = "StaticPromptProvider", "BootstrapFilesProvider", "ToolsDescProvider", "SkillSetPromptProvider", "StateHistoryProvider"
 
 
-@pytest.fixture(autouse=True)
-def isolated(tmp_path, monkeypatch):
-    monkeypatch.delenv("JIANMU_CONFIG", raising=False)
-    cwd = tmp_path / "cwd"
-    cwd.mkdir()
-    monkeypatch.chdir(cwd)
-    clear_config_cache()
-    yield
-    clear_config_cache()
+pytestmark = pytest.mark.usefixtures("config_sandbox_subdir")
 
 
 def chain(builder):

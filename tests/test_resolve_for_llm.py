@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import pytest
 
-from jianmu_fast.config import clear_config_cache
 from jianmu_fast.memory.context import (
     ContextBuilder,
     PromptRuntimeContext,
@@ -17,13 +16,7 @@ from jianmu_fast.skills import Skill, SkillsCatalog
 S, B, T, K, H = "StaticPromptProvider", "BootstrapFilesProvider", "ToolsDescProvider", "SkillSetPromptProvider", "StateHistoryProvider"
 
 
-@pytest.fixture(autouse=True)
-def isolated(tmp_path, monkeypatch):
-    monkeypatch.delenv("JIANMU_CONFIG", raising=False)
-    monkeypatch.chdir(tmp_path)
-    clear_config_cache()
-    yield
-    clear_config_cache()
+pytestmark = pytest.mark.usefixtures("config_sandbox")
 
 
 def chain(builder):

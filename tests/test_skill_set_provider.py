@@ -6,7 +6,7 @@ import json
 
 import pytest
 
-from jianmu_fast.config import clear_config_cache, prompts
+from jianmu_fast.config import prompts
 from jianmu_fast.memory.context import ContextBuilder, SkillSetPromptProvider
 from jianmu_fast.memory.context.providers.skill_set import tool_names
 from jianmu_fast.skills import Skill, SkillsCatalog
@@ -20,13 +20,7 @@ READ_FILE = [{"type": "function", "function": {"name": "read_file", "parameters"
 CALC = [{"type": "function", "function": {"name": "calculator"}}]
 
 
-@pytest.fixture(autouse=True)
-def isolated(tmp_path, monkeypatch):
-    monkeypatch.delenv("JIANMU_CONFIG", raising=False)
-    monkeypatch.chdir(tmp_path)
-    clear_config_cache()
-    yield
-    clear_config_cache()
+pytestmark = pytest.mark.usefixtures("config_sandbox")
 
 
 @pytest.fixture

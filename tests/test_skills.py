@@ -7,21 +7,12 @@ from pathlib import Path
 
 import pytest
 
-from jianmu_fast.config import clear_config_cache
 from jianmu_fast.errors import ConfigError
 from jianmu_fast.memory.context import PromptRuntimeContext
 from jianmu_fast.skills import Skill, SkillsCatalog, as_skill_list, load_skill, parse_skill_md
 
 
-@pytest.fixture(autouse=True)
-def isolated(tmp_path, monkeypatch):
-    monkeypatch.delenv("JIANMU_CONFIG", raising=False)
-    cwd = tmp_path / "cwd"
-    cwd.mkdir()
-    monkeypatch.chdir(cwd)
-    clear_config_cache()
-    yield
-    clear_config_cache()
+pytestmark = pytest.mark.usefixtures("config_sandbox_subdir")
 
 
 def make_skill(root: Path, dirname: str, name: str | None = None, body: str = "Do it.", extra: str = "") -> Path:
