@@ -245,19 +245,24 @@ def test_long_history_tail_only(core):
 
 
 @given(convs=st.lists(conversations(max_units=10), min_size=1, max_size=4), cuts=st.lists(st.integers(0, 40), min_size=1, max_size=6),
-       budget=st.integers(30, 300), chunked=st.booleans())
+       budget=st.integers(30, 300), chunked=st.sampled_from(["exact", "chunked", "oldest"]), drop=st.integers(0, 3))
 @settings(deadline=None, max_examples=max(50, MAX_EXAMPLES // 3))
-def test_reused_filter_equals_a_fresh_one(core, convs, cuts, budget, chunked):
-    """The history cache (chunked and keep-oldest paths) never changes a result: replaying
-    growing prefixes, switching conversations, and shrinking all match a fresh filter."""
-    opts = {"eviction": "chunked", "chunk": 25} if chunked else {"trim_from_start": False}
+def test_reused_filter_equals_a_fresh_one(core, convs, cuts, budget, chunked, drop):
+    """The caches (the tail walk's, and the whole-history one of the chunked and keep-oldest
+    paths) never change a result: replaying growing prefixes, switching conversations,
+    shrinking, and prefixes that start on a tool message all match a fresh filter."""
+    opts = {"eviction": "chunked", "chunk": 25} if chunked == "chunked" else (
+        {"trim_from_start": False} if chunked == "oldest" else {})
     reused = TokenBudgetFilter(budget, **opts)
-    reused_n = MaxMessagesFilter(5, **({"eviction": "chunked", "chunk": 2} if chunked else {"trim_from_start": False}))
+    n_opts = {"eviction": "chunked", "chunk": 2} if chunked == "chunked" else (
+        {"trim_from_start": False} if chunked == "oldest" else {})
+    reused_n = MaxMessagesFilter(5, **n_opts)
     for conv in convs:
         for cut in sorted(cuts) + cuts:
             msgs = conv[: min(cut, len(conv))]
-            for f, fresh in ((reused, TokenBudgetFilter(budget, **opts)),
-                             (reused_n, MaxMessagesFilter(5, **({"eviction": "chunked", "chunk": 2} if chunked else {"trim_from_start": False})))):
+            if cut % 2:  # drop a few leading messages: the pinned prefix shrinks or vanishes
+                msgs = msgs[drop:]
+            for f, fresh in ((reused, TokenBudgetFilter(budget, **opts)), (reused_n, MaxMessagesFilter(5, **n_opts))):
                 try:
                     expected = fresh.apply(msgs)
                 except ContextBudgetError as exc:
@@ -280,3 +285,16 @@ def test_history_cache_is_not_pickled_and_reprs_show_options():
                        "pinned_roles=('system',), eviction='chunked', chunk=25)")
     assert repr(MaxMessagesFilter(3, trim_from_start=False)) == (
         "MaxMessagesFilter(max_messages=3, pinned_roles=('system',), trim_from_start=False)")
+
+
+def test_tail_cache_keeps_unit_flags_of_the_messages_not_of_the_call(core):
+    """A tool message right after the pinned prefix starts the walk's first unit in one call;
+    the cache must not remember it as a unit start for a call where it follows a user turn."""
+    orphan = tool("r" * 40, tool_call_id="c1")
+    rest = [human("q" * 40), ai("a" * 40)]
+    sys1, sys2, user = system("s"), system("t"), human("u" * 40)
+    f = MaxMessagesFilter(3)
+    assert f.apply([sys1, sys2, orphan, *rest]) == [sys1, sys2, orphan, *rest]
+    # the same objects at the same positions, but now the tool message joins the user's unit
+    msgs = [sys1, user, orphan, *rest]
+    assert f.apply(msgs) == MaxMessagesFilter(3).apply(msgs) == [sys1, *rest]

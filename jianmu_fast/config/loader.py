@@ -29,6 +29,7 @@ is not a mapping, a value of the wrong type. A key the loader does not know is a
 from __future__ import annotations
 
 import os
+import stat
 import threading
 import warnings
 from dataclasses import dataclass, field
@@ -114,13 +115,24 @@ def load_config() -> JianmuConfig:
     >>> load_config() is load_config()
     True
     """
-    path = config_path()
-    if path is None:
-        return _NO_FILE
-    try:
-        st = path.stat()
-    except OSError as exc:
-        raise ConfigError(f"{path}: cannot read the configuration file: {exc}") from exc
+    if not os.environ.get(CONFIG_ENV_VAR):
+        # the common case, called on every prompt: two system calls, no Path objects
+        local = os.path.join(os.getcwd(), DEFAULT_CONFIG_NAME)
+        try:
+            st = os.stat(local)
+        except OSError:
+            return _NO_FILE
+        if not stat.S_ISREG(st.st_mode):
+            return _NO_FILE
+        path = Path(local)
+    else:
+        found = config_path()
+        assert found is not None  # $JIANMU_CONFIG names an existing file, or config_path raised
+        path = found
+        try:
+            st = path.stat()
+        except OSError as exc:
+            raise ConfigError(f"{path}: cannot read the configuration file: {exc}") from exc
     key = (str(path), st.st_mtime_ns, st.st_size)
     with _lock:
         cached = _cache.get(key)

@@ -136,10 +136,21 @@ def _prompt_override(field_name: str, fallback: T) -> T:
     """
     if field_name not in PROMPT_FIELDS:
         raise KeyError(f"unknown prompt field {field_name!r}; known: {', '.join(PROMPT_FIELDS)}")
-    from .loader import load_config  # lazy: prompts is imported by the loader
-
-    value: Any = load_config().prompt.get(field_name)
+    value: Any = _load_config()().prompt.get(field_name)
     return fallback if value is None else value
+
+
+def _load_config() -> Any:
+    """``loader.load_config``, imported on first use (the loader imports this module)."""
+    global _load_config_fn
+    if _load_config_fn is None:
+        from .loader import load_config
+
+        _load_config_fn = load_config
+    return _load_config_fn
+
+
+_load_config_fn: Any = None
 
 
 def persona_default_prompt() -> str:

@@ -211,6 +211,8 @@ class ContextBuilder:
                 out = flt.apply(messages, local_state, global_state, ctx, tools_schema=tools_schema)
             else:
                 out = flt.apply(messages, local_state, global_state, ctx)
+            if type(out) is list and countOf(map(type, out), Message) == len(out):
+                return out  # already a list of Messages: skip the per-item coercion loop
             return coerce_messages(out, f"filters[{i}] ({type(flt).__name__}) output")
         except JianmuError:
             raise

@@ -38,6 +38,7 @@ __all__ = ["MaxMessagesFilter", "TokenBudgetFilter", "split_units"]
 
 Eviction = Literal["exact", "chunked"]
 _EMPTY = np.zeros(0, dtype=np.int64)
+_ZERO = np.zeros(1, dtype=np.int64)
 
 
 def _pinned_count(messages: Sequence[Message], pinned_roles: frozenset[str]) -> int:
@@ -118,21 +119,26 @@ class _WindowFilter:
     def _pinned_counts(self, messages: Sequence[Message], n_pinned: int) -> np.ndarray:
         return self._counts(messages, 0, n_pinned)
 
-    def _tail(self, messages: Sequence[Message], n_pinned: int, avail: int) -> tuple[int, np.ndarray]:
+    def _tail(self, messages: list[Message], n_pinned: int, avail: int) -> tuple[int, np.ndarray, np.ndarray]:
         """Walk back from the newest message in steps, each ending on a unit start, until
         what was walked costs more than ``avail``: the kept run lies inside it.
 
         The first step is 32 messages; each next one aims at what ``avail`` still allows at
         the average cost per message walked so far, plus a quarter, and is at least half of
-        what was walked (so the steps grow geometrically whatever the message sizes)."""
+        what was walked (so the steps grow geometrically whatever the message sizes).
+
+        Returns where the walk stopped, the counts from there on, and which of those messages
+        start a unit (see ``_tail_cache``)."""
         n = end = len(messages)
         parts = []
+        flag_parts = []
         total = 0
         step = 32
         while end > n_pinned:
             start = _unit_start_at_or_before(messages, max(n_pinned, end - step), n_pinned)
-            counts = self._counts(messages, start, end)
+            counts, flags = self._tail_counts(messages, start, end)
             parts.append(counts)
+            flag_parts.append(flags)
             total += int(counts.sum())
             end = start
             if total > avail:
@@ -140,7 +146,40 @@ class _WindowFilter:
             walked = n - end
             per = max(1, total // walked)
             step = max(walked // 2, (avail - total) // per * 5 // 4 + 2)
-        return end, (parts[0] if len(parts) == 1 else np.concatenate(parts[::-1]))
+        if len(parts) == 1:
+            counts, flags = parts[0], flag_parts[0]
+        else:
+            counts, flags = np.concatenate(parts[::-1]), np.concatenate(flag_parts[::-1])
+        self._tail_cache = (end, messages[end:], counts, flags)
+        return end, counts, flags
+
+    # What the last call walked: (offset, a copy of messages[offset:], their counts, whether each
+    # starts a unit). In a hot loop the history grows at its end, so the next walk finds most of
+    # its messages here, verified by one C-level list comparison (identical objects compare
+    # equal without calling __eq__, equal ones cost the same), and counts only the new ones.
+    # A pure cache: results are the same without it.
+    _tail_cache: Optional[tuple[int, list[Message], np.ndarray, np.ndarray]] = None
+
+    def _fresh(self, messages: list[Message], lo: int, hi: int) -> tuple[np.ndarray, np.ndarray]:
+        flags = np.fromiter((m.role != "tool" for m in messages[lo:hi]), dtype=bool, count=hi - lo)
+        return self._counts(messages, lo, hi), flags
+
+    def _tail_counts(self, messages: list[Message], lo: int, hi: int) -> tuple[np.ndarray, np.ndarray]:
+        """Counts and unit-start flags of ``messages[lo:hi]``, from the cache where it holds."""
+        cached = self._tail_cache
+        if cached is not None:
+            off, ref, counts, flags = cached
+            a, b = max(lo, off), min(hi, off + len(ref))
+            if a < b and messages[a:b] == ref[a - off:b - off]:
+                parts = [(counts[a - off:b - off], flags[a - off:b - off])]
+                if lo < a:
+                    parts.insert(0, self._fresh(messages, lo, a))
+                if b < hi:
+                    parts.append(self._fresh(messages, b, hi))
+                if len(parts) == 1:
+                    return parts[0]
+                return np.concatenate([c for c, _ in parts]), np.concatenate([f for _, f in parts])
+        return self._fresh(messages, lo, hi)
 
     # What the last call counted over the whole history (chunked eviction and keep-oldest need
     # every count, not only a tail): (history messages, their counts, their unit starts). A call
@@ -151,6 +190,7 @@ class _WindowFilter:
     def __getstate__(self) -> dict[str, Any]:
         state = self.__dict__.copy()
         state.pop("_history_cache", None)
+        state.pop("_tail_cache", None)
         return state
 
     def _history(self, messages: list[Message], n_pinned: int) -> tuple[np.ndarray, np.ndarray]:
@@ -194,8 +234,10 @@ class _WindowFilter:
                 self._raise(msgs, n_pinned, pinned_cost, limit)
             return list(msgs)
         if self.trim_from_start and self.chunk == 0:
-            start, tail_counts = self._tail(msgs, n_pinned, limit - pinned_cost)
-            unit_starts = split_units(msgs, start)
+            start, tail_counts, flags = self._tail(msgs, n_pinned, limit - pinned_cost)
+            unit_starts = np.flatnonzero(flags)
+            if not flags[0]:  # the walk starts a unit even on a tool message right after the pins
+                unit_starts = np.concatenate((_ZERO, unit_starts))
         else:
             start = n_pinned
             tail_counts, unit_starts = self._history(msgs, n_pinned)
