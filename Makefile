@@ -4,12 +4,13 @@ PYTHON ?= python3
 VENV ?= .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.jianmu_fast-installed
+BENCH_STAMP := $(VENV)/.jianmu_fast-bench-installed
 
-.PHONY: install run test test-fast bench clean
+.PHONY: install run test bench clean
 
 $(STAMP): pyproject.toml setup.py csrc/_filter_core.pyx
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
-	$(PY) -m pip install --quiet --disable-pip-version-check -e ".[test,cli,bench]"
+	$(PY) -m pip install --quiet --disable-pip-version-check -e ".[test,cli]"
 	$(PY) -c "import jianmu_fast, sys; assert jianmu_fast.BACKEND == 'cython', jianmu_fast.BACKEND; print('jianmu_fast', jianmu_fast.__version__, 'backend', jianmu_fast.BACKEND)"
 	touch $(STAMP)
 
@@ -25,7 +26,11 @@ test: $(STAMP)
 	$(PY) -m pytest -q
 	JIANMU_FAST_PURE_PYTHON=1 JIANMU_FAST_MAX_EXAMPLES=200 $(PY) -m pytest -q
 
-bench: $(STAMP)
+$(BENCH_STAMP): $(STAMP)
+	$(PY) -m pip install --quiet --disable-pip-version-check -e ".[bench]"
+	touch $(BENCH_STAMP)
+
+bench: $(BENCH_STAMP)
 	mkdir -p out
 	$(PY) -m pytest benchmarks --benchmark-disable-gc -q --benchmark-json=out/bench.json; status=$$?; \
 	$(PY) benchmarks/report.py out/bench.json benchmarks/RESULTS.md; exit $$status
