@@ -34,35 +34,12 @@ from jianmu_fast.errors import ContextBudgetError
 from jianmu_fast.memory.context import MaxMessagesFilter, SimpleTokenCounter, TokenBudgetFilter
 from jianmu_fast.memory.context.filters import split_units
 from jianmu_fast.message import ai, human, system, tool
+from invariants import assert_valid_transactions, leading_pinned
 from strategies import conversations
 
 MAX_EXAMPLES = int(os.environ.get("JIANMU_FAST_MAX_EXAMPLES", "300"))
 REPLAY_EXAMPLES = max(1, MAX_EXAMPLES // 3)  # each replay example runs the filters ~30 times
 COUNTER = SimpleTokenCounter()
-
-
-def leading_pinned(msgs, roles=("system",)):
-    n = 0
-    while n < len(msgs) and msgs[n].role in roles:
-        n += 1
-    return n
-
-
-def assert_valid_transactions(out):
-    """No tool result without its call right before it; no call without all its results."""
-    i = 0
-    while i < len(out):
-        m = out[i]
-        assert m.role != "tool", f"orphan tool result at output[{i}]"
-        if m.role == "assistant" and m.tool_calls:
-            j = i + 1
-            while j < len(out) and out[j].role == "tool":
-                j += 1
-            answered = sorted(t.tool_call_id for t in out[i + 1:j])
-            assert answered == sorted(c["id"] for c in m.tool_calls), f"unanswered call at output[{i}]"
-            i = j
-        else:
-            i += 1
 
 
 def unit_boundaries(msgs, n_pinned):

@@ -15,41 +15,11 @@ from jianmu_fast.errors import ContextBudgetError
 from jianmu_fast.memory.context import MaxMessagesFilter, SimpleTokenCounter, TokenBudgetFilter
 from jianmu_fast.memory.context.filters import split_units
 from jianmu_fast.message import ai, human, system, tool
+from invariants import assert_valid_transactions, leading_pinned, units_of
 from strategies import conversations
 
 MAX_EXAMPLES = int(os.environ.get("JIANMU_FAST_MAX_EXAMPLES", "300"))
 COUNTER = SimpleTokenCounter()
-
-
-def leading_pinned(msgs, roles=("system",)):
-    n = 0
-    while n < len(msgs) and msgs[n].role in roles:
-        n += 1
-    return n
-
-
-def units_of(msgs, start):
-    starts = split_units(msgs, start).tolist() + [len(msgs) - start]
-    return [msgs[start + a:start + b] for a, b in zip(starts, starts[1:])]
-
-
-def assert_valid_transactions(out):
-    """No tool result without its call right before it; no call without all its results."""
-    i = 0
-    while i < len(out):
-        m = out[i]
-        assert m.role != "tool", f"orphan tool result at output[{i}]"
-        if m.role == "assistant" and m.tool_calls:
-            ids = [c["id"] for c in m.tool_calls]
-            j = i + 1
-            answered = []
-            while j < len(out) and out[j].role == "tool":
-                answered.append(out[j].tool_call_id)
-                j += 1
-            assert sorted(answered) == sorted(ids), f"unanswered call at output[{i}]"
-            i = j
-        else:
-            i += 1
 
 
 # -- the design document's example -----------------------------------------------------------
