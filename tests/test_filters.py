@@ -6,7 +6,6 @@ import copy
 import json
 import os
 
-import numpy as np
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
