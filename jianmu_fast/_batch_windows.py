@@ -20,8 +20,6 @@ For a ``MaxMessagesFilter`` or ``TokenBudgetFilter`` stage over many prompts:
 
 from __future__ import annotations
 
-from typing import Optional
-
 import os
 from concurrent.futures import ThreadPoolExecutor
 from operator import attrgetter

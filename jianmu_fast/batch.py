@@ -35,13 +35,12 @@ from __future__ import annotations
 
 import logging
 import multiprocessing
-import os
 import sys
 from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any, Iterable, Literal, Optional, Sequence
 
-from .errors import BatchError, JianmuError
+from .errors import BatchError
 from ._batch_windows import decide_windows
 from .memory.context.filters import MaxMessagesFilter, TokenBudgetFilter
 from .message import Message, coerce_messages

@@ -77,6 +77,7 @@ def test_build_file_to_file(tmp_path, script_exists):
         assert prompt[0].content == "Be brief."
         history = row["messages"] if isinstance(row, dict) else row
         assert g["dropped"]["messages"] == len(g["dropped"]["indices"])
+        assert all(0 <= i < len(history) for i in g["dropped"]["indices"])
     assert got[0]["dropped"] == {"messages": 0, "tokens": 0, "indices": []}
     dropped = got[1]["dropped"]
     assert dropped["messages"] > 100 and dropped["indices"][0] == 1 and dropped["tokens"] > 4000
