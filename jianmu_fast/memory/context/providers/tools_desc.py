@@ -4,19 +4,11 @@ from __future__ import annotations
 
 from typing import Any, Optional
 
+from ....config.prompts import DEFAULT_TOOLS_PROMPT_TEMPLATE as DEFAULT_TOOLS_TEMPLATE
+from ....config.prompts import tools_prompt_template
 from ....message import Message, system
 
 __all__ = ["ToolsDescProvider", "DEFAULT_TOOLS_TEMPLATE", "format_tools_prompt"]
-
-DEFAULT_TOOLS_TEMPLATE = "Available tools:\n{tools_desc}"
-
-
-def _configured_template() -> str:
-    try:
-        from ....config.prompts import tools_prompt_template
-    except ImportError:
-        return DEFAULT_TOOLS_TEMPLATE
-    return tools_prompt_template()
 
 
 def format_tools_prompt(tools_desc: str, template: Optional[str] = None) -> str:
@@ -25,7 +17,7 @@ def format_tools_prompt(tools_desc: str, template: Optional[str] = None) -> str:
     >>> format_tools_prompt("- calc", "Tools:\\n{tools_desc}")
     'Tools:\\n- calc'
     """
-    tpl = template if template is not None else _configured_template()
+    tpl = template if template is not None else tools_prompt_template()
     if "{tools_desc}" not in tpl:
         raise ValueError(f"template must contain '{{tools_desc}}', got {tpl!r}")
     return tpl.replace("{tools_desc}", tools_desc)
