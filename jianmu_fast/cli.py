@@ -42,6 +42,7 @@ __all__ = ["main", "make_counter", "make_builder", "summarize"]
 
 PROG = "jianmu-fast"
 _CHUNK = 4096  # lines per batch: bounds memory, and the output streams as it goes
+_CHUNK_WITH_BAR = 512  # smaller batches when a progress bar is shown, so that it moves
 
 
 class UsageError(Exception):
@@ -268,7 +269,7 @@ def _build(args: argparse.Namespace) -> int:
     bar = _progress(None if args.input == "-" else _count_lines(args.input))
     stop = False
     try:
-        for chunk in _chunks(_lines(src), _CHUNK):
+        for chunk in _chunks(_lines(src), _CHUNK if bar is None else _CHUNK_WITH_BAR):
             stop = _run_chunk(chunk, args, builder, counter, dst, stats, src_name, build_batch_report)
             if bar is not None:
                 bar.update(len(chunk))
