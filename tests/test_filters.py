@@ -267,3 +267,14 @@ def test_tail_cache_keeps_unit_flags_of_the_messages_not_of_the_call(core):
     # the same objects at the same positions, but now the tool message joins the user's unit
     msgs = [sys1, user, orphan, *rest]
     assert f.apply(msgs) == MaxMessagesFilter(3).apply(msgs) == [sys1, *rest]
+
+
+def test_setting_another_counter_forgets_cached_counts(core):
+    msgs = [system("s")] + [human("x" * 40) if i % 2 else ai("y" * 40) for i in range(30)]
+    f = TokenBudgetFilter(200)
+    first = f.apply(msgs)
+    f.counter = SimpleTokenCounter(chars_per_token=2)  # twice the tokens per message
+    assert f.apply(msgs) == TokenBudgetFilter(200, SimpleTokenCounter(chars_per_token=2)).apply(msgs)
+    assert len(f.apply(msgs)) < len(first)
+    with pytest.raises(TypeError, match="counter: expected a TokenCounterProtocol"):
+        f.counter = object()

@@ -357,23 +357,32 @@ class TokenBudgetFilter(_WindowFilter):
     ) -> None:
         if isinstance(max_tokens, bool) or not isinstance(max_tokens, int) or max_tokens < 1:
             raise ValueError(f"max_tokens must be a positive int, got {max_tokens!r}")
-        if counter is None:
-            counter = SimpleTokenCounter()
-        elif not (callable(getattr(counter, "count_message", None)) and callable(getattr(counter, "count_messages", None))):
-            raise TypeError(
-                "counter: expected a TokenCounterProtocol (count_message(m), count_messages(ms)), "
-                f"got {type(counter).__name__}"
-            )
         self.max_tokens = max_tokens
-        self.counter = counter
+        self.counter = SimpleTokenCounter() if counter is None else counter
         self.trim_from_start = bool(trim_from_start)
         self.pinned_roles = _check_roles(pinned_roles)
         self.eviction = eviction
         self.chunk = _check_eviction(eviction, chunk, "tokens")
-        self._count_array = getattr(counter, "count_array", None)
 
     def __repr__(self) -> str:
         return f"TokenBudgetFilter(max_tokens={self.max_tokens}, counter={self.counter!r}{self._repr_options()})"
+
+    @property
+    def counter(self) -> Any:
+        """The token counter. Setting another one checks it and forgets cached counts."""
+        return self._counter
+
+    @counter.setter
+    def counter(self, counter: Any) -> None:
+        if not (callable(getattr(counter, "count_message", None)) and callable(getattr(counter, "count_messages", None))):
+            raise TypeError(
+                "counter: expected a TokenCounterProtocol (count_message(m), count_messages(ms)), "
+                f"got {type(counter).__name__}"
+            )
+        self._counter = counter
+        self._count_array = getattr(counter, "count_array", None)
+        self._tail_cache = None
+        self._history_cache = None
 
     def _request_cost(self) -> int:
         return int(self.counter.count_messages([]))
