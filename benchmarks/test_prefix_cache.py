@@ -33,7 +33,7 @@ from jianmu_fast.memory.context import (
     TokenBudgetFilter,
 )
 from jianmu_fast.message import Message, coerce_messages
-from jianmu_fast.prefix_cache import PrefixCacheStats, prefix_cache_stats
+from jianmu_fast.prefix_cache import PrefixCacheStats, prefix_cache_stats, turn_ends
 
 from jianmu_fast.memory.context import TiktokenTokenCounter
 
@@ -44,16 +44,6 @@ CHUNK = BUDGET // 4
 N_MESSAGES = 800
 SEED = 20261130
 GROUP = "prefix-cache-replay-800-msgs-8k-budget"
-
-
-def turn_ends(msgs: list[Message]) -> list[int]:
-    """History lengths at which the agent calls the model."""
-    ends = []
-    for i, m in enumerate(msgs):
-        nxt = msgs[i + 1] if i + 1 < len(msgs) else None
-        if m.role == "user" or (m.role == "tool" and (nxt is None or nxt.role != "tool")):
-            ends.append(i + 1)
-    return ends
 
 
 #: Two conversations from the same generator: tool results up to 4,000 characters

@@ -36,7 +36,7 @@ from typing import Any, Iterable, Optional, Sequence
 from .errors import MessageValidationError
 from .message import coerce_messages
 
-__all__ = ["PrefixCacheStats", "prefix_cache_stats", "common_prefix_length"]
+__all__ = ["PrefixCacheStats", "prefix_cache_stats", "common_prefix_length", "turn_ends"]
 
 
 @dataclass(frozen=True)
@@ -122,3 +122,21 @@ def prefix_cache_stats(prompts: Iterable[Sequence[Any]], counter: Optional[Any] 
             cached += sum(int(counter.count_message(m)) for m in msgs[:k])
         prev = wire
     return PrefixCacheStats(turns=turns, prefix_hits=hits, total_tokens=total, cached_tokens=cached)
+
+
+def turn_ends(messages: Sequence[Any]) -> list[int]:
+    """History lengths at which an agent calls the model: after each user message and after
+    each complete run of tool results. Replaying ``history[:end]`` for each gives one prompt
+    per model call, what ``prefix_cache_stats`` compares.
+
+    >>> from jianmu_fast.message import human, ai, tool
+    >>> call = [{"id": "c1", "type": "function", "function": {"name": "f", "arguments": "{}"}}]
+    >>> turn_ends([human("q"), ai(None, tool_calls=call), tool("r", tool_call_id="c1"), ai("a"), human("q2")])
+    [1, 3, 5]
+    """
+    ends = []
+    n = len(messages)
+    for i, m in enumerate(messages):
+        if m.role == "user" or (m.role == "tool" and (i + 1 == n or messages[i + 1].role != "tool")):
+            ends.append(i + 1)
+    return ends

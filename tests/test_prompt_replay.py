@@ -18,7 +18,7 @@ import pytest
 from jianmu_fast.memory.context import ContextBuilder, StaticPromptProvider, TokenBudgetFilter
 from jianmu_fast.memory.context import MaxMessagesFilter, SimpleTokenCounter, StateHistoryProvider
 from jianmu_fast.message import Message, ai, human, tool
-from jianmu_fast.prefix_cache import prefix_cache_stats
+from jianmu_fast.prefix_cache import prefix_cache_stats, turn_ends
 
 COUNTER = SimpleTokenCounter()
 SYSTEM = "You are a careful assistant. Use the tools when they help. 请用用户的语言回答。"
@@ -51,16 +51,6 @@ def conversation(n_episodes: int, seed: int) -> list[Message]:
             msgs.extend(tool(text(5, 120), tool_call_id=c["id"]) for c in calls)
         msgs.append(ai(text(3, 60)))
     return msgs
-
-
-def turn_ends(msgs: list[Message]) -> list[int]:
-    """History lengths at which the agent calls the model."""
-    ends = []
-    for i, m in enumerate(msgs):
-        nxt = msgs[i + 1] if i + 1 < len(msgs) else None
-        if m.role == "user" or (m.role == "tool" and (nxt is None or nxt.role != "tool")):
-            ends.append(i + 1)
-    return ends
 
 
 def replay(flt, msgs, provider=None):
