@@ -10,7 +10,7 @@ BENCH_STAMP := $(VENV)/.jianmu_fast-bench-installed
 
 $(STAMP): pyproject.toml setup.py csrc/_filter_core.pyx
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
-	$(PY) -m pip install --quiet --disable-pip-version-check -e ".[test,cli]"
+	$(PY) -m pip install --quiet --disable-pip-version-check -e ".[dev]"
 	$(PY) -c "import jianmu_fast, sys; assert jianmu_fast.BACKEND == 'cython', jianmu_fast.BACKEND; print('jianmu_fast', jianmu_fast.__version__, 'backend', jianmu_fast.BACKEND)"
 	touch $(STAMP)
 
