@@ -210,3 +210,85 @@ def test_deterministic_bytes(ws):
 def test_bad_arguments(kwargs, exc, match):
     with pytest.raises(exc, match=match):
         BootstrapFilesProvider(**kwargs)
+
+
+# -- item 8 of issue 12: fd-relative opening, no check-then-use gap ---------------------------
+
+
+def test_symlinks_inside_the_workspace_are_followed_beneath_it(ws):
+    (ws / "docs").mkdir()
+    (ws / "docs" / "real.md").write_text("deep")
+    (ws / "ln").symlink_to("docs", target_is_directory=True)  # relative dir link
+    (ws / "docs" / "up.md").symlink_to("../docs/real.md")  # '..' that stays inside
+    out = content(BootstrapFilesProvider(files=["ln/real.md"], workspace_dir=ws))
+    assert out == "## ln/real.md\n\ndeep"
+    assert content(BootstrapFilesProvider(files=["docs/up.md"], workspace_dir=ws)) == "## docs/up.md\n\ndeep"
+
+
+def test_relative_symlink_climbing_out_is_refused(ws, secret, caplog):
+    (ws / "sub").mkdir()
+    (ws / "sub" / "AGENTS.md").symlink_to("../../secret.txt")
+    with caplog.at_level(logging.WARNING, logger="jianmu_fast.context"):
+        assert BootstrapFilesProvider(files=["sub/AGENTS.md"], workspace_dir=ws).get_messages({}) == []
+    assert any("'sub/AGENTS.md' skipped" in r.getMessage() for r in caplog.records)
+
+
+def test_symlink_loop_is_refused(ws, caplog):
+    (ws / "AGENTS.md").symlink_to("AGENTS.md")
+    with caplog.at_level(logging.WARNING, logger="jianmu_fast.context"):
+        assert BootstrapFilesProvider(workspace_dir=ws).get_messages({}) == []
+    assert any("symlinks" in r.getMessage() for r in caplog.records)
+
+
+def test_hard_link_is_refused_with_a_warning_naming_it(ws, secret, caplog):
+    os.link(secret, ws / "AGENTS.md")  # same inode as a file outside the workspace
+    (ws / "OK.md").write_text("fine")
+    with caplog.at_level(logging.WARNING, logger="jianmu_fast.context"):
+        out = content(BootstrapFilesProvider(files=["AGENTS.md", "OK.md"], workspace_dir=ws))
+    assert out == "## OK.md\n\nfine"
+    [rec] = [r for r in caplog.records if "hard link" in r.getMessage()]
+    assert "'AGENTS.md'" in rec.getMessage()
+
+
+def test_race_swapping_a_directory_for_an_outside_symlink_never_leaks(ws, tmp_path):
+    """A thread swaps ws/sub (a directory) for a symlink to an outside directory and back,
+    while the provider reads sub/NOTES.md in a loop: the outside content never appears."""
+    import threading
+    import time
+
+    outside = tmp_path / "outside"
+    outside.mkdir()
+    (outside / "NOTES.md").write_text("OUTSIDE-SECRET")
+    sub = ws / "sub"
+    sub.mkdir()
+    (sub / "NOTES.md").write_text("inside notes")
+    parked = ws / "parked"
+    stop = threading.Event()
+    swaps = [0]
+
+    def swapper() -> None:
+        while not stop.is_set():
+            os.rename(sub, parked)
+            os.symlink(outside, sub)
+            os.unlink(sub)
+            os.rename(parked, sub)
+            swaps[0] += 1
+
+    logging.getLogger("jianmu_fast.context").disabled = True
+    t = threading.Thread(target=swapper)
+    t.start()
+    reads = inside = 0
+    try:
+        deadline = time.monotonic() + 1.0
+        while time.monotonic() < deadline:
+            p = BootstrapFilesProvider(files=["sub/NOTES.md"], workspace_dir=ws)  # fresh: no cache
+            for m in p.get_messages({}):
+                assert "OUTSIDE-SECRET" not in m.content
+                inside += 1
+            reads += 1
+    finally:
+        stop.set()
+        t.join()
+        logging.getLogger("jianmu_fast.context").disabled = False
+    assert swaps[0] > 100 and reads > 100
+    assert inside > 0  # the inside file was read too: the test exercised real reads

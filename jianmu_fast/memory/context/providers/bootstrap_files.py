@@ -5,17 +5,21 @@ The workspace root is, first match wins: the ``workspace_dir`` argument,
 current working directory. The files are the ``files`` argument, else
 ``prompt.bootstrap_files`` of ``jianmu.yaml`` (default ``["AGENTS.md"]``), read in that order.
 
-Confinement: a file is read only when its real path (symlinks resolved) lies inside the
-real path of the root. An entry with a ``..`` component, an absolute path elsewhere, a
-symlink that escapes, or something that is not a regular file is skipped with a warning on
-logger ``jianmu_fast.context``; a missing file is skipped with a debug record.
+Confinement (:mod:`jianmu_fast._safe_fs`): each entry is opened one path component at a
+time, relative to the descriptor of the directory before it, with ``O_NOFOLLOW``; a symlink
+is followed only while it stays beneath the root, so nothing swapped on the path between
+two reads can lead outside it. An entry with a ``..`` component, an absolute path elsewhere,
+a symlink that escapes, a hard link (a regular file with more than one link: it may be a file
+outside the workspace), or something that is not a regular file is skipped with a warning on
+logger ``jianmu_fast.context`` naming the entry; a missing file is skipped with a debug record.
 
 Rendering: each file becomes ``## <entry>\\n\\n<content>`` (trailing newlines stripped;
 empty files skipped), joined by a blank line into one system message. Each file is capped
 at ``max_bytes`` and all of them together at ``max_total_bytes`` of UTF-8; a cut is made on
 a character boundary and followed by a visible ``[... truncated ...]`` line. Invalid UTF-8
-is decoded with U+FFFD replacement characters. Contents are cached per
-``(real path, mtime_ns, size)``, so a hot loop stats the files but does not re-read them.
+is decoded with U+FFFD replacement characters. Contents are cached per entry and
+``(device, inode, mtime_ns, size)`` of the opened file, so a hot loop opens and fstats the
+files but does not re-read them.
 
 The provider always reads when it runs; the presets add it to a chain only when
 ``PromptRuntimeContext.include_bootstrap_files`` is true.
@@ -25,10 +29,10 @@ from __future__ import annotations
 
 import logging
 import os
-import stat
-from pathlib import Path, PurePath
+from pathlib import Path
 from typing import Any, Optional, Sequence
 
+from ...._safe_fs import UnsafePathError, open_regular, open_root, read_capped, relative_parts
 from ....message import Message, system
 from ..runtime import prompt_runtime_of
 
@@ -88,7 +92,7 @@ class BootstrapFilesProvider:
         self.workspace_dir = None if workspace_dir is None else os.fspath(workspace_dir)
         self.max_bytes = _check_limit("max_bytes", max_bytes)
         self.max_total_bytes = _check_limit("max_total_bytes", max_total_bytes)
-        self._contents: dict[str, tuple[tuple[int, int], str, int]] = {}
+        self._contents: dict[str, tuple[tuple[int, int, int, int], str, int]] = {}
         self._rendered: Optional[tuple[tuple[Any, ...], Message]] = None
 
     def __repr__(self) -> str:
@@ -114,45 +118,39 @@ class BootstrapFilesProvider:
 
         return bootstrap_files()
 
-    @staticmethod
-    def _confine(root_real: Path, entry: str) -> Optional[Path]:
-        """The real path of ``entry`` when it is a regular file inside ``root_real``."""
-        pure = PurePath(entry)
-        if ".." in pure.parts:
-            logger.warning("bootstrap file %r skipped: '..' is not allowed in bootstrap file names", entry)
-            return None
-        candidate = Path(entry) if pure.is_absolute() else root_real / pure
-        real = Path(os.path.realpath(candidate))
-        if not real.is_relative_to(root_real):
-            logger.warning("bootstrap file %r skipped: it resolves to %s, outside the workspace %s", entry, real, root_real)
-            return None
-        return real
-
-    def _read(self, entry: str, real: Path) -> Optional[tuple[tuple[int, int], str, int]]:
-        """``((mtime_ns, size), text, size)`` of a regular file, at most ``max_bytes`` read."""
+    def _read(
+        self, entry: str, root: Path, root_real: str, root_fd: int
+    ) -> Optional[tuple[tuple[int, int, int, int], str, int]]:
+        """``((dev, ino, mtime_ns, size), text, bytes kept)`` of ``entry`` opened confined
+        beneath the root (see :mod:`jianmu_fast._safe_fs`), at most ``max_bytes`` read."""
         try:
-            st = os.stat(real)
+            parts = relative_parts(entry, root, root_real)
+            handle = open_regular(root_fd, parts, root_real)
+        except UnsafePathError as exc:
+            reason = exc.reason
+            if "'..'" in reason:
+                reason = "'..' is not allowed in bootstrap file names"
+            elif "outside" in reason:
+                reason = f"{reason}: outside the workspace {root_real}"
+            logger.warning("bootstrap file %r skipped: %s", entry, reason)
+            return None
         except FileNotFoundError:
-            logger.debug("bootstrap file %r skipped: %s does not exist", entry, real)
+            logger.debug("bootstrap file %r skipped: it does not exist in %s", entry, root_real)
             return None
         except OSError as exc:
-            logger.warning("bootstrap file %r skipped: cannot stat %s: %s", entry, real, exc)
+            logger.warning("bootstrap file %r skipped: cannot open it in %s: %s", entry, root_real, exc)
             return None
-        if not stat.S_ISREG(st.st_mode):
-            logger.warning("bootstrap file %r skipped: %s is not a regular file", entry, real)
-            return None
-        key = (st.st_mtime_ns, st.st_size)
-        cached = self._contents.get(str(real))
-        if cached is not None and cached[0] == key:
-            return cached
-        flags = os.O_RDONLY | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_NONBLOCK", 0)
-        try:
-            fd = os.open(real, flags)
-            with os.fdopen(fd, "rb") as fh:
-                data = fh.read(self.max_bytes + 4)
-        except OSError as exc:
-            logger.warning("bootstrap file %r skipped: cannot read %s: %s", entry, real, exc)
-            return None
+        with handle:
+            st = handle.st
+            key = (st.st_dev, st.st_ino, st.st_mtime_ns, st.st_size)
+            cached = self._contents.get(entry)
+            if cached is not None and cached[0] == key:
+                return cached
+            try:
+                data = read_capped(handle.fd, self.max_bytes + 4)
+            except OSError as exc:
+                logger.warning("bootstrap file %r skipped: cannot read it: %s", entry, exc)
+                return None
         kept = _cut(data, self.max_bytes)
         text = kept.decode("utf-8", errors="replace").rstrip("\n")
         if len(kept) < len(data):
@@ -161,7 +159,7 @@ class BootstrapFilesProvider:
                 "bytes are shown ...]"
             )
         value = (key, text, len(kept))
-        self._contents[str(real)] = value
+        self._contents[entry] = value
         return value
 
     # -- the provider ---------------------------------------------------------------------
@@ -169,27 +167,31 @@ class BootstrapFilesProvider:
     def get_messages(self, local_state: Any, global_state: Any = None, ctx: Any = None) -> list[Message]:
         """Return ``[system("## <file>\\n\\n<content>\\n\\n## <file2>...")]``, or ``[]`` when
         no configured file could be read."""
-        root_real = Path(os.path.realpath(self._root(ctx)))
+        root = self._root(ctx)
+        root_real = os.path.realpath(root)
         parts: list[tuple[str, str, int]] = []
-        signature: list[Any] = [str(root_real), self.max_bytes, self.max_total_bytes]
-        seen: set[Path] = set()
-        for entry in self._entries():
-            real = self._confine(root_real, entry)
-            if real is None:
-                continue
-            if real in seen:
-                logger.debug("bootstrap file %r skipped: %s is already included", entry, real)
-                continue
-            seen.add(real)
-            got = self._read(entry, real)
-            if got is None:
-                continue
-            key, text, nbytes = got
-            if not text.strip():
-                logger.debug("bootstrap file %r skipped: it is empty", entry)
-                continue
-            parts.append((entry, text, nbytes))
-            signature.append((entry, str(real), key))
+        signature: list[Any] = [root_real, self.max_bytes, self.max_total_bytes]
+        seen: set[tuple[int, int]] = set()
+        try:
+            root_handle = open_root(root_real)
+        except OSError as exc:
+            logger.warning("bootstrap files skipped: cannot open the workspace %s: %s", root_real, exc)
+            return []
+        with root_handle:
+            for entry in self._entries():
+                got = self._read(entry, root, root_real, root_handle.fd)
+                if got is None:
+                    continue
+                key, text, nbytes = got
+                if key[:2] in seen:
+                    logger.debug("bootstrap file %r skipped: the same file is already included", entry)
+                    continue
+                seen.add(key[:2])
+                if not text.strip():
+                    logger.debug("bootstrap file %r skipped: it is empty", entry)
+                    continue
+                parts.append((entry, text, nbytes))
+                signature.append((entry, key))
         if not parts:
             return []
         sig = tuple(signature)
