@@ -58,8 +58,26 @@ def _check_stages(items: Optional[Iterable[Any]], kind: str, proto: type, method
     return out
 
 
+def _limit_filters(max_messages: Optional[int], max_tokens: Optional[int], token_counter: Any) -> list[Any]:
+    """The filters of the constructor's limits, in the document's order: messages, then tokens."""
+    from .filters import MaxMessagesFilter, TokenBudgetFilter
+
+    if token_counter is not None and max_tokens is None:
+        raise ValueError("token_counter= counts tokens for max_tokens=; pass max_tokens= too")
+    out: list[Any] = []
+    if max_messages is not None:
+        out.append(MaxMessagesFilter(max_messages))
+    if max_tokens is not None:
+        out.append(TokenBudgetFilter(max_tokens, counter=token_counter))
+    return out
+
+
 class ContextBuilder:
     """The Provider → Filter pipeline.
+
+    ``max_messages=N`` / ``max_tokens=T`` (with ``token_counter=``) append
+    ``MaxMessagesFilter(N)`` then ``TokenBudgetFilter(T, counter=token_counter)`` after the
+    given ``filters``, as the design document's ``ContextBuilder(max_messages=N)`` does.
 
     ``sanitize=True`` (the default) applies ``sanitize_tool_call_history`` as the last step of
     ``build()`` and ``transform()``, so what is sent never holds a broken tool-call
@@ -73,6 +91,8 @@ class ContextBuilder:
     ['b']
     >>> [m.content for m in b.build({})]
     ['You are terse.']
+    >>> [type(f).__name__ for f in ContextBuilder(max_messages=20, max_tokens=4000).filters]
+    ['MaxMessagesFilter', 'TokenBudgetFilter']
     """
 
     def __init__(
@@ -81,6 +101,9 @@ class ContextBuilder:
         filters: Optional[Sequence[Any]] = None,
         *,
         sanitize: bool = True,
+        max_messages: Optional[int] = None,
+        max_tokens: Optional[int] = None,
+        token_counter: Any = None,
     ) -> None:
         self.providers: list[Any] = _check_stages(
             providers, "providers", MessageProvider, "get_messages", "local_state, global_state=None, ctx=None"
@@ -88,6 +111,7 @@ class ContextBuilder:
         self.filters: list[Any] = _check_stages(
             filters, "filters", ContextFilter, "apply", "messages, local_state=None, global_state=None, ctx=None, **kwargs"
         )
+        self.filters.extend(_limit_filters(max_messages, max_tokens, token_counter))
         self.sanitize = bool(sanitize)
         self._provider_takes_tools = [_accepts(p.get_messages, "tools_schema") for p in self.providers]
         self._provider_trusted = [_returns_messages(p) for p in self.providers]
