@@ -84,18 +84,26 @@ def test_copies_with_the_same_id_do_not_share_a_count():
     assert c.count_array([m, longer]).tolist() == [a, b]
 
 
-def test_in_place_mutation_of_nested_parts_is_never_stale():
-    """Messages holding lists/dicts are not identity-cached, so an in-place edit is seen."""
+def test_in_place_mutation_of_nested_parts_is_refused_and_the_callers_lists_are_copied():
+    """Issue 12 item 4: content blocks and tool calls are frozen copies, so no count goes stale."""
     c = TiktokenTokenCounter()
     calls = [{"id": "c1", "type": "function", "function": {"name": "f", "arguments": "{}"}}]
     m = ai(None, tool_calls=calls)
     before = c.count_message(m)
-    m.tool_calls[0]["function"]["arguments"] = '{"query": "something quite a bit longer"}'
-    assert c.count_message(m) > before
+    calls[0]["function"]["arguments"] = '{"query": "something quite a bit longer"}'  # the caller's list
+    assert m.tool_calls[0]["function"]["arguments"] == "{}"
+    assert c.count_message(m) == before
+    with pytest.raises(TypeError, match="immutable"):
+        m.tool_calls[0]["function"]["arguments"] = "{}"
     blocks = human([{"type": "text", "text": "x"}])
-    n1 = c.count_message(blocks)
-    blocks.content[0]["text"] = "x y z w v u"
-    assert c.count_message(blocks) > n1
+    with pytest.raises(TypeError, match="immutable"):
+        blocks.content[0]["text"] = "x y z w v u"
+    with pytest.raises(TypeError, match="immutable"):
+        blocks.content.append({"type": "text", "text": "more"})
+    # metadata stays a plain dict and is never counted
+    n = c.count_message(blocks)
+    blocks.metadata["note"] = "x " * 500
+    assert c.count_message(blocks) == n == TiktokenTokenCounter().count_message(blocks)
 
 
 def test_cache_is_bounded_and_counts_stay_exact():

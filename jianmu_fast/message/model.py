@@ -5,6 +5,13 @@ plus a stable ``id`` and a free ``metadata`` dict that never goes to the model A
 ``to_openai()`` / ``from_openai()`` are the only conversion path, and they are lossless:
 ``Message.from_openai(d).to_openai() == d`` for every valid chat-completions message dict,
 including provider-specific keys (kept in ``extra``).
+
+Deeply immutable where it is counted: content blocks and ``tool_calls`` are copied when a
+Message is made (``FrozenList`` of ``FrozenDict``, nested lists and dicts too), so neither the
+caller's original lists nor the message's own can change a message that a cache has counted
+(an in-place edit raises ``TypeError``). They compare equal to plain lists and dicts and
+serialize as such; ``to_openai()`` returns fresh, mutable dicts and lists. ``metadata`` and
+``extra`` stay ordinary dicts: no counter reads them.
 """
 
 from __future__ import annotations
@@ -19,6 +26,8 @@ from ..errors import MessageValidationError
 __all__ = [
     "Role",
     "Message",
+    "FrozenDict",
+    "FrozenList",
     "system",
     "human",
     "ai",
@@ -35,6 +44,92 @@ _OPENAI_KEYS = frozenset(("role", "content", "name", "tool_call_id", "tool_calls
 
 def _new_id() -> str:
     return uuid.uuid4().hex
+
+
+def _readonly(self: Any, *args: Any, **kwargs: Any) -> Any:
+    raise TypeError(
+        f"{type(self).__name__}: a Message's content blocks and tool_calls are immutable (counts "
+        "are cached per message); build a new message instead, e.g. "
+        "m.model_copy(update={'tool_calls': [...]})"
+    )
+
+
+class FrozenDict(dict):  # type: ignore[type-arg]
+    """A dict that cannot be changed in place; equal to (and JSON-encoded as) a plain dict.
+
+    >>> d = FrozenDict({"type": "text", "text": "hi"})
+    >>> d == {"type": "text", "text": "hi"}, d
+    (True, {'type': 'text', 'text': 'hi'})
+    >>> d["text"] = "changed"
+    Traceback (most recent call last):
+    ...
+    TypeError: FrozenDict: a Message's content blocks and tool_calls are immutable (counts are cached per message); build a new message instead, e.g. m.model_copy(update={'tool_calls': [...]})
+    """
+
+    __slots__ = ()
+    __setitem__ = __delitem__ = __ior__ = _readonly
+    clear = pop = popitem = setdefault = update = _readonly
+
+    def __reduce__(self) -> Any:
+        return (FrozenDict, (dict(self),))
+
+    def __copy__(self) -> "FrozenDict":
+        return self
+
+
+class FrozenList(list):  # type: ignore[type-arg]
+    """A list that cannot be changed in place; equal to (and JSON-encoded as) a plain list.
+
+    >>> FrozenList([1, 2]) == [1, 2]
+    True
+    >>> FrozenList([1]).append(2)
+    Traceback (most recent call last):
+    ...
+    TypeError: FrozenList: a Message's content blocks and tool_calls are immutable (counts are cached per message); build a new message instead, e.g. m.model_copy(update={'tool_calls': [...]})
+    """
+
+    __slots__ = ()
+    __setitem__ = __delitem__ = __iadd__ = __imul__ = _readonly
+    append = extend = insert = pop = remove = clear = sort = reverse = _readonly
+
+    def __reduce__(self) -> Any:
+        return (FrozenList, (list(self),))
+
+    def __copy__(self) -> "FrozenList":
+        return self
+
+
+def freeze(value: Any) -> Any:
+    """``value`` with every dict and list in it (recursively) replaced by a frozen copy.
+
+    >>> type(freeze([{"a": [1]}])[0]["a"]).__name__
+    'FrozenList'
+    """
+    t = type(value)
+    if t is FrozenDict or t is FrozenList:
+        return value  # frozen all the way down when made here
+    if isinstance(value, dict):
+        return FrozenDict({k: freeze(v) for k, v in value.items()})
+    if isinstance(value, list):
+        return FrozenList([freeze(v) for v in value])
+    if t is tuple:
+        return tuple(freeze(v) for v in value)
+    return value
+
+
+def thaw(value: Any) -> Any:
+    """A plain, mutable deep copy of the dicts and lists in ``value`` (other leaves shared).
+
+    >>> type(thaw(FrozenList([FrozenDict(a=1)]))[0]).__name__
+    'dict'
+    """
+    if isinstance(value, dict):
+        return {k: thaw(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [thaw(v) for v in value]
+    if type(value) is tuple:
+        return tuple(thaw(v) for v in value)
+    return value
 
 
 class Message(BaseModel):
@@ -87,6 +182,7 @@ class Message(BaseModel):
                     raise ValueError(f"content block [{i}] needs a string 'type', got {btype!r}")
                 if btype == "text" and not isinstance(block.get("text"), str):
                     raise ValueError(f"content block [{i}] of type 'text' needs a string 'text'")
+            return freeze(v)
         return v
 
     @field_validator("tool_calls")
@@ -108,7 +204,7 @@ class Message(BaseModel):
                 raise ValueError(
                     f"tool_calls[{i}].function.arguments must be a JSON string, got {type(args).__name__}"
                 )
-        return v
+        return freeze(v)
 
     @field_validator("extra")
     @classmethod
@@ -117,6 +213,20 @@ class Message(BaseModel):
         if clash:
             raise ValueError(f"extra must not hold message fields, found {sorted(clash)}")
         return v
+
+    def model_copy(self, *, update: Optional[Mapping[str, Any]] = None, deep: bool = False) -> "Message":
+        """A copy with ``update`` applied; new content blocks and tool calls are frozen copies.
+
+        >>> m = human("a").model_copy(update={"content": [{"type": "text", "text": "b"}]})
+        >>> type(m.content).__name__, m.text()
+        ('FrozenList', 'b')
+        """
+        if update and ("content" in update or "tool_calls" in update):
+            update = dict(update)
+            for key in ("content", "tool_calls"):
+                if key in update:
+                    update[key] = freeze(update[key])
+        return super().model_copy(update=update, deep=deep)
 
     # -- conversion -------------------------------------------------------------------
 
@@ -144,16 +254,17 @@ class Message(BaseModel):
         """
         out: dict[str, Any] = {"role": self.role}
         fields_set = self.model_fields_set
-        if self.content is not None or "content" in fields_set:
-            out["content"] = self.content
+        c = self.content
+        if c is not None or "content" in fields_set:
+            out["content"] = c if type(c) is not FrozenList else thaw(c)
         if self.name is not None or "name" in fields_set:
             out["name"] = self.name
         if self.tool_calls is not None or "tool_calls" in fields_set:
-            out["tool_calls"] = self.tool_calls
+            out["tool_calls"] = thaw(self.tool_calls)
         if self.tool_call_id is not None or "tool_call_id" in fields_set:
             out["tool_call_id"] = self.tool_call_id
         if self.extra:
-            out.update(self.extra)
+            out.update(thaw(self.extra))
         return out
 
     def text(self) -> str:

@@ -11,10 +11,11 @@ Two bounded caches per counter, both safe to share between threads:
   ``Message`` object is one dict hit. The weak reference proves the entry belongs to this very
   object (an ``id`` reused by a new object never matches), keeps nothing alive, and makes a
   copy (``model_copy(update=...)``, same ``id`` field, other content) a different key. A
-  message holding lists or dicts (content blocks, ``tool_calls``) is frozen only on the
-  surface, so its entry also keeps copies of those lists and dicts, compared with ``==`` on
-  every hit (one C-level comparison): mutating a nested list or dict in place never returns a stale count. About
-  200 bytes per entry (plus the snapshot's list), at most ``cache_size`` entries.
+  ``Message`` is deeply immutable where it is counted (content blocks and ``tool_calls`` are
+  frozen copies, see ``jianmu_fast.message.model``; ``metadata`` is never counted), so an
+  entry never goes stale; a message whose lists are not frozen (made with
+  ``model_construct``, bypassing validation) is counted but never cached. About 200 bytes per
+  entry, at most ``cache_size`` entries.
 
 Cache misses of a ``count_array`` call are collected first, de-duplicated, and tokenized in
 one pass by the subclass's ``_encode_counts(texts)``.
@@ -30,7 +31,7 @@ from typing import Any, Iterable, Mapping, Sequence
 import numpy as np
 
 from ...message import Message
-from ...message.model import coerce_message
+from ...message.model import FrozenList, coerce_message
 
 __all__ = ["CachedChatCounter", "DEFAULT_CACHE_SIZE"]
 
@@ -49,16 +50,11 @@ def _check_tokens(name: str, value: Any) -> int:
     return value
 
 
-def _snapshot(m: Message) -> tuple[Any, Any]:
-    """Copies of ``m``'s mutable parts, deep enough to hold every text its count depends on:
-    a hit compares them with ``==`` (one C-level comparison, no Python loop)."""
-    c = m.content
-    if type(c) is list:
-        c = [dict(b) for b in c]
-    tc = m.tool_calls
-    if tc is not None:
-        tc = [{**call, "function": dict(call["function"])} for call in tc]
-    return c, tc
+def _frozen(m: Message) -> bool:
+    """Whether ``m``'s counted lists are the frozen copies validation makes (always, unless
+    the message was made with ``model_construct``)."""
+    c, tc = m.content, m.tool_calls
+    return (type(c) is not list) and (tc is None or type(tc) is FrozenList)
 
 
 class CachedChatCounter:
@@ -186,9 +182,7 @@ class CachedChatCounter:
         8
         """
         e = self._msgs.get(id(message))
-        if e is not None and e[0]() is message and (
-            len(e) == 2 or (message.tool_calls == e[3] and message.content == e[2])
-        ):
+        if e is not None and e[0]() is message:
             return e[1]
         return self._counts([message], "message")[0]
 
@@ -226,9 +220,7 @@ class CachedChatCounter:
         missing: list[int] = []
         for i, m in enumerate(ms):
             e = get(id(m))
-            if e is not None and e[0]() is m and (
-                len(e) == 2 or (m.tool_calls == e[3] and m.content == e[2])
-            ):
+            if e is not None and e[0]() is m:
                 append(e[1])
             else:
                 append(0)
@@ -311,11 +303,8 @@ class CachedChatCounter:
             for t in texts:
                 total += known[t]
             out[i] = total
-            if m is ms[i]:
-                if m.tool_calls is None and type(m.content) is not list:
-                    done.append((m, total))
-                else:  # lists or dicts inside: a hit must also match a snapshot of them
-                    done.append((m, total) + _snapshot(m))
+            if m is ms[i] and _frozen(m):
+                done.append((m, total))
         if done:
             self._store_messages(done)
 
