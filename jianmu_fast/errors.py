@@ -9,7 +9,9 @@
       ├─ ConfigError(JianmuError, ValueError)              a malformed jianmu.yaml or SKILL.md
       ├─ TokenizerLoadError(JianmuError, OSError)          an encoding or tokenizer.json cannot load
       ├─ BatchError(JianmuError, ValueError)               a state of a batch failed (index, cause)
-      └─ StateStoreError(JianmuError, OSError)             a file that is not a valid state database
+      ├─ StateStoreError(JianmuError, OSError)             a file that is not a valid state database
+      ├─ ModelCallError(JianmuError, RuntimeError)         a model call failed (status, body excerpt)
+      └─ MaxStepsExceededError(JianmuError, RuntimeError)  an agent still calls tools after max_steps
 
 Each error also subclasses the builtin a user already catches. Every message says what is
 wrong, where (message index, field, file path) and how to fix it.
@@ -29,6 +31,8 @@ __all__ = [
     "TokenizerLoadError",
     "BatchError",
     "StateStoreError",
+    "ModelCallError",
+    "MaxStepsExceededError",
 ]
 
 
@@ -97,3 +101,39 @@ class StateStoreError(JianmuError, OSError):
     """A state database cannot be opened or read: not a jianmu_fast state file (random bytes,
     another application's SQLite database), a newer schema version, or a corrupt record; the
     text names the file (and the key), and the file is never overwritten."""
+
+
+class ModelCallError(JianmuError, RuntimeError):
+    """A model call failed: an HTTP error status after the retries, a timeout or connection
+    error (``status`` is ``None``), or a reply that cannot be stored (malformed tool calls).
+
+    Attributes: ``status`` (HTTP status or ``None``), ``body`` (the first 500 characters of
+    the response body, ``""`` when there was none), ``attempts`` (requests made).
+    """
+
+    def __init__(self, message: str, *, status: int | None = None, body: str = "", attempts: int = 1) -> None:
+        super().__init__(message)
+        self.status = status
+        self.body = body
+        self.attempts = attempts
+
+    def __reduce__(self):  # keep the attributes across process boundaries
+        return (_rebuild_model_call_error, (self.args[0], self.status, self.body, self.attempts))
+
+
+def _rebuild_model_call_error(message: str, status: int | None, body: str, attempts: int) -> "ModelCallError":
+    return ModelCallError(message, status=status, body=body, attempts=attempts)
+
+
+class MaxStepsExceededError(JianmuError, RuntimeError):
+    """``AgentLLMNode`` made ``max_steps`` model calls and the last reply still called tools.
+
+    The store holds every completed step (each reply with all its tool results), so the
+    history is valid and a later ``update()`` continues from it. Attributes: ``steps`` and
+    ``last`` (the last assistant message, already stored with its results).
+    """
+
+    def __init__(self, message: str, *, steps: int = 0, last: object = None) -> None:
+        super().__init__(message)
+        self.steps = steps
+        self.last = last
