@@ -35,6 +35,7 @@ import contextlib
 import json
 import logging
 import os
+import re
 import signal
 import stat
 import sys
@@ -160,6 +161,48 @@ def _parser() -> argparse.ArgumentParser:
 # -- reading ----------------------------------------------------------------------------------
 
 
+_SURROGATE_ESCAPE = re.compile(r"\\u[dD][89a-fA-F]")  # where a lone surrogate can come from
+_BOM = b"\xef\xbb\xbf"
+
+
+def _decode(raw: bytes, lineno: int) -> str:
+    """The text of one input line; ValueError naming the first byte that is not UTF-8."""
+    if lineno == 1 and raw.startswith(_BOM):
+        raw = raw[len(_BOM):]
+    try:
+        return raw.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise ValueError(
+            f"not UTF-8: byte 0x{raw[exc.start]:02x} at column {exc.start + 1} ({exc.reason})"
+        ) from None
+
+
+def _lone_surrogate(obj: Any, root: str = "") -> Optional[str]:
+    """Where the first string (or key) of ``obj`` holding a lone surrogate is, with the
+    character; None when there is none. Iterative, so any depth ``json.loads`` accepts works.
+
+    >>> _lone_surrogate({"messages": [{"content": "ok"}, {"content": "a\\ud800"}]})
+    'messages[1].content: a lone surrogate \\\\ud800'
+    """
+    stack: list[tuple[str, Any]] = [(root, obj)]
+    while stack:
+        path, item = stack.pop()
+        if isinstance(item, str):
+            try:
+                item.encode("utf-8")
+            except UnicodeEncodeError as exc:
+                return f"{path or 'the line'}: a lone surrogate \\u{ord(item[exc.start]):04x}"
+        elif isinstance(item, dict):
+            for key in reversed(list(item)):
+                bad = _lone_surrogate(key)
+                if bad is not None:
+                    return f"{path or 'the line'}: a key with {bad.split(': ', 1)[1]}"
+                stack.append((f"{path}.{key}" if path else key, item[key]))
+        elif isinstance(item, list):
+            stack.extend((f"{path}[{i}]", v) for i, v in reversed(list(enumerate(item))))
+    return None
+
+
 def _parse_line(text: str) -> tuple[dict[str, Any], Any]:
     """``(other keys, messages)`` of one line; raises ValueError with the reason."""
     from .message import coerce_messages
@@ -168,6 +211,12 @@ def _parse_line(text: str) -> tuple[dict[str, Any], Any]:
         obj = json.loads(text)
     except json.JSONDecodeError as exc:
         raise ValueError(f"not JSON: {exc.msg} at column {exc.colno}") from None
+    except RecursionError:
+        raise ValueError("JSON nested too deeply to read") from None
+    if _SURROGATE_ESCAPE.search(text) is not None:
+        where = _lone_surrogate(obj, "messages" if isinstance(obj, list) else "")
+        if where is not None:
+            raise ValueError(f"{where} (half of a UTF-16 pair) is not valid Unicode and cannot be written as UTF-8")
     if isinstance(obj, list):
         rest: dict[str, Any] = {}
         raw = obj
@@ -183,14 +232,22 @@ def _parse_line(text: str) -> tuple[dict[str, Any], Any]:
     return rest, coerce_messages(raw, "messages")
 
 
-def _lines(stream: IO[str]) -> Iterator[tuple[int, str]]:
-    for lineno, text in enumerate(stream, 1):
-        if text.strip():
-            yield lineno, text
+def _reason(exc: BaseException) -> str:
+    """What a line's error says: our own ValueErrors bare, anything else with its type."""
+    if isinstance(exc, RecursionError):
+        return "nested too deeply to process (RecursionError)"
+    return str(exc) if type(exc) is ValueError else f"{type(exc).__name__}: {exc}"
 
 
-def _chunks(it: Iterator[tuple[int, str]], size: int) -> Iterator[list[tuple[int, str]]]:
-    chunk: list[tuple[int, str]] = []
+def _lines(stream: IO[bytes]) -> Iterator[tuple[int, bytes]]:
+    """``(line number, bytes)`` of each non-blank line (lines end at ``\\n`` only)."""
+    for lineno, raw in enumerate(stream, 1):
+        if raw.strip():
+            yield lineno, raw
+
+
+def _chunks(it: Iterator[tuple[int, bytes]], size: int) -> Iterator[list[tuple[int, bytes]]]:
+    chunk: list[tuple[int, bytes]] = []
     for item in it:
         chunk.append(item)
         if len(chunk) == size:
@@ -356,6 +413,40 @@ class _Stats:
         self.t0 = time.perf_counter()
 
 
+class _Line:
+    """One input line on its way through: parsed, built, rendered, or failed."""
+
+    __slots__ = ("lineno", "rest", "history", "error", "warnings", "output", "tokens", "dropped_tokens")
+
+    def __init__(self, lineno: int) -> None:
+        self.lineno = lineno
+        self.rest: dict[str, Any] = {}
+        self.history: list[Any] = []
+        self.error: Optional[str] = None
+        self.warnings: list[str] = []
+        self.output = b""
+        self.tokens = 0
+        self.dropped_tokens = 0
+
+    def state(self) -> dict[str, Any]:
+        return {"messages": self.history}
+
+
+class _Job:
+    """What every chunk of a ``build`` run shares."""
+
+    def __init__(self, args: argparse.Namespace, builder: Any, counter: Any, dst: _Output, src_name: str) -> None:
+        self.args = args
+        self.builder = builder
+        self.counter = counter
+        self.dst = dst
+        self.src_name = src_name
+        self.stats = _Stats()
+
+    def report(self, lineno: int, text: str) -> None:
+        print(f"{PROG}: {self.src_name}:{lineno}: {text}", file=sys.stderr)
+
+
 def summarize(sizes: Sequence[int], dropped_tokens: int, failed: int, seconds: float) -> str:
     """The end-of-run summary.
 
@@ -396,8 +487,6 @@ def _count_lines(path: str) -> Optional[int]:
 
 def _build(args: argparse.Namespace) -> int:
     from . import BACKEND
-    from .batch import build_batch_report
-
     from .errors import JianmuError
 
     try:
@@ -407,82 +496,119 @@ def _build(args: argparse.Namespace) -> int:
         raise UsageError(f"{type(exc).__name__}: {exc}") from None
     src_name = "<stdin>" if args.input == "-" else args.input
     try:
-        src = sys.stdin if args.input == "-" else open(args.input, encoding="utf-8")
+        src = sys.stdin.buffer if args.input == "-" else open(args.input, "rb")
     except OSError as exc:
         raise UsageError(f"INPUT {args.input!r}: {exc.strerror or exc}") from None
     try:
-        dst = _Output(args.output, args.input)
+        job = _Job(args, builder, counter, _Output(args.output, args.input), src_name)
     except UsageError:
-        if src is not sys.stdin:
+        if args.input != "-":
             src.close()
         raise
-    stats = _Stats()
     bar = _progress(None if args.input == "-" else _count_lines(args.input))
     stop = False
     try:
         for chunk in _chunks(_lines(src), _CHUNK if bar is None else _CHUNK_WITH_BAR):
-            stop = _run_chunk(chunk, args, builder, counter, dst, stats, src_name, build_batch_report)
+            stop = _run_chunk(chunk, job)
             if bar is not None:
                 bar.update(len(chunk))
             if stop:
                 break
     except BaseException:  # interrupted (KeyboardInterrupt), a broken pipe, a bug: keep the old output
-        dst.abort()
+        job.dst.abort()
         raise
     else:
-        dst.commit()
+        job.dst.commit()
     finally:
         if bar is not None:
             bar.close()
-        if src is not sys.stdin:
+        if args.input != "-":
             src.close()
+    stats = job.stats
     print(summarize(stats.sizes, stats.dropped_tokens, stats.failed, time.perf_counter() - stats.t0), file=sys.stderr)
     print(f"  backend {BACKEND}, tokenizer {args.tokenizer}, preset {args.preset}", file=sys.stderr)
     return 1 if stop else 0
 
 
-def _run_chunk(chunk, args, builder, counter, dst, stats, src_name, build_batch_report) -> bool:
-    """Build and write one chunk of lines; True when the command must stop (raise)."""
-    parsed: list[tuple[int, dict[str, Any], list[Any]]] = []
-    bad: dict[int, str] = {}
-    for lineno, text in chunk:
+def _run_chunk(chunk: list[tuple[int, bytes]], job: _Job) -> bool:
+    """Build and write one chunk of lines; True when the command must stop (``--on-error raise``).
+
+    Whatever one line's content makes fail (its bytes, its JSON, its messages, its prompt,
+    writing it) is that line's error; under ``raise``, lines after the first bad one are
+    neither built nor reported.
+    """
+    stop_early = job.args.on_error == "raise"
+    lines: list[_Line] = []
+    for lineno, raw in chunk:
+        line = _Line(lineno)
+        lines.append(line)
         try:
-            rest, msgs = _parse_line(text)
-        except ValueError as exc:  # MessageValidationError is a ValueError too
-            bad[lineno] = f"{type(exc).__name__}: {exc}" if type(exc) is not ValueError else str(exc)
+            line.rest, line.history = _parse_line(_decode(raw, lineno))
+        except Exception as exc:  # MessageValidationError is a ValueError too
+            line.error = _reason(exc)
+            if stop_early:
+                break
+    todo = [line for line in lines if line.error is None]
+    for line, result in zip(todo, _build_lines(job, [line.state() for line in todo])):
+        if isinstance(result, BaseException):
+            line.error = _reason(result)
             continue
-        parsed.append((lineno, rest, msgs))
-    if args.on_error == "raise" and bad:
-        parsed = [p for p in parsed if p[0] < min(bad)]
-    report = build_batch_report(builder, [{"messages": p[2]} for p in parsed], workers=args.workers)
-    for f in report.failures:
-        bad[parsed[f.index][0]] = f.reason
-    first_bad: Optional[int] = min(bad) if bad else None
-    out: list[str] = []
-    for (lineno, rest, history), prompt in zip(parsed, report.prompts):
-        if prompt is None:
+        try:
+            _render(job, line, result)
+        except Exception as exc:  # e.g. a value that is not strict JSON
+            line.error = _reason(exc)
+    out: list[bytes] = []
+    stop = False
+    for line in lines:
+        for text in line.warnings:
+            job.report(line.lineno, text)
+        if line.error is not None:
+            job.report(line.lineno, line.error)
+            job.stats.failed += 1
+            if stop_early:
+                stop = True
+                break
             continue
-        if args.on_error == "raise" and first_bad is not None and lineno > first_bad:
-            break
-        kept = {m.id for m in prompt}  # annotated or filled copies keep the id of the original
-        dropped = [i for i, m in enumerate(history) if m.id not in kept]
-        dropped_tokens = sum(counter.count_message(history[i]) for i in dropped)
-        tokens = int(counter.count_messages(prompt))
-        stats.sizes.append(tokens)
-        stats.dropped_tokens += dropped_tokens
-        out.append(json.dumps(
-            {**rest, "messages": [m.to_openai() for m in prompt], "prompt_tokens": tokens,
-             "dropped": {"messages": len(dropped), "tokens": dropped_tokens, "indices": dropped}},
-            ensure_ascii=False,
-        ))
-    if out:
-        dst.write(("\n".join(out) + "\n").encode("utf-8"))
-    for lineno in sorted(bad):
-        if args.on_error == "raise" and lineno != first_bad:
-            continue
-        print(f"{PROG}: {src_name}:{lineno}: {bad[lineno]}", file=sys.stderr)
-        stats.failed += 1
-    return args.on_error == "raise" and first_bad is not None
+        out.append(line.output)
+        job.stats.sizes.append(line.tokens)
+        job.stats.dropped_tokens += line.dropped_tokens
+    job.dst.write(b"".join(out))
+    return stop
+
+
+def _build_lines(job: _Job, states: list[dict[str, Any]]) -> list[Any]:
+    """The prompt of each state, or the exception that building it raised."""
+    from .batch import build_batch_report
+
+    def run(batch: list[dict[str, Any]], workers: int) -> list[Any]:
+        report = build_batch_report(job.builder, batch, workers=workers)
+        out: list[Any] = list(report.prompts)
+        for f in report.failures:
+            out[f.index] = f.error
+        return out
+
+    try:
+        return run(states, job.args.workers)
+    except Exception:  # a failure the batch could not pin on one state: build each alone
+        results: list[Any] = []
+        for state in states:
+            try:
+                results.extend(run([state], 1))
+            except Exception as exc:
+                results.append(exc)
+        return results
+
+
+def _render(job: _Job, line: _Line, prompt: list[Any]) -> None:
+    """Fill ``line.output`` (one strict-JSON UTF-8 line) and its counts."""
+    history, counter = line.history, job.counter
+    kept = {m.id for m in prompt}  # annotated or filled copies keep the id of the original
+    dropped = [i for i, m in enumerate(history) if m.id not in kept]
+    line.dropped_tokens = sum(counter.count_message(history[i]) for i in dropped)
+    line.tokens = int(counter.count_messages(prompt))
+    obj = {**line.rest, "messages": [m.to_openai() for m in prompt], "prompt_tokens": line.tokens,
+           "dropped": {"messages": len(dropped), "tokens": line.dropped_tokens, "indices": dropped}}
+    line.output = (json.dumps(obj, ensure_ascii=False) + "\n").encode("utf-8")
 
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
