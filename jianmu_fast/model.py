@@ -180,7 +180,8 @@ def message_from_completion(data: Any, where: str = "reply") -> Message:
     if content is None and not calls:
         content = ""
     try:
-        reply = Message(role="assistant", content=content, tool_calls=calls, metadata=meta)
+        fields: dict[str, Any] = {"tool_calls": calls} if calls else {}
+        reply = Message(role="assistant", content=content, metadata=meta, **fields)
     except ValueError as exc:
         raise ModelCallError(f"{where}: cannot read the assistant message ({exc})", status=200, body=body) from None
     return check_tool_calls(reply, where)

@@ -237,7 +237,7 @@ def test_model_call_error_pickles_with_its_fields():
 
 
 def test_importing_jianmu_fast_does_not_import_openai():
-    code = ("import sys, jianmu_fast, jianmu_fast.model, jianmu_fast.testing, "
+    code = ("import sys, jianmu_fast, jianmu_fast.model, jianmu_fast.nodes, jianmu_fast.testing, "
             "jianmu_fast.memory.context; bad = [m for m in ('openai', 'httpx') if m in sys.modules]; "
             "print(json.dumps(bad))")
     out = subprocess.run([sys.executable, "-c", "import json; " + code], capture_output=True, text=True, check=True)
