@@ -119,14 +119,32 @@ def make_builder(args: argparse.Namespace, counter: Any) -> Any:
     return ContextBuilder.for_skill(**common, tools_desc=tools_desc)
 
 
-def _positive(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}") from None
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}")
-    return value
+MAX_LIMIT = 1_000_000_000  # the largest --max-tokens / --max-messages: far beyond any context window
+MAX_WORKERS = 256
+
+
+def _int_in(lo: int, hi: int) -> Callable[[str], int]:
+    """An argparse ``type``: an integer from ``lo`` to ``hi``, or a usage error saying so.
+
+    >>> _int_in(1, 10)("7")
+    7
+    >>> _int_in(1, 10)("99999999999999999999999")
+    Traceback (most recent call last):
+    ...
+    argparse.ArgumentTypeError: expected an integer from 1 to 10, got '99999999999999999999999'
+    """
+
+    def parse(text: str) -> int:
+        try:
+            value = int(text)
+        except ValueError:
+            value = lo - 1
+        if not lo <= value <= hi:
+            raise argparse.ArgumentTypeError(f"expected an integer from {lo} to {hi:_}, got {text!r}".replace("_", ","))
+        return value
+
+    parse.__name__ = "integer"
+    return parse
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -137,7 +155,8 @@ def _parser() -> argparse.ArgumentParser:
         help="turn a JSONL file of conversations into a JSONL file of prompts",
         description="Turn a JSONL file of conversations into a JSONL file of prompts. A bad line is "
         "reported on stderr with its line number; --on-error decides whether the command stops there "
-        "(exit 1, prompts of earlier lines kept) or skips it (exit 0).",
+        "(exit 1, prompts of earlier lines kept) or skips it (exit 0). Output lines are strict JSON: a "
+        "line holding NaN, Infinity or a number out of range is refused (a bad line), never changed.",
     )
     b.add_argument("input", metavar="INPUT", help="input JSONL file, or - for stdin")
     b.add_argument("-o", "--output", default="-", metavar="OUTPUT", help="output JSONL file, or - for stdout (default)")
@@ -148,11 +167,14 @@ def _parser() -> argparse.ArgumentParser:
     b.add_argument("--tools-desc-file", metavar="PATH", help="tool descriptions (react and skill presets)")
     b.add_argument("--skills-dir", metavar="DIR", help="directory of SKILL.md skills (skill preset)")
     b.add_argument("--workspace-dir", metavar="DIR", help="workspace root: its bootstrap files (AGENTS.md) are included")
-    b.add_argument("--max-messages", type=_positive, metavar="N", help="keep at most N non-pinned messages")
-    b.add_argument("--max-tokens", type=_positive, metavar="N", help="token budget of each prompt")
+    b.add_argument("--max-messages", type=_int_in(1, MAX_LIMIT), metavar="N",
+                   help="keep at most N non-pinned messages (1 to 1,000,000,000)")
+    b.add_argument("--max-tokens", type=_int_in(1, MAX_LIMIT), metavar="N",
+                   help="token budget of each prompt (1 to 1,000,000,000)")
     b.add_argument("--tokenizer", default="o200k_base", metavar="NAME",
                    help="simple, a tiktoken encoding or model name, or a tokenizer.json path (default o200k_base)")
-    b.add_argument("--workers", type=_positive, default=1, metavar="N", help="worker processes (default 1)")
+    b.add_argument("--workers", type=_int_in(1, MAX_WORKERS), default=1, metavar="N",
+                   help="worker processes (1 to 256, default 1)")
     b.add_argument("--on-error", choices=("raise", "skip"), default="raise",
                    help="on a bad line: stop with exit status 1 (raise, default) or leave it out (skip)")
     return parser
@@ -203,12 +225,24 @@ def _lone_surrogate(obj: Any, root: str = "") -> Optional[str]:
     return None
 
 
+def _refuse_constant(name: str) -> Any:
+    raise ValueError(f"not strict JSON: {name} (JSON has no NaN or Infinity; the line is refused, not changed)")
+
+
+def _finite_float(text: str) -> float:
+    value = float(text)
+    if value != value or value in (float("inf"), float("-inf")):
+        raise ValueError(f"not strict JSON: the number {text} is out of range (it would be written as "
+                         "Infinity; the line is refused, not changed)")
+    return value
+
+
 def _parse_line(text: str) -> tuple[dict[str, Any], Any]:
     """``(other keys, messages)`` of one line; raises ValueError with the reason."""
     from .message import coerce_messages
 
     try:
-        obj = json.loads(text)
+        obj = json.loads(text, parse_constant=_refuse_constant, parse_float=_finite_float)
     except json.JSONDecodeError as exc:
         raise ValueError(f"not JSON: {exc.msg} at column {exc.colno}") from None
     except RecursionError:
@@ -551,7 +585,7 @@ def _run_chunk(chunk: list[tuple[int, bytes]], job: _Job) -> bool:
     todo = [line for line in lines if line.error is None]
     for line, result in zip(todo, _build_lines(job, [line.state() for line in todo])):
         if isinstance(result, BaseException):
-            line.error = _reason(result)
+            line.error = _input_indices(_reason(result), job, line)
             continue
         try:
             _render(job, line, result)
@@ -599,6 +633,61 @@ def _build_lines(job: _Job, states: list[dict[str, Any]]) -> list[Any]:
         return results
 
 
+_MESSAGES_REF = re.compile(r"\bmessages\[(\d+)(?::(\d+))?\]")
+
+
+def _failing_stage_input(builder: Any, state: Any) -> list[Any]:
+    """The messages that the stage of ``builder.build(state)`` that fails received (replayed:
+    the providers, then each filter until one raises; after the last, the sanitize step's)."""
+    msgs = builder._provide(state, None, None, None)
+    for i in range(len(builder.filters)):
+        try:
+            msgs = builder._apply_filter(i, msgs, state, None, None, None)
+        except Exception:
+            break
+    return msgs
+
+
+def _input_indices(reason: str, job: _Job, line: _Line) -> str:
+    """``reason`` with each ``messages[i]`` / ``messages[i:j]`` that counts prompt positions
+    (the messages the CLI's preset adds come first) rewritten as positions in the input line.
+
+    A reference to messages of the input only becomes ``messages[k]`` (``[k:l]``); one that
+    takes in messages the preset added says how many, e.g. ``prompt messages[0:4] (3 added by
+    the preset, input messages[0])``.
+    """
+    if "messages[" not in reason:
+        return reason
+    try:
+        seen = _failing_stage_input(job.builder, line.state())
+    except Exception:
+        return reason
+    where = {m.id: i for i, m in enumerate(line.history)}
+
+    def span(ks: list[int]) -> str:
+        if len(ks) == 1:
+            return f"[{ks[0]}]"
+        if ks == list(range(ks[0], ks[-1] + 1)):
+            return f"[{ks[0]}:{ks[-1] + 1}]"
+        return str(ks)
+
+    def rewrite(m: re.Match[str]) -> str:
+        lo = int(m.group(1))
+        hi = int(m.group(2)) if m.group(2) is not None else lo + 1
+        if not lo < hi <= len(seen):
+            return m.group(0)
+        found = [where.get(x.id) for x in seen[lo:hi]]
+        ours = [k for k in found if k is not None]
+        added = len(found) - len(ours)
+        if not added:
+            text = span(ours)
+            return f"messages{text if m.group(2) is None or ':' in text else f'[{ours[0]}:{ours[0] + 1}]'}"
+        parts = [f"{added} added by the preset"] + ([f"input messages{span(ours)}"] if ours else [])
+        return f"prompt messages[{lo}:{hi}] ({', '.join(parts)})"
+
+    return _MESSAGES_REF.sub(rewrite, reason)
+
+
 def _render(job: _Job, line: _Line, prompt: list[Any]) -> None:
     """Fill ``line.output`` (one strict-JSON UTF-8 line) and its counts."""
     history, counter = line.history, job.counter
@@ -608,7 +697,7 @@ def _render(job: _Job, line: _Line, prompt: list[Any]) -> None:
     line.tokens = int(counter.count_messages(prompt))
     obj = {**line.rest, "messages": [m.to_openai() for m in prompt], "prompt_tokens": line.tokens,
            "dropped": {"messages": len(dropped), "tokens": line.dropped_tokens, "indices": dropped}}
-    line.output = (json.dumps(obj, ensure_ascii=False) + "\n").encode("utf-8")
+    line.output = (json.dumps(obj, ensure_ascii=False, allow_nan=False) + "\n").encode("utf-8")
 
 
 def main(argv: Optional[Sequence[str]] = None) -> int:

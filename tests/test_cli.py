@@ -177,7 +177,7 @@ def test_presets_and_files(tmp_path, script_exists):
         (["build", "-", "--skills-dir", "."], "error: --skills-dir needs --preset skill"),
         (["build", "-", "--tokenizer", "no_such_encoding"], "error: "),
         (["build", "-", "--tokenizer", "missing/tokenizer.json"], "no such tokenizer.json file"),
-        (["build", "-", "--max-tokens", "0"], "expected a positive integer, got '0'"),
+        (["build", "-", "--max-tokens", "0"], "expected an integer from 1 to 1,000,000,000, got '0'"),
         (["build", "-", "--on-error", "ignore"], "invalid choice: 'ignore'"),
         (["build", "-", "--system-prompt", "a", "--system-prompt-file", "b"], "not allowed with argument"),
     ],
