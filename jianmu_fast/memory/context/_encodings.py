@@ -23,6 +23,7 @@ from __future__ import annotations
 import gzip
 import hashlib
 import os
+import re
 import threading
 import types
 from pathlib import Path
@@ -40,6 +41,8 @@ __all__ = [
     "resolve_encoding_name",
     "load_tiktoken_encoding",
     "load_hf_tokenizer",
+    "find_hf_tokenizer",
+    "hf_cache_dir",
     "copy_hf_tokenizer",
     "is_loaded",
     "same_encoding",
@@ -254,6 +257,94 @@ def load_hf_tokenizer(path: "str | os.PathLike[str]") -> tuple["tokenizers.Token
                 tok.no_padding()
                 _hf[digest] = tok
     return tok, abspath, digest
+
+
+def hf_cache_dir() -> tuple[str, str]:
+    """The HuggingFace hub cache, resolved as ``huggingface_hub`` does, and where it came from:
+    ``$HF_HUB_CACHE``, ``$HUGGINGFACE_HUB_CACHE``, ``$HF_HOME/hub``,
+    ``$XDG_CACHE_HOME/huggingface/hub``, else ``~/.cache/huggingface/hub``.
+
+    >>> hf_cache_dir()[1] in ("$HF_HUB_CACHE", "$HUGGINGFACE_HUB_CACHE", "$HF_HOME/hub",
+    ...                       "$XDG_CACHE_HOME/huggingface/hub", "~/.cache/huggingface/hub")
+    True
+    """
+    for var in ("HF_HUB_CACHE", "HUGGINGFACE_HUB_CACHE"):
+        if os.environ.get(var):
+            return os.path.expanduser(os.environ[var]), f"${var}"
+    if os.environ.get("HF_HOME"):
+        return os.path.join(os.path.expanduser(os.environ["HF_HOME"]), "hub"), "$HF_HOME/hub"
+    if os.environ.get("XDG_CACHE_HOME"):
+        return (os.path.join(os.path.expanduser(os.environ["XDG_CACHE_HOME"]), "huggingface", "hub"),
+                "$XDG_CACHE_HOME/huggingface/hub")
+    return os.path.join(os.path.expanduser("~"), ".cache", "huggingface", "hub"), "~/.cache/huggingface/hub"
+
+
+_MODEL_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]*(/[A-Za-z0-9_.-]+)?$")
+
+
+def find_hf_tokenizer(spec: "str | os.PathLike[str]", revision: Optional[str] = None) -> str:
+    """The ``tokenizer.json`` path for ``spec``: a ``tokenizer.json`` file, a model directory
+    holding one, or a model id (``org/name``) already in the local HuggingFace cache
+    (``models--org--name/snapshots/<commit>/tokenizer.json``, the commit read from
+    ``refs/<revision or main>``). Offline: ``huggingface_hub`` is not imported. A spec that is
+    neither raises ``TokenizerLoadError`` saying where it looked; a path that does not exist
+    is returned as is (``load_hf_tokenizer`` reports it).
+    """
+    path = os.fspath(spec)
+    if os.path.isfile(path):
+        return path
+    if os.path.isdir(path):
+        candidate = os.path.join(path, "tokenizer.json")
+        if os.path.isfile(candidate):
+            return candidate
+        present = ", ".join(sorted(os.listdir(path))[:12]) or "nothing"
+        raise TokenizerLoadError(
+            f"cannot load HuggingFace tokenizer: the directory {os.path.abspath(path)!r} has no tokenizer.json "
+            f"(it holds {present}). Save a fast tokenizer there (tokenizer.save_pretrained(dir) writes "
+            "tokenizer.json) or pass the path of a tokenizer.json."
+        )
+    if isinstance(spec, str) and _MODEL_ID.match(spec) and not spec.endswith(".json"):
+        return _from_hf_cache(spec, revision)
+    return path
+
+
+def _from_hf_cache(repo_id: str, revision: Optional[str]) -> str:
+    cache, source = hf_cache_dir()
+    folder = os.path.join(cache, "models--" + repo_id.replace("/", "--"))
+    fix = (f"Download it once with network access (huggingface-cli download {repo_id} tokenizer.json), "
+           "point HF_HUB_CACHE or HF_HOME at the cache that holds it, or pass the path of a model "
+           "directory or of a tokenizer.json.")
+    if not os.path.isdir(folder):
+        raise TokenizerLoadError(
+            f"cannot load HuggingFace tokenizer {repo_id!r}: it is not a file or a directory, and the "
+            f"HuggingFace cache {cache!r} (from {source}) has no {os.path.basename(folder)!r}. {fix}"
+        )
+    snapshots = os.path.join(folder, "snapshots")
+    ref = os.path.join(folder, "refs", revision or "main")
+    commit: Optional[str] = None
+    if os.path.isfile(ref):
+        with open(ref, encoding="utf-8") as f:
+            commit = f.read().strip()
+    elif revision is not None and os.path.isdir(os.path.join(snapshots, revision)):
+        commit = revision
+    if commit is not None:
+        candidate = os.path.join(snapshots, commit, "tokenizer.json")
+        if os.path.isfile(candidate):
+            return candidate
+        raise TokenizerLoadError(
+            f"cannot load HuggingFace tokenizer {repo_id!r}: the cached snapshot has no tokenizer.json "
+            f"(looked for {candidate!r}; a model with only a sentencepiece or vocab file has none). {fix}"
+        )
+    found = sorted(d for d in (os.listdir(snapshots) if os.path.isdir(snapshots) else ())
+                   if os.path.isfile(os.path.join(snapshots, d, "tokenizer.json")))
+    if revision is None and len(found) == 1:
+        return os.path.join(snapshots, found[0], "tokenizer.json")
+    wanted = f"revision {revision!r}" if revision is not None else "refs/main"
+    raise TokenizerLoadError(
+        f"cannot load HuggingFace tokenizer {repo_id!r}: {folder!r} (cache from {source}) has no {wanted} "
+        f"and {len(found)} snapshot(s) with a tokenizer.json ({', '.join(found) or 'none'}); pass "
+        f"revision=<one of them>, or {fix[0].lower()}{fix[1:]}"
+    )
 
 
 def is_loaded(enc: object) -> bool:

@@ -318,9 +318,13 @@ class TiktokenTokenCounter(CachedChatCounter):
 class HFTokenCounter(CachedChatCounter):
     """Exact counts with a HuggingFace fast tokenizer plus a ChatML-like overhead.
 
-    ``tokenizer`` is a path to a ``tokenizer.json``, a ``tokenizers.Tokenizer`` or a
+    ``tokenizer`` is a path to a ``tokenizer.json``, a model directory holding one, a model id
+    (``"org/name"``) already in the local HuggingFace cache (``$HF_HUB_CACHE``, ``$HF_HOME/hub``
+    or ``~/.cache/huggingface/hub``; ``revision=`` picks a branch, tag or commit, default
+    ``main``; read offline, ``huggingface_hub`` is not imported), a ``tokenizers.Tokenizer`` or a
     ``transformers`` fast tokenizer (its ``backend_tokenizer`` is used; transformers is never
-    imported). The counter works on a private copy with truncation and padding off, so
+    imported). A path or id that gives no ``tokenizer.json`` raises ``TokenizerLoadError``
+    saying where it looked. The counter works on a private copy with truncation and padding off, so
     ``count_text(t) == len(tok.encode(t, add_special_tokens=False).ids)`` for the tokenizer
     with truncation off; text that spells an added token is matched as the tokenizer does.
     It needs the optional ``tokenizers`` package (``pip install 'jianmu_fast[hf]'``); without
@@ -357,7 +361,8 @@ class HFTokenCounter(CachedChatCounter):
     PER_TOOL = 1
     COUNT_TOOL_CALL_ID = True
 
-    def __init__(self, tokenizer: Any, *, cache_size: int = DEFAULT_CACHE_SIZE, image_tokens: int = 85) -> None:
+    def __init__(self, tokenizer: Any, *, cache_size: int = DEFAULT_CACHE_SIZE, image_tokens: int = 85,
+                 revision: str | None = None) -> None:
         import os
 
         try:
@@ -372,7 +377,8 @@ class HFTokenCounter(CachedChatCounter):
         self.path: str | None = None
         self._sha256: str | None = None
         if isinstance(tokenizer, (str, os.PathLike)):
-            self._tok, self.path, self._sha256 = _encodings.load_hf_tokenizer(tokenizer)
+            path = _encodings.find_hf_tokenizer(tokenizer, revision)
+            self._tok, self.path, self._sha256 = _encodings.load_hf_tokenizer(path)
         elif isinstance(tokenizer, Tokenizer):
             self._tok = _encodings.copy_hf_tokenizer(tokenizer)
         elif isinstance(getattr(tokenizer, "backend_tokenizer", None), Tokenizer):
