@@ -579,3 +579,22 @@ def test_tool_messages_keep_the_documented_shape(config_sandbox):
     AgentLLMNode(Scripted(), store, [f]).update()
     m = store.list()[2]
     assert m == tool("1", name="f", tool_call_id="k1", metadata={"tool_result": 1}, id=m.id)
+
+
+def test_readme_agent_loop_runs(config_sandbox):
+    """The README's "An agent loop" block, run as it is (it starts its own local endpoint)."""
+    import re
+    from pathlib import Path
+
+    text = (Path(__file__).resolve().parent.parent / "README.md").read_text(encoding="utf-8")
+    section = text.split("## An agent loop\n", 1)[1]
+    block = re.search(r"```python\n(.*?)```", section, re.S).group(1)
+    loop_lines = block.split("with ChatCompletionsServer(", 1)[1].splitlines()[1:]
+    assert len([ln for ln in loop_lines if ln.startswith("    ")]) <= 10  # "a ten-line agent loop"
+    namespace: dict = {}
+    exec(compile(block, "README.md#an-agent-loop", "exec"), namespace)
+    assert namespace["answer"].content == "Final Answer: 5"
+    (first, second) = namespace["server"].requests
+    assert first["tools"][0]["function"]["name"] == "add" and first["messages"][-1] == {"role": "user",
+                                                                                          "content": "What is 2+3?"}
+    assert second["messages"][-1]["role"] == "tool" and second["messages"][-1]["tool_call_id"] == "c1"
