@@ -83,6 +83,56 @@ def _read_text(path: str, flag: str) -> str:
         raise UsageError(f"{flag} {path!r}: {exc.strerror or exc}") from None
 
 
+def load_tools(path: str) -> list[dict[str, Any]]:
+    """The ``--tools-file``: a JSON list of tool schemas in the OpenAI form
+    ``{"type": "function", "function": {"name": ..., "description": ..., "parameters": {...}}}``.
+    Raises ``UsageError`` naming the file and the index of a bad entry.
+
+    >>> import json, pathlib, tempfile
+    >>> p = pathlib.Path(tempfile.mkdtemp()) / "tools.json"
+    >>> _ = p.write_text(json.dumps([{"type": "function", "function": {"name": "calc"}}]))
+    >>> [t["function"]["name"] for t in load_tools(str(p))]
+    ['calc']
+    >>> _ = p.write_text(json.dumps([{"type": "function", "function": {"name": ""}}]))
+    >>> load_tools(str(p))  # doctest: +ELLIPSIS
+    Traceback (most recent call last):
+    ...
+    jianmu_fast.cli.UsageError: --tools-file '...tools.json': tools[0].function.name: expected a non-empty string, got ''
+    """
+    where = f"--tools-file {path!r}"
+    text = _read_text(path, "--tools-file")
+    try:
+        tools = json.loads(text, parse_constant=_refuse_constant, parse_float=_finite_float)
+    except json.JSONDecodeError as exc:
+        raise UsageError(f"{where}: not JSON: {exc.msg} at line {exc.lineno} column {exc.colno}") from None
+    except (ValueError, RecursionError) as exc:
+        raise UsageError(f"{where}: {_reason(exc)}") from None
+    if not isinstance(tools, list):
+        raise UsageError(f"{where}: expected a JSON list of tools, got {_json_type(tools)}")
+    for i, tool in enumerate(tools):
+        at = f"{where}: tools[{i}]"
+        if not isinstance(tool, dict):
+            raise UsageError(f"{at}: expected an object {{\"type\": \"function\", \"function\": {{...}}}}, "
+                             f"got {_json_type(tool)}")
+        if tool.get("type") != "function":
+            raise UsageError(f"{at}.type: expected \"function\", got {json.dumps(tool.get('type'))}")
+        fn = tool.get("function")
+        if not isinstance(fn, dict):
+            raise UsageError(f"{at}.function: expected an object with a name, got {_json_type(fn)}")
+        if not isinstance(fn.get("name"), str) or not fn["name"]:
+            raise UsageError(f"{at}.function.name: expected a non-empty string, got {fn.get('name')!r}")
+        for key, kind in (("description", str), ("parameters", dict)):
+            if key in fn and not isinstance(fn[key], kind):
+                raise UsageError(f"{at}.function.{key}: expected {'a string' if kind is str else 'an object'}, "
+                                 f"got {_json_type(fn[key])}")
+    return tools
+
+
+def _json_type(value: Any) -> str:
+    names = {dict: "an object", list: "a list", str: "a string", bool: "a boolean", type(None): "null"}
+    return names.get(type(value), "a number")
+
+
 def make_builder(args: argparse.Namespace, counter: Any) -> Any:
     """The ``ContextBuilder`` of the preset and options in ``args``.
 
@@ -165,6 +215,10 @@ def _parser() -> argparse.ArgumentParser:
     sp.add_argument("--system-prompt", metavar="TEXT", help="persona system prompt (default: the configured one)")
     sp.add_argument("--system-prompt-file", metavar="PATH", help="read the system prompt from a file")
     b.add_argument("--tools-desc-file", metavar="PATH", help="tool descriptions (react and skill presets)")
+    b.add_argument("--tools-file", metavar="PATH",
+                   help="the request's tools: a JSON list of OpenAI tool schemas "
+                   '({"type": "function", "function": {...}}); --max-tokens then budgets the whole request, '
+                   "tools included")
     b.add_argument("--skills-dir", metavar="DIR", help="directory of SKILL.md skills (skill preset)")
     b.add_argument("--workspace-dir", metavar="DIR", help="workspace root: its bootstrap files (AGENTS.md) are included")
     b.add_argument("--max-messages", type=_int_in(1, MAX_LIMIT), metavar="N",
@@ -469,10 +523,12 @@ class _Line:
 class _Job:
     """What every chunk of a ``build`` run shares."""
 
-    def __init__(self, args: argparse.Namespace, builder: Any, counter: Any, dst: _Output, src_name: str) -> None:
+    def __init__(self, args: argparse.Namespace, builder: Any, counter: Any, dst: _Output, src_name: str,
+                 tools: Optional[list[dict[str, Any]]] = None) -> None:
         self.args = args
         self.builder = builder
         self.counter = counter
+        self.tools = tools
         self.dst = dst
         self.src_name = src_name
         self.stats = _Stats()
@@ -528,13 +584,15 @@ def _build(args: argparse.Namespace) -> int:
         builder = make_builder(args, counter)
     except (JianmuError, TypeError, ValueError) as exc:  # a tokenizer or configuration that cannot load
         raise UsageError(f"{type(exc).__name__}: {exc}") from None
+    tools = load_tools(args.tools_file) if args.tools_file is not None else None
+    tools_tokens = _tools_tokens(args, counter, tools)
     src_name = "<stdin>" if args.input == "-" else args.input
     try:
         src = sys.stdin.buffer if args.input == "-" else open(args.input, "rb")
     except OSError as exc:
         raise UsageError(f"INPUT {args.input!r}: {exc.strerror or exc}") from None
     try:
-        job = _Job(args, builder, counter, _Output(args.output, args.input), src_name)
+        job = _Job(args, builder, counter, _Output(args.output, args.input), src_name, tools)
     except UsageError:
         if args.input != "-":
             src.close()
@@ -560,8 +618,29 @@ def _build(args: argparse.Namespace) -> int:
             src.close()
     stats = job.stats
     print(summarize(stats.sizes, stats.dropped_tokens, stats.failed, time.perf_counter() - stats.t0), file=sys.stderr)
+    if tools is not None:
+        print(f"  tools: {len(tools)} from {args.tools_file}, {tools_tokens} tokens per request"
+              f"{', inside --max-tokens' if args.max_tokens is not None else ''}", file=sys.stderr)
     print(f"  backend {BACKEND}, tokenizer {args.tokenizer}, preset {args.preset}", file=sys.stderr)
     return 1 if stop else 0
+
+
+def _tools_tokens(args: argparse.Namespace, counter: Any, tools: Optional[list[dict[str, Any]]]) -> int:
+    """What the tools cost each request; a usage error when they alone leave no room."""
+    if not tools:
+        return 0
+    try:
+        cost = int(counter.count_tools(tools))
+    except Exception as exc:
+        raise UsageError(f"--tools-file {args.tools_file!r}: cannot count the tools: {_reason(exc)}") from None
+    fixed = cost + int(counter.count_messages([]))
+    if args.max_tokens is not None and fixed >= args.max_tokens:
+        raise UsageError(
+            f"--tools-file {args.tools_file!r}: the {len(tools)} tools cost {cost} tokens per request "
+            f"({fixed} with the request's fixed cost), which leaves no room for messages within "
+            f"--max-tokens {args.max_tokens}; raise --max-tokens or send fewer tools"
+        )
+    return cost
 
 
 def _run_chunk(chunk: list[tuple[int, bytes]], job: _Job) -> bool:
@@ -615,7 +694,7 @@ def _build_lines(job: _Job, states: list[dict[str, Any]]) -> list[Any]:
     from .batch import build_batch_report
 
     def run(batch: list[dict[str, Any]], workers: int) -> list[Any]:
-        report = build_batch_report(job.builder, batch, workers=workers)
+        report = build_batch_report(job.builder, batch, tools_schema=job.tools, workers=workers)
         out: list[Any] = list(report.prompts)
         for f in report.failures:
             out[f.index] = f.error
@@ -636,13 +715,13 @@ def _build_lines(job: _Job, states: list[dict[str, Any]]) -> list[Any]:
 _MESSAGES_REF = re.compile(r"\bmessages\[(\d+)(?::(\d+))?\]")
 
 
-def _failing_stage_input(builder: Any, state: Any) -> list[Any]:
+def _failing_stage_input(builder: Any, state: Any, tools: Any) -> list[Any]:
     """The messages that the stage of ``builder.build(state)`` that fails received (replayed:
     the providers, then each filter until one raises; after the last, the sanitize step's)."""
-    msgs = builder._provide(state, None, None, None)
+    msgs = builder._provide(state, None, None, tools)
     for i in range(len(builder.filters)):
         try:
-            msgs = builder._apply_filter(i, msgs, state, None, None, None)
+            msgs = builder._apply_filter(i, msgs, state, None, None, tools)
         except Exception:
             break
     return msgs
@@ -659,7 +738,7 @@ def _input_indices(reason: str, job: _Job, line: _Line) -> str:
     if "messages[" not in reason:
         return reason
     try:
-        seen = _failing_stage_input(job.builder, line.state())
+        seen = _failing_stage_input(job.builder, line.state(), job.tools)
     except Exception:
         return reason
     where = {m.id: i for i, m in enumerate(line.history)}
