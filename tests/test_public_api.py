@@ -36,6 +36,8 @@ CONTRACT = {
     "jianmu_fast.config.constraints": ["Constraints"],
     "jianmu_fast.state": ["StateManager"],
     "jianmu_fast.batch": ["build_batch", "transform_batch"],
+    "jianmu_fast.model": ["ModelClient", "OpenAIChatClient", "ModelCallError"],
+    "jianmu_fast.nodes": ["SimpleLLMNode", "AgentLLMNode", "Tool"],
     "jianmu_fast": ["BACKEND", "JianmuError", "ContextBudgetError", "ToolCallHistoryError", "TokenizerLoadError"],
 }
 
