@@ -10,6 +10,7 @@
 from .base import ContextBuilderProtocol, ContextFilter, MessageProvider, TokenCounterProtocol
 from .builder import ContextBuilder
 from .counters import HFTokenCounter, SimpleTokenCounter, TiktokenTokenCounter
+from .chat_template import ChatTemplateTokenCounter
 from .filters import MaxMessagesFilter, TokenBudgetFilter
 from .providers import StaticPromptProvider, ToolsDescProvider
 from .providers import BootstrapFilesProvider, SkillSetPromptProvider
@@ -31,6 +32,7 @@ __all__ = [
     "SimpleTokenCounter",
     "TiktokenTokenCounter",
     "HFTokenCounter",
+    "ChatTemplateTokenCounter",
     "BootstrapFilesProvider",
     "SkillSetPromptProvider",
     "StateHistoryProvider",

@@ -1,0 +1,794 @@
+"""``ChatTemplateTokenCounter``: exact prompt counts for open models, from their chat template.
+
+What an open model served by transformers or vLLM sees is its Jinja chat template rendered over
+the messages (and tools), tokenized. This counter renders the template the way transformers'
+``apply_chat_template`` does (the same sandboxed Jinja environment: ``trim_blocks``,
+``lstrip_blocks``, loop controls, transformers' ``tojson``, ``raise_exception``,
+``strftime_now``; the tokenizer's ``bos_token``/``eos_token``/``unk_token``/``pad_token`` as
+variables; the text tokenized with ``add_special_tokens=False``), without importing
+transformers: it needs ``jinja2`` and ``tokenizers`` (``pip install 'jianmu_fast[hf]'``).
+
+The guarantee::
+
+    count_messages(ms) + count_tools(tools, ms)
+        == len(tokenizer.apply_chat_template(ms, tools=tools, add_generation_prompt=True,
+                                             tokenize=True))
+
+A ``Message`` reaches the template as transformers users and vLLM's OpenAI server pass it:
+``None`` fields left out, tool-call ``arguments`` parsed from JSON into objects, ``content`` ""
+for an assistant message that only calls tools, ``extra`` keys (``reasoning_content``...)
+included, reasoning aliased to ``reasoning_content`` and ``thinking`` as transformers does.
+
+**Segments.** A rendered template is not prefix-stable message by message, but it is (for the
+templates we ship tests for) at unit boundaries: a unit is a non-tool message plus the tool
+messages right after it, the same units the trimming filters keep or drop whole. The counter
+renders each unit alone between small canonical neighbours (a stand-in message of the role
+before it and after it) and takes the difference in tokens; those per-unit counts are cached,
+so a hot-loop turn renders and tokenizes only the new units. The cost of a unit is spread over
+its messages by prefixes (message ``j`` costs ``tokens(unit[:j+1]) - tokens(unit[:j])``), so
+counts of earlier messages never change when tool results are appended.
+
+**When it falls back to full rendering** (``count_messages``, decided per call): when the
+template failed the additivity self-check run at construction (a few probe conversations whose
+segment sums must equal their full rendering), when a message carries reasoning
+(``reasoning_content``/``thinking``/``reasoning``: Qwen3 strips it before the last user query),
+or when the conversation ends on an assistant message (Qwen3 and gpt-oss render the final
+assistant message differently). Everything else -- the agent-loop calls, which end on a user or
+tool message -- is counted from cached segments, exactly.
+
+**Per-message counts** (``count_message``, ``count_array``; what ``TokenBudgetFilter`` sums):
+a unit whose rendering depends on its neighbours (probed once per role pattern with stand-in
+messages: DeepSeek closes a tool-output block in the next assistant turn, Llama 3.1 folds a
+leading system message into its header) is charged the most it costs over every neighbour it
+could have in a kept prompt, so ``count_messages([]) + sum(count_array(kept))`` is never below
+the exact count of the kept prompt, and equal to it for neighbour-independent units (every
+unit of the Qwen2.5/Hermes, Llama 3.1 and gpt-oss templates without reasoning). A slice that
+starts with a ``system`` message is taken to start the conversation (the pinned prefix).
+
+**Tools** go where the template puts them (a system block, the first user message): their
+marginal cost, ``count_tools(tools, messages)``, is ``tokens(with) - tokens(without)`` of the
+conversation's head (its leading system messages and first user message, or ``messages``
+itself when given short). Only the sum with ``count_messages`` is guaranteed exact.
+
+A template that refuses a conversation (``raise_exception``: parallel calls on Llama 3.1, a
+tool result without a ``name`` on Hermes) raises :class:`~jianmu_fast.errors.MessageValidationError`
+carrying the template's message; no count is made up.
+"""
+
+from __future__ import annotations
+
+import copy
+import gzip
+import json
+import os
+import threading
+import weakref
+from datetime import datetime
+from typing import Any, Iterable, Mapping, Optional, Sequence
+
+import numpy as np
+
+from ...errors import MessageValidationError, TokenizerLoadError
+from ...message import Message
+from ...message.model import coerce_message
+
+__all__ = ["ChatTemplateTokenCounter", "message_to_template_dict"]
+
+_REASONING_FIELDS = ("reasoning_content", "thinking", "reasoning")
+_SPECIAL_KEYS = ("bos_token", "eos_token", "unk_token", "pad_token")
+
+# Stand-in neighbours. Distinct contents, so templates comparing messages (Mistral's
+# ``message == user_messages[-1]``) never confuse two of them.
+_S_SYS = {"role": "system", "content": "."}
+_S_USER = {"role": "user", "content": "."}
+_S_ASST = {"role": "assistant", "content": "."}
+_S_CALL = {
+    "role": "assistant",
+    "content": "",
+    "tool_calls": [{"id": "call_0", "type": "function", "function": {"name": "f", "arguments": {}}}],
+}
+_S_TOOL = {"role": "tool", "content": ".", "tool_call_id": "call_0", "name": "f"}
+_S_USER2 = {"role": "user", "content": ","}
+_S_ASST2 = {"role": "assistant", "content": ","}
+_S_SYS2 = {"role": "system", "content": ","}
+_S_USER3 = {"role": "user", "content": ";"}
+
+#: what stands before a unit, by the role of the message before it
+_PRE: dict[str, list[dict[str, Any]]] = {
+    "first": [],
+    "system": [_S_SYS],
+    "user": [_S_SYS, _S_USER],
+    "assistant": [_S_SYS, _S_USER, _S_ASST],
+    "call": [_S_SYS, _S_USER, _S_CALL],
+    "tool": [_S_SYS, _S_USER, _S_CALL, _S_TOOL],
+}
+#: what stands after a unit, by the role of the message after it ("end": nothing). Each ends
+#: on a user message, so that what templates do to a final message (Qwen3's empty think block
+#: after the last user query) never falls on a stand-in.
+_POST: dict[str, list[dict[str, Any]]] = {
+    "end": [],
+    "user": [_S_USER2],
+    "assistant": [_S_ASST2, _S_USER3],
+    "system": [_S_SYS2, _S_USER3],
+}
+
+
+def _parse_arguments(args: Any) -> Any:
+    if isinstance(args, str):
+        try:
+            return json.loads(args)
+        except ValueError:
+            return args
+    return args
+
+
+def message_to_template_dict(m: Message) -> dict[str, Any]:
+    """The dict a chat template receives for ``m``, as transformers users and vLLM pass it.
+
+    >>> from jianmu_fast.message import ai
+    >>> call = [{"id": "c1", "type": "function", "function": {"name": "f", "arguments": '{"x": 1}'}}]
+    >>> message_to_template_dict(ai(None, tool_calls=call))
+    {'role': 'assistant', 'content': '', 'tool_calls': [{'id': 'c1', 'type': 'function', 'function': {'name': 'f', 'arguments': {'x': 1}}}]}
+    """
+    d: dict[str, Any] = {"role": m.role}
+    content = m.content
+    if content is None and m.tool_calls:
+        content = ""
+    if content is not None:
+        d["content"] = copy.deepcopy(content) if isinstance(content, list) else content
+    if m.name is not None:
+        d["name"] = m.name
+    if m.tool_call_id is not None:
+        d["tool_call_id"] = m.tool_call_id
+    if m.tool_calls is not None:
+        calls = []
+        for call in m.tool_calls:
+            c = {k: v for k, v in call.items() if v is not None and k != "function"}
+            fn = call.get("function")
+            if isinstance(fn, Mapping):
+                f = {k: v for k, v in fn.items() if v is not None}
+                if "arguments" in f:
+                    f["arguments"] = _parse_arguments(f["arguments"])
+                c["function"] = f
+            calls.append(c)
+        d["tool_calls"] = calls
+    for k, v in m.extra.items():
+        if v is not None and k not in d:
+            d[k] = copy.deepcopy(v)
+    reasoning = next((d[k] for k in _REASONING_FIELDS if d.get(k) is not None), None)
+    if reasoning is not None:  # transformers' _alias_reasoning_fields
+        d = {"thinking": reasoning, **d, "reasoning_content": reasoning}
+    return d
+
+
+def _has_reasoning(d: Mapping[str, Any]) -> bool:
+    return any(d.get(k) is not None for k in _REASONING_FIELDS)
+
+
+def _compile(template: str) -> Any:
+    """The template compiled in an environment like transformers' ``_compile_jinja_template``."""
+    try:
+        import jinja2
+        import jinja2.ext
+        from jinja2.sandbox import ImmutableSandboxedEnvironment
+    except ImportError as exc:  # pragma: no cover - the [hf] extra installs it
+        raise ImportError(
+            "ChatTemplateTokenCounter needs jinja2: pip install 'jianmu_fast[hf]'"
+        ) from exc
+
+    class _Generation(jinja2.ext.Extension):
+        # transformers' AssistantTracker: {% generation %}...{% endgeneration %} renders its body
+        tags = {"generation"}
+
+        def parse(self, parser: Any) -> Any:
+            lineno = next(parser.stream).lineno
+            body = parser.parse_statements(("name:endgeneration",), drop_needle=True)
+            return jinja2.nodes.CallBlock(self.call_method("_body"), [], [], body).set_lineno(lineno)
+
+        def _body(self, caller: Any) -> str:
+            return caller()
+
+    def raise_exception(message: Any) -> None:
+        raise jinja2.exceptions.TemplateError(message)
+
+    def tojson(x: Any, ensure_ascii: bool = False, indent: Any = None, separators: Any = None,
+               sort_keys: bool = False) -> str:
+        return json.dumps(x, ensure_ascii=ensure_ascii, indent=indent, separators=separators, sort_keys=sort_keys)
+
+    def strftime_now(fmt: str) -> str:
+        return datetime.now().strftime(fmt)
+
+    class TemplateDict:
+        def __call__(self, *args: Any, **kwargs: Any) -> dict:
+            return dict(*args, **kwargs)
+
+        def fromkeys(self, *args: Any, **kwargs: Any) -> dict:
+            return dict.fromkeys(*args, **kwargs)
+
+    class TemplateNamespace(jinja2.utils.Namespace):
+        def __init__(*args: Any, **kwargs: Any) -> None:
+            self, args = args[0], args[1:]
+            attrs = dict(*args, **kwargs)
+            for name in attrs:
+                TemplateNamespace._check_name(name)
+            jinja2.utils.Namespace.__init__(self, attrs)
+
+        def __setitem__(self, name: str, value: Any) -> None:
+            TemplateNamespace._check_name(name)
+            jinja2.utils.Namespace.__setitem__(self, name, value)
+
+        @staticmethod
+        def _check_name(name: Any) -> None:
+            if isinstance(name, str) and name.startswith("_"):
+                raise jinja2.exceptions.SecurityError(
+                    f"Chat templates cannot store underscore-prefixed attributes on a namespace, but got {name!r}."
+                )
+
+    env = ImmutableSandboxedEnvironment(
+        trim_blocks=True, lstrip_blocks=True, extensions=[_Generation, jinja2.ext.loopcontrols]
+    )
+    env.filters["tojson"] = tojson
+    env.globals["raise_exception"] = raise_exception
+    env.globals["strftime_now"] = strftime_now
+    env.globals["dict"] = TemplateDict()
+    env.globals["namespace"] = TemplateNamespace
+    return env.from_string(template)
+
+
+def _token_text(value: Any) -> Optional[str]:
+    if isinstance(value, str):
+        return value
+    if isinstance(value, Mapping) and isinstance(value.get("content"), str):
+        return value["content"]
+    return None
+
+
+def _load_dir(path: str) -> tuple[Any, str, dict[str, str]]:
+    from tokenizers import Tokenizer
+
+    tok_path = os.path.join(path, "tokenizer.json")
+    try:
+        if os.path.isfile(tok_path):
+            tok = Tokenizer.from_file(tok_path)
+        elif os.path.isfile(tok_path + ".gz"):
+            with gzip.open(tok_path + ".gz", "rt", encoding="utf-8") as f:
+                tok = Tokenizer.from_str(f.read())
+        else:
+            raise TokenizerLoadError(f"{path!r}: no tokenizer.json in this model directory")
+    except TokenizerLoadError:
+        raise
+    except Exception as exc:
+        raise TokenizerLoadError(f"{tok_path!r}: cannot load the tokenizer: {exc}") from exc
+    config: dict[str, Any] = {}
+    cfg_path = os.path.join(path, "tokenizer_config.json")
+    if os.path.isfile(cfg_path):
+        try:
+            with open(cfg_path, encoding="utf-8") as f:
+                config = json.load(f)
+        except (OSError, ValueError) as exc:
+            raise TokenizerLoadError(f"{cfg_path!r}: cannot read it as JSON: {exc}") from exc
+    template: Any = None
+    jinja_path = os.path.join(path, "chat_template.jinja")
+    if os.path.isfile(jinja_path):  # transformers 5 prefers the .jinja file
+        with open(jinja_path, encoding="utf-8") as f:
+            template = f.read()
+    else:
+        template = config.get("chat_template")
+        if isinstance(template, list):  # named templates: transformers uses "default"
+            named = {t.get("name"): t.get("template") for t in template if isinstance(t, Mapping)}
+            template = named.get("default")
+    if not isinstance(template, str) or not template:
+        raise TokenizerLoadError(
+            f"{path!r}: no chat template (looked for chat_template.jinja and a 'chat_template' string "
+            "in tokenizer_config.json)"
+        )
+    special = {k: t for k in _SPECIAL_KEYS if (t := _token_text(config.get(k))) is not None}
+    return tok, template, special
+
+
+class _Refused(Exception):
+    pass
+
+
+class ChatTemplateTokenCounter:
+    """Exact token counts of a request to an open model, from its tokenizer and chat template.
+
+    ``path_or_tokenizer`` is a local model directory (``tokenizer.json`` and
+    ``tokenizer_config.json`` with a ``chat_template``, or a ``chat_template.jinja``), or a
+    ``tokenizers.Tokenizer`` (then ``chat_template`` is required). ``special_tokens`` overrides
+    or sets ``bos_token``, ``eos_token``, ... and ``template_kwargs`` adds template variables
+    (``date_string``, ``reasoning_effort``...), as ``apply_chat_template(**kwargs)`` would.
+
+    See the module docstring for what is exact and when it falls back to full rendering.
+
+    >>> from tokenizers import Tokenizer, models, pre_tokenizers
+    >>> tok = Tokenizer(models.WordLevel({"[UNK]": 0}, unk_token="[UNK]"))
+    >>> tok.pre_tokenizer = pre_tokenizers.Whitespace()
+    >>> tpl = "{% for m in messages %}<{{ m.role }}> {{ m.content }}\\n{% endfor %}"
+    >>> tpl += "{% if add_generation_prompt %}<assistant>{% endif %}"
+    >>> c = ChatTemplateTokenCounter(tok, tpl)
+    >>> from jianmu_fast.message import human
+    >>> c.count_messages([]), c.count_message(human("hi there")), c.count_messages([human("hi there")])
+    (3, 5, 8)
+    """
+
+    cache_size: int
+
+    def __init__(
+        self,
+        path_or_tokenizer: Any,
+        chat_template: Optional[str] = None,
+        *,
+        special_tokens: Optional[Mapping[str, str]] = None,
+        template_kwargs: Optional[Mapping[str, Any]] = None,
+        cache_size: int = 1 << 16,
+    ) -> None:
+        try:
+            from tokenizers import Tokenizer
+        except ImportError as exc:  # pragma: no cover
+            raise ImportError("ChatTemplateTokenCounter needs tokenizers: pip install 'jianmu_fast[hf]'") from exc
+        if isinstance(cache_size, bool) or not isinstance(cache_size, int) or cache_size < 1:
+            raise ValueError(f"cache_size must be a positive int, got {cache_size!r}")
+        self.cache_size = cache_size
+        self.path: Optional[str] = None
+        special: dict[str, str] = {}
+        if isinstance(path_or_tokenizer, (str, os.PathLike)):
+            path = os.fspath(path_or_tokenizer)
+            if not os.path.isdir(path):
+                raise TokenizerLoadError(
+                    f"{path!r}: not a model directory (expected a folder with tokenizer.json and "
+                    "tokenizer_config.json or chat_template.jinja)"
+                )
+            tok, template, special = _load_dir(path)
+            self.path = path
+        elif isinstance(path_or_tokenizer, Tokenizer):
+            tok, template = path_or_tokenizer, None
+        elif isinstance(getattr(path_or_tokenizer, "backend_tokenizer", None), Tokenizer):
+            tok, template = path_or_tokenizer.backend_tokenizer, getattr(path_or_tokenizer, "chat_template", None)
+            for k in _SPECIAL_KEYS:
+                v = getattr(path_or_tokenizer, k, None)
+                if isinstance(v, str):
+                    special[k] = v
+        else:
+            raise TypeError(
+                "path_or_tokenizer: expected a model directory, a tokenizers.Tokenizer or a transformers "
+                f"fast tokenizer, got {type(path_or_tokenizer).__name__}"
+            )
+        if chat_template is not None:
+            if not isinstance(chat_template, str) or not chat_template:
+                raise TypeError(f"chat_template must be a non-empty string, got {chat_template!r}")
+            template = chat_template
+        if not isinstance(template, str) or not template:
+            raise ValueError("chat_template is required with a tokenizers.Tokenizer (the Jinja template string)")
+        tok = Tokenizer.from_str(tok.to_str())  # a private copy: truncation and padding off
+        tok.no_truncation()
+        tok.no_padding()
+        self._tok = tok
+        self.chat_template: str = template
+        if special_tokens:
+            special.update(special_tokens)
+        self.special_tokens: dict[str, str] = special
+        self.template_kwargs: dict[str, Any] = dict(template_kwargs or {})
+        self._template = _compile(template)
+        self._lock = threading.Lock()
+        self._memo: dict[int, tuple[Any, ...]] = {}  # id(message) -> (weakref, snapshot, dict, key)
+        self._texts: dict[Any, int] = {}  # key of a rendered conversation -> tokens
+        self._units: dict[Any, Any] = {}  # (unit keys, pred, succ) -> per-message costs
+        self._local: dict[Any, bool] = {}  # role pattern -> neighbour-independent?
+        self._last: Optional[tuple[list[Any], list[int], list[int]]] = None
+        self._ends: dict[str, Optional[int]] = {}
+        ends = [e for e in (self._end_cost("user"), self._end_cost("tool")) if e is not None]
+        self._empty = max(ends) if ends else self._fixed_cost()
+        self.additive: bool = self._self_check()
+
+    def __repr__(self) -> str:
+        return f"ChatTemplateTokenCounter({self.path!r})" if self.path else "ChatTemplateTokenCounter(<tokenizers.Tokenizer>)"
+
+    # -- rendering -------------------------------------------------------------------------
+
+    def render(
+        self, messages: Sequence[Any], tools: Optional[Sequence[Mapping[str, Any]]] = None,
+        add_generation_prompt: bool = True,
+    ) -> str:
+        """The template rendered over ``messages`` (Messages, chat-completions dicts or template
+        dicts) and ``tools``, as ``apply_chat_template(..., tokenize=False)`` returns it."""
+        dicts = [d for _, d in (self._entry(m, i) for i, m in enumerate(messages))]
+        return self._render(dicts, tools, add_generation_prompt)
+
+    def _render(self, dicts: list[dict[str, Any]], tools: Any, agp: bool) -> str:
+        import jinja2
+
+        kwargs = {**self.special_tokens, **self.template_kwargs}
+        try:
+            return self._template.render(
+                messages=copy.deepcopy(dicts), tools=copy.deepcopy(tools) if tools is not None else None,
+                documents=None, add_generation_prompt=agp, **kwargs,
+            )
+        except jinja2.exceptions.TemplateError as exc:
+            raise _Refused(str(exc.message if getattr(exc, "message", None) else exc)) from exc
+        except Exception as exc:
+            raise _Refused(f"{type(exc).__name__}: {exc}") from exc
+
+    def _count(self, text: str) -> int:
+        return len(self._tok.encode(text, add_special_tokens=False).ids)
+
+    def _tokens(self, keys: tuple[Any, ...], dicts: Optional[list[dict[str, Any]]] = None, tools_key: Any = None,
+                tools: Any = None) -> int:
+        """Tokens of the conversation whose message keys are ``keys`` (cached by them)."""
+        ck = (keys, tools_key)
+        n = self._texts.get(ck)
+        if n is None:
+            if dicts is None:
+                dicts = [json.loads(k) for k in keys]
+            n = self._count(self._render(dicts, tools, True))
+            with self._lock:
+                if len(self._texts) >= self.cache_size:
+                    for k in list(self._texts)[: self.cache_size // 4]:
+                        del self._texts[k]
+                self._texts[ck] = n
+        return n
+
+    # -- messages -> template dicts, memoized by identity -------------------------------------
+
+    def _entry(self, m: Any, i: int) -> tuple[str, dict[str, Any]]:
+        e = self._memo.get(id(m))
+        if e is not None and e[0]() is m and (e[1] is None or (m.content, m.tool_calls) == e[1]):
+            return e[3], e[2]
+        if isinstance(m, Message):
+            msg = m
+        elif isinstance(m, Mapping) and "role" in m and not isinstance(m, Message):
+            msg = coerce_message(m, f"messages[{i}]")
+        else:
+            raise MessageValidationError(f"messages[{i}]: expected a Message or a chat-completions dict, got {type(m).__name__}")
+        d = message_to_template_dict(msg)
+        key = json.dumps(d, ensure_ascii=False)
+        if msg is m:
+            snap = None
+            if isinstance(m.content, list) or m.tool_calls is not None:
+                snap = (copy.deepcopy(m.content), copy.deepcopy(m.tool_calls))
+            with self._lock:
+                if len(self._memo) >= self.cache_size:
+                    for k in list(self._memo)[: self.cache_size // 4]:
+                        del self._memo[k]
+                self._memo[id(m)] = (weakref.ref(m), snap, d, key)
+        return key, d
+
+    # -- unit costs ------------------------------------------------------------------------------
+
+    def _unit_cost(self, keys: tuple[str, ...], pred: str, succ: str) -> list[int]:
+        """Per-message costs of the unit ``keys`` between stand-ins for ``pred`` and ``succ``.
+
+        The unit is always followed by at least one stand-in ending on a user message (``succ``
+        "end" is counted as "user"), so nothing a template does to a conversation's last message
+        falls on it; that end effect is ``_end_cost``'s."""
+        if succ == "end":
+            succ = "user"
+        ck = (keys, pred, succ)
+        costs = self._units.get(ck)
+        if costs is not None:
+            return costs
+        pre = tuple(json.dumps(d) for d in _PRE[pred])
+        post = tuple(json.dumps(d) for d in _POST[succ])
+        prev = self._tokens(pre + post)
+        costs = []
+        for j in range(1, len(keys) + 1):
+            cur = self._tokens(pre + keys[:j] + post)
+            costs.append(cur - prev)
+            prev = cur
+        with self._lock:
+            if len(self._units) >= self.cache_size:
+                for k in list(self._units)[: self.cache_size // 4]:
+                    del self._units[k]
+            self._units[ck] = costs
+        return costs
+
+    def _end_cost(self, last_role: str) -> Optional[int]:
+        """What a request costs beyond its units' costs when its last message has
+        ``last_role`` (``user`` or ``tool``): the template's fixed text, its generation prompt
+        and whatever it does at the end (closing a tool block). ``None`` if the template
+        refuses the probe. Calibrated on a probe conversation of stand-ins."""
+        if last_role in self._ends:
+            return self._ends[last_role]
+        u, call, tool = json.dumps(_S_USER), json.dumps(_S_CALL), json.dumps(_S_TOOL)
+        try:
+            if last_role == "user":
+                value: Optional[int] = self._tokens((u,)) - sum(self._unit_cost((u,), "first", "user"))
+            elif last_role == "tool":
+                value = (self._tokens((u, call, tool)) - sum(self._unit_cost((u,), "first", "assistant"))
+                         - sum(self._unit_cost((call, tool), "user", "user")))
+            else:
+                value = None
+        except _Refused:
+            value = None
+        self._ends[last_role] = value
+        return value
+
+    def _pattern(self, dicts: Sequence[dict[str, Any]]) -> tuple[Any, ...]:
+        return tuple((d["role"], len(d.get("tool_calls") or ()), _has_reasoning(d)) for d in dicts)
+
+    def _is_local(self, dicts: Sequence[dict[str, Any]]) -> bool:
+        """Whether a unit with this role pattern costs the same whatever stands around it,
+        probed once with stand-in messages of the same pattern."""
+        pat = self._pattern(dicts)
+        local = self._local.get(pat)
+        if local is None:
+            canon = []
+            for n, (role, calls, reasoning) in enumerate(pat):
+                d: dict[str, Any] = {"role": role, "content": f"x{n}"}
+                if calls:
+                    d["content"] = ""
+                    d["tool_calls"] = [
+                        {"id": f"c{n}_{k}", "type": "function", "function": {"name": "g", "arguments": {"a": k}}}
+                        for k in range(calls)
+                    ]
+                if role == "tool":
+                    d["tool_call_id"] = f"c{n}"
+                    d["name"] = "g"
+                if reasoning:
+                    d["reasoning_content"] = d["thinking"] = "r"
+                canon.append(d)
+            keys = tuple(json.dumps(d) for d in canon)
+            seen = set()
+            for pred in self._preds(pat[0][0], None):
+                for succ in ("user", "assistant", "system"):
+                    if pred == "first" and succ == "system":  # the stand-in would open the chat
+                        continue
+                    try:
+                        seen.add(tuple(self._unit_cost(keys, pred, succ)))
+                    except _Refused:
+                        continue
+            local = len(seen) <= 1
+            self._local[pat] = local
+        return local
+
+    @staticmethod
+    def _preds(first_role: str, true_pred: Optional[str]) -> list[str]:
+        """The neighbours a unit may have before it in a kept prompt."""
+        if first_role == "tool":  # an orphan tool message, or a slice that starts inside a unit
+            base = ["call", "tool"]
+        else:
+            base = ["first", "system", "user", "assistant", "tool"]
+        if true_pred == "first":  # the conversation's first message stays first in a kept prompt
+            return ["first"]
+        if true_pred is not None:
+            return list(dict.fromkeys([true_pred, "first", "system"]))
+        return base
+
+    def _upper_costs(self, keys: tuple[str, ...], dicts: Sequence[dict[str, Any]], preds: list[str],
+                     succs: list[str], exact: tuple[str, str]) -> list[int]:
+        """The most each message of a unit costs over the neighbours ``preds`` x ``succs``;
+        the ``exact`` pair must render (a refusal there is the conversation's own)."""
+        try:
+            best = list(self._unit_cost(keys, *exact))
+        except _Refused as exc:
+            raise MessageValidationError(f"the chat template refused the conversation: {exc}") from None
+        if self._is_local(dicts):
+            return best
+        for pred in preds:
+            for succ in succs:
+                if (pred, succ) == exact or (pred == "first" and succ == "system"):
+                    continue
+                try:
+                    c = self._unit_cost(keys, pred, succ)
+                except _Refused:
+                    continue
+                best = [max(a, b) for a, b in zip(best, c)]
+        return best
+
+    # -- the public API ---------------------------------------------------------------------------
+
+    @staticmethod
+    def _role_of(d: Mapping[str, Any]) -> str:
+        r = d["role"]
+        return "call" if r == "assistant" and d.get("tool_calls") else r
+
+    def _entries(self, ms: Sequence[Any]) -> tuple[list[str], list[dict[str, Any]]]:
+        keys, dicts = [], []
+        for i, m in enumerate(ms):
+            k, d = self._entry(m, i)
+            keys.append(k)
+            dicts.append(d)
+        return keys, dicts
+
+    @staticmethod
+    def _starts(dicts: Sequence[Mapping[str, Any]]) -> list[int]:
+        return [i for i, d in enumerate(dicts) if i == 0 or d["role"] != "tool"]
+
+    def count_text(self, text: str) -> int:
+        """Tokens of ``text`` alone, encoded as the template's output is (added tokens match).
+
+        >>> from tokenizers import Tokenizer, models, pre_tokenizers
+        >>> tok = Tokenizer(models.WordLevel({"[UNK]": 0}, unk_token="[UNK]"))
+        >>> tok.pre_tokenizer = pre_tokenizers.Whitespace()
+        >>> ChatTemplateTokenCounter(tok, "{{ messages }}").count_text("a b c")
+        3
+        """
+        if not isinstance(text, str):
+            raise TypeError(f"text must be a str, got {type(text).__name__}")
+        return self._count(text)
+
+    def count_messages(self, messages: Iterable[Any]) -> int:
+        """Exact tokens of ``messages`` as one request with the generation prompt, without tools
+        (``count_messages([])`` is the template's fixed cost: what it renders around nothing).
+
+        Counted from cached segments, or by rendering the whole template where additivity may
+        fail (see the module docstring)."""
+        ms = messages if isinstance(messages, (list, tuple)) else list(messages)
+        if not ms:
+            return self._empty
+        keys, dicts = self._entries(ms)
+        last = dicts[-1]["role"]
+        if (not self.additive or last not in ("user", "tool") or self._end_cost(last) is None
+                or any(_has_reasoning(d) for d in dicts)):
+            return self._full(keys, dicts)
+        try:
+            return self._segments(ms, keys, dicts)
+        except _Refused as exc:
+            raise MessageValidationError(f"the chat template refused the conversation: {exc}") from None
+
+    def _full(self, keys: list[str], dicts: list[dict[str, Any]], tools: Any = None, tools_key: Any = None) -> int:
+        try:
+            return self._tokens(tuple(keys), dicts, tools_key, tools)
+        except _Refused as exc:
+            raise MessageValidationError(f"the chat template refused the conversation: {exc}") from None
+
+    def _segments(self, ms: Sequence[Any], keys: list[str], dicts: list[dict[str, Any]]) -> int:
+        starts = self._starts(dicts)
+        n = len(ms)
+        last = self._last
+        reuse = 0  # units whose cost is known from the previous call (all but its last unit)
+        costs: list[int] = []
+        if last is not None:
+            lkeys, lstarts, lcosts = last
+            k = len(lkeys)
+            if k <= n and len(lstarts) >= 2 and keys[:k] == lkeys:
+                reuse = len(lstarts) - 1
+                costs = lcosts[:reuse]
+        for u in range(reuse, len(starts)):
+            a = starts[u]
+            b = starts[u + 1] if u + 1 < len(starts) else n
+            pred = "first" if a == 0 else self._role_of(dicts[a - 1])
+            succ = "end" if b == n else dicts[b]["role"]
+            costs.append(sum(self._unit_cost(tuple(keys[a:b]), pred, succ)))
+        self._last = (keys, starts, costs)
+        end = self._end_cost(dicts[-1]["role"])
+        if end is None:
+            raise _Refused("no end cost")
+        return end + sum(costs)
+
+    def count_message(self, message: Any) -> int:
+        """What ``message`` adds to a request, as ``count_array([message])`` counts it."""
+        return int(self.count_array([message])[0])
+
+    def count_array(self, messages: Sequence[Any]) -> np.ndarray:
+        """One int64 cost per message (see the module docstring): summed over a kept prompt,
+        plus ``count_messages([])``, never below its exact count, and equal for units whose
+        rendering does not depend on their neighbours."""
+        ms = messages if isinstance(messages, (list, tuple)) else list(messages)
+        out = np.zeros(len(ms), dtype=np.int64)
+        if not ms:
+            return out
+        keys, dicts = self._entries(ms)
+        starts = self._starts(dicts)
+        n = len(ms)
+        for u, a in enumerate(starts):
+            b = starts[u + 1] if u + 1 < len(starts) else n
+            first_role = dicts[a]["role"]
+            if a > 0:
+                true_pred: Optional[str] = self._role_of(dicts[a - 1])
+            elif first_role == "system":
+                true_pred = "first"
+            else:
+                true_pred = None
+            preds = self._preds(first_role, true_pred)
+            true_succ = "end" if b == n else dicts[b]["role"]
+            succs = [true_succ] if b < n else ["user", "assistant", "system"]
+            exact_pred = true_pred if true_pred is not None else ("tool" if first_role == "tool" else "user")
+            if first_role == "tool" and true_pred is None:
+                exact_pred = "call"
+            costs = self._upper_costs(tuple(keys[a:b]), dicts[a:b], preds, succs, (exact_pred, true_succ))
+            out[a:b] = costs
+        return out
+
+    def count_tools(self, tools_schema: Optional[Sequence[Mapping[str, Any]]], messages: Optional[Sequence[Any]] = None) -> int:
+        """Marginal tokens of ``tools_schema`` in a request of ``messages`` (default: one user
+        message): ``tokens(head, tools) - tokens(head)`` where ``head`` is the conversation up
+        to and including its first user message.
+
+        ``count_messages(ms) + count_tools(tools, ms)`` equals the exact count of the request
+        with tools for templates that put the tools before or into the head (all we test).
+        """
+        if not tools_schema:
+            return 0
+        from ._tools_count import iter_functions
+
+        iter_functions(tools_schema)
+        tools = json.loads(json.dumps(list(tools_schema)))
+        ms = list(messages) if messages is not None else [{"role": "user", "content": "."}]
+        if not ms:
+            ms = [{"role": "user", "content": "."}]
+        keys, dicts = self._entries(ms)
+        h = next((i for i, d in enumerate(dicts) if d["role"] == "user"), len(dicts) - 1) + 1
+        tools_key = json.dumps(tools)
+        with_tools = self._full(keys[:h], dicts[:h], tools, tools_key)
+        return with_tools - self._full(keys[:h], dicts[:h])
+
+    def count_request(self, messages: Sequence[Any], tools_schema: Optional[Sequence[Mapping[str, Any]]] = None) -> int:
+        """Exact tokens of a whole request, by one full rendering (what the others must sum to)."""
+        ms = list(messages)
+        keys, dicts = self._entries(ms)
+        if not tools_schema:
+            return self._full(keys, dicts) if ms else self._empty
+        tools = json.loads(json.dumps(list(tools_schema)))
+        return self._full(keys, dicts, tools, json.dumps(tools))
+
+    def clear_cache(self) -> None:
+        """Forget cached renderings and costs (the tokenizer and template stay loaded)."""
+        with self._lock:
+            self._memo = {}
+            self._texts = {}
+            self._units = {}
+            self._last = None
+
+    def _fixed_cost(self) -> int:
+        """Tokens the template renders around an empty conversation. Templates that read
+        ``messages[0]`` cannot render one (transformers refuses it too): their fixed cost is
+        taken as ``T([u]) - (T([u, v]) - T([v]))`` for two user messages ``u``, ``v``, what makes
+        segment sums add up, and the self-check verifies it."""
+        try:
+            return self._tokens(())
+        except _Refused:
+            pass
+        u = json.dumps(_S_USER)
+        v = json.dumps(_S_USER2)
+        try:
+            fixed = self._tokens((u,)) - self._tokens((u, v)) + self._tokens((v,))
+        except _Refused as exc:
+            raise MessageValidationError(
+                f"the chat template cannot render a conversation of one user message: {exc}"
+            ) from None
+        self._texts[((), None)] = fixed
+        return fixed
+
+    # -- the additivity self-check -----------------------------------------------------------------
+
+    def _self_check(self) -> bool:
+        """Do segment sums equal full renderings on a few probe conversations? A template that
+        refuses a probe is not judged on it; one that refuses every probe is not additive."""
+        call1 = [{"id": "p1", "type": "function", "function": {"name": "get", "arguments": '{"q": "a b"}'}}]
+        call2 = call1 + [{"id": "p2", "type": "function", "function": {"name": "put", "arguments": '{"n": 2}'}}]
+        S, U, A = "system", "user", "assistant"
+        probes = [
+            [(S, "Be brief."), (U, "Hello there"), (A, "Hi! How can I help?"), (U, "What is 2+2?")],
+            [(U, "one"), (A, "two"), (U, "three")],
+            [(S, "sys"), (U, "find a"), ("call", call1), ("tool", "p1", "result one"), (A, "done"), (U, "again")],
+            [(U, "go"), ("call", call1), ("tool", "p1", "r")],
+            [(S, "s"), (U, "two calls"), ("call", call2), ("tool", "p1", "r1"), ("tool", "p2", "r2"), (A, "ok"), (U, "q")],
+        ]
+        judged = 0
+        for probe in probes:
+            ms = []
+            for item in probe:
+                if item[0] == "call":
+                    ms.append(Message(role="assistant", content=None, tool_calls=item[1]))
+                elif item[0] == "tool":
+                    name = "get" if item[1] == "p1" else "put"
+                    ms.append(Message(role="tool", content=item[2], tool_call_id=item[1], name=name))
+                else:
+                    ms.append(Message(role=item[0], content=item[1]))
+            keys, dicts = self._entries(ms)
+            try:
+                full = self._tokens(tuple(keys), dicts)
+            except _Refused:
+                continue
+            try:
+                self._last = None
+                parts = self._segments(ms, keys, dicts)
+            except _Refused:
+                return False
+            finally:
+                self._last = None
+            if parts != full:
+                return False
+            judged += 1
+        return judged > 0

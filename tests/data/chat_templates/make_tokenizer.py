@@ -1,0 +1,69 @@
+"""The tokenizer the chat-template tests share, and the model folders they build from it.
+
+``cl100k_base.tokenizer.json.gz`` is tiktoken's cl100k_base (shipped in jianmu_fast/_data, MIT)
+converted to a HuggingFace byte-level BPE ``tokenizer.json`` by transformers'
+``TikTokenConverter`` (the conversion transformers applies to tiktoken-based models such as
+Llama 3), with the regex transformers uses for them. Rebuild it from the repository root with::
+
+    .venv/bin/python tests/data/chat_templates/make_tokenizer.py
+
+``model_dir(family, dest)`` writes a model folder for one family of this directory: its
+``tokenizer_config.json`` and chat template, and a ``tokenizer.json`` made of the shared
+vocabulary plus the family's added tokens (from ``added_tokens_decoder``, special or not).
+"""
+
+from __future__ import annotations
+
+import gzip
+import json
+import os
+import shutil
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+FAMILIES = ("qwen3", "hermes", "llama3.1", "mistral", "deepseek-v3", "gpt-oss")
+_BASE: dict[str, str] = {}
+
+
+def base_tokenizer_json() -> str:
+    if "s" not in _BASE:
+        with gzip.open(os.path.join(HERE, "cl100k_base.tokenizer.json.gz"), "rt", encoding="utf-8") as f:
+            _BASE["s"] = f.read()
+    return _BASE["s"]
+
+
+def model_dir(family: str, dest: str) -> str:
+    """Write the model folder of ``family`` into ``dest`` (created) and return ``dest``."""
+    from tokenizers import AddedToken, Tokenizer
+
+    src = os.path.join(HERE, family)
+    os.makedirs(dest, exist_ok=True)
+    for name in os.listdir(src):
+        shutil.copy(os.path.join(src, name), os.path.join(dest, name))
+    with open(os.path.join(src, "tokenizer_config.json"), encoding="utf-8") as f:
+        config = json.load(f)
+    tok = Tokenizer.from_str(base_tokenizer_json())
+    entries = sorted(config.get("added_tokens_decoder", {}).items(), key=lambda kv: int(kv[0]))
+    special = [AddedToken(v["content"], normalized=False, special=True) for _, v in entries if v.get("special")]
+    plain = [AddedToken(v["content"], normalized=False, special=False) for _, v in entries if not v.get("special")]
+    tok.add_special_tokens(special)
+    tok.add_tokens(plain)
+    tok.save(os.path.join(dest, "tokenizer.json"))
+    return dest
+
+
+def main() -> None:
+    import tempfile
+
+    from transformers.convert_slow_tokenizer import TikTokenConverter
+
+    src = os.path.join(HERE, "..", "..", "..", "jianmu_fast", "_data", "cl100k_base.tiktoken.gz")
+    with gzip.open(src, "rb") as f, tempfile.NamedTemporaryFile(suffix=".tiktoken", delete=False) as out:
+        out.write(f.read())
+    tok = TikTokenConverter(vocab_file=out.name).converted()
+    os.unlink(out.name)
+    with gzip.open(os.path.join(HERE, "cl100k_base.tokenizer.json.gz"), "wt", encoding="utf-8", compresslevel=9) as f:
+        f.write(tok.to_str())
+
+
+if __name__ == "__main__":
+    main()
