@@ -187,7 +187,23 @@ class ContextBuilder:
         ctx: Any = None,
         tools_schema: Optional[Sequence[dict[str, Any]]] = None,
     ) -> list[Message]:
-        """Run every provider in order, concatenate their messages, then run the filters."""
+        """Run every provider in order, concatenate their messages, then run the filters.
+
+        ``local_state`` is the agent's state, ``{"messages": [...]}`` (Messages or plain
+        chat-completions dicts), or the history itself as a bare list. With a
+        ``StateHistoryProvider``, a non-empty dict without ``"messages"`` is an error
+        (``MessageValidationError``), never a prompt that silently lacks the conversation.
+
+        >>> from jianmu_fast.memory.context import ContextBuilder
+        >>> from jianmu_fast.message import human
+        >>> b = ContextBuilder.for_chat(system_prompt="Be terse.")
+        >>> [m.role for m in b.build([human("hi")])] == [m.role for m in b.build({"messages": [human("hi")]})]
+        True
+        >>> b.build({"msgs": [human("hi")]})
+        Traceback (most recent call last):
+        ...
+        jianmu_fast.errors.MessageValidationError: local_state: expected the history under 'messages' ...
+        """
         messages = self._provide(local_state, global_state, ctx, tools_schema)
         return self._filter(messages, local_state, global_state, ctx, tools_schema)
 

@@ -3,7 +3,10 @@
 The history is ``local_state[messages_key]``: a list (or tuple) of Messages or
 chat-completions dicts, or a :class:`~jianmu_fast.message.StateMessageStore`. ``local_state``
 may be a dict (any mapping), a :class:`~jianmu_fast.state.StateManager`, or an object with
-an attribute of that name; a missing key is an empty history.
+an attribute of that name; it may also be the history itself (a bare list of messages, or a
+store). ``None``, an empty dict and a ``None`` value are an empty history; a non-empty dict
+without the key, or an object without the attribute, raises ``MessageValidationError`` (a
+``ValueError``) naming what it got, instead of silently sending a prompt with no conversation.
 
 With ``annotate=True`` (the default), as the design document says:
 
@@ -45,6 +48,7 @@ import threading
 from dataclasses import dataclass
 from typing import Any, Mapping, Optional, Sequence
 
+from ....errors import MessageValidationError
 from ....message import Message, coerce_message, coerce_messages, system
 
 __all__ = ["StateHistoryProvider", "HistoryCacheInfo", "PLAN_NOTE", "RECEIPT_NOTE"]
@@ -119,6 +123,17 @@ def _plain_json(v: Any) -> Optional[str]:
         return None
 
 
+_MISSING = object()
+
+
+def _no_history(key: str, got: str) -> MessageValidationError:
+    return MessageValidationError(
+        f"local_state: expected the history under {key!r} (a dict such as {{{key!r}: [...]}} with a "
+        f"list of Messages or chat-completions dicts, or a StateMessageStore), a bare list of "
+        f"messages, or None; got {got}. Without it the prompt would silently lack the conversation."
+    )
+
+
 @dataclass
 class _Prev:
     items: list[Any]  # snapshot of the source items of the last call
@@ -188,10 +203,18 @@ class StateHistoryProvider:
         key = self.messages_key
         if local_state is None:
             return []
+        if isinstance(local_state, (list, tuple)):  # a bare history: build([human("hi")])
+            return local_state
+        if isinstance(local_state, StateMessageStore):
+            return local_state.list()
         if isinstance(local_state, (Mapping, StateManager)):
             src = local_state.get(key)
+            if src is None and isinstance(local_state, Mapping) and local_state and key not in local_state:
+                raise _no_history(key, f"a dict with keys {', '.join(sorted(map(repr, local_state))[:10])}")
         else:
-            src = getattr(local_state, key, None)
+            src = getattr(local_state, key, _MISSING)
+            if src is _MISSING:
+                raise _no_history(key, f"a {type(local_state).__name__} without a {key!r} attribute")
         if src is None:
             return []
         if isinstance(src, StateMessageStore):
