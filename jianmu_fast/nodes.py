@@ -278,8 +278,8 @@ def _error_message(call: dict[str, Any], exc: BaseException) -> Message:
                              "tool_result": {"error": text}})
 
 
-class _UnknownTool(LookupError):
-    pass
+class UnknownToolError(LookupError):
+    """The model called a tool the node does not have (reported to the model, never raised)."""
 
 
 # -- nodes -----------------------------------------------------------------------------------
@@ -500,12 +500,12 @@ class AgentLLMNode(SimpleLLMNode):
         name = call["function"]["name"]
         t = self._by_name.get(name)
         if t is None:
-            raise _UnknownTool(f"unknown tool {name!r}; the tools are: {', '.join(self._by_name) or 'none'}")
+            raise UnknownToolError(f"unknown tool {name!r}; the tools are: {', '.join(self._by_name) or 'none'}")
         return t, parse_arguments(call["function"].get("arguments", ""), "tool_call")
 
     def _failed(self, call: dict[str, Any], exc: Exception) -> Message:
         logger.warning("tool %r (call %s) raised %s: %s", call["function"]["name"], call["id"],
-                       type(exc).__name__, exc, exc_info=not isinstance(exc, _UnknownTool))
+                       type(exc).__name__, exc, exc_info=not isinstance(exc, UnknownToolError))
         return _error_message(call, exc)
 
     def _run_tool(self, call: dict[str, Any]) -> Message:

@@ -86,9 +86,9 @@ def test_messages_limit_runs_before_tokens(core):
 
 
 def test_bad_limits_are_refused_with_the_field_named():
-    with pytest.raises(ValueError, match="max_messages must be a positive int, got 0"):
+    with pytest.raises(ValueError, match="max_messages must be a positive int.*got 0"):
         ContextBuilder(max_messages=0)
-    with pytest.raises(ValueError, match="max_tokens must be a positive int, got -1"):
+    with pytest.raises(ValueError, match="max_tokens must be a positive int.*got -1"):
         ContextBuilder(max_tokens=-1)
     with pytest.raises(ValueError, match="token_counter=.*pass max_tokens= too"):
         ContextBuilder(token_counter=TiktokenTokenCounter("o200k_base"))

@@ -290,15 +290,15 @@ def test_tool_errors_unknown_tools_and_bad_arguments_become_tool_messages(server
     AgentLLMNode(client, store, calls.tools()).update()
     results = store.list()[2:6]
     assert [m.tool_call_id for m in results] == ["u1", "u2", "u3", "u4"]
-    assert results[0].content == "Error: _UnknownTool: unknown tool 'divide'; the tools are: add, multiply, lookup"
+    assert results[0].content == "Error: UnknownToolError: unknown tool 'divide'; the tools are: add, multiply, lookup"
     assert results[1].content.startswith("Error: TypeError:") and "'b'" in results[1].content
     assert results[2].content.startswith("Error: TypeError:") and "'c'" in results[2].content
     assert results[3].metadata["tool_result"] == 3.14159
     assert calls.log == [("lookup", "pi")]
     # the model saw the errors as execution receipts
     receipts = [json.loads(m.content) for m in request_messages(server.requests[1]) if m.role == "tool"]
-    assert [r["result"].get("error", "")[:9] if isinstance(r["result"], dict) else r["result"] for r in receipts] == [
-        "_UnknownT", "TypeError", "TypeError", 3.14159]
+    assert [r["result"]["error"].split(":")[0] if isinstance(r["result"], dict) else r["result"] for r in receipts] == [
+        "UnknownToolError", "TypeError", "TypeError", 3.14159]
 
 
 def test_max_steps_raises_after_storing_whole_steps(server, client):
