@@ -11,7 +11,9 @@ from .errors import (
     ConfigError,
     ContextBudgetError,
     JianmuError,
+    MaxStepsExceededError,
     MessageValidationError,
+    ModelCallError,
     StateStoreError,
     TokenizerLoadError,
     ToolCallHistoryError,
@@ -31,6 +33,8 @@ __all__ = [
     "TokenizerLoadError",
     "StateStoreError",
     "BatchError",
+    "ModelCallError",
+    "MaxStepsExceededError",
     "PrefixCacheStats",
     "prefix_cache_stats",
 ]
