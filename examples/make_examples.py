@@ -6,8 +6,9 @@ Run once from the repository root (the output is committed)::
 
 Each line is ``{"id": "conv-NNN", "messages": [...]}`` with chat-completions messages made by
 ``benchmarks/traces.py`` (a system prompt, user turns, parallel tool calls with JSON, code,
-logs, Chinese and emoji results, final answers), 6 to 50 messages each. The same seed gives
-the same file, byte for byte.
+logs, Chinese and emoji results, final answers), 6 to 50 messages drawn, then cut to end
+where a model is called: the trailing final answers are removed, so the last message is a
+user turn or a tool result (``ends_at_a_call``). The same seed gives the same file, byte for byte.
 """
 
 from __future__ import annotations
@@ -21,13 +22,26 @@ sys.path.insert(0, str(HERE.parent / "benchmarks"))
 
 from traces import check_history, make_conversations  # noqa: E402
 
-__all__ = ["main"]
+__all__ = ["main", "ends_at_a_call"]
 
 COUNT, MIN_LEN, MAX_LEN, SEED = 300, 6, 50, 20261130
 
 
+def ends_at_a_call(conv: list[dict]) -> list[dict]:
+    """``conv`` without its trailing assistant answers: it ends on a user turn or a tool result,
+    where a model would be called next.
+
+    >>> [m["role"] for m in ends_at_a_call([{"role": "user"}, {"role": "assistant"}])]
+    ['user']
+    """
+    end = len(conv)
+    while end and conv[end - 1]["role"] == "assistant":
+        end -= 1
+    return conv[:end]
+
+
 def main(path: pathlib.Path = HERE / "conversations.jsonl") -> int:
-    convs = make_conversations(COUNT, MIN_LEN, MAX_LEN, seed=SEED)
+    convs = [ends_at_a_call(c) for c in make_conversations(COUNT, MIN_LEN, MAX_LEN, seed=SEED)]
     with open(path, "w", encoding="utf-8", newline="\n") as f:
         for i, conv in enumerate(convs):
             check_history(conv)

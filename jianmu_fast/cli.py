@@ -44,7 +44,7 @@ import threading
 import time
 from typing import IO, Any, Callable, Iterator, Optional, Sequence
 
-__all__ = ["main", "make_counter", "make_builder", "summarize"]
+__all__ = ["main", "make_counter", "make_builder", "load_tools", "InputPersonaProvider", "split_persona", "summarize"]
 
 PROG = "jianmu-fast"
 _CHUNK = 4096  # lines per batch: bounds memory, and the output streams as it goes
@@ -133,12 +133,53 @@ def _json_type(value: Any) -> str:
     return names.get(type(value), "a number")
 
 
+class InputPersonaProvider:
+    """The persona of a command-line prompt: the state's ``"persona"`` messages (the input
+    line's leading system messages) when it has any, else those of ``default`` (the preset's
+    persona provider: ``--system-prompt``, or the configured default persona). Never both.
+
+    >>> from jianmu_fast.memory.context import StaticPromptProvider
+    >>> from jianmu_fast.message import system
+    >>> p = InputPersonaProvider(StaticPromptProvider("You are a helpful assistant."))
+    >>> [m.content for m in p.get_messages({"messages": [], "persona": [system("You are Jianmu.")]})]
+    ['You are Jianmu.']
+    >>> [m.content for m in p.get_messages({"messages": []})]
+    ['You are a helpful assistant.']
+    """
+
+    def __init__(self, default: Any) -> None:
+        self.default = default
+
+    def __repr__(self) -> str:
+        return f"InputPersonaProvider({self.default!r})"
+
+    def get_messages(self, local_state: Any, global_state: Any = None, ctx: Any = None) -> list[Any]:
+        persona = local_state.get("persona") if isinstance(local_state, dict) else None
+        if persona:
+            return list(persona)
+        return list(self.default.get_messages(local_state, global_state, ctx))
+
+
+def split_persona(messages: Sequence[Any]) -> tuple[list[Any], list[Any]]:
+    """``(leading system messages, the rest)`` of an input conversation.
+
+    >>> from jianmu_fast.message import system, human
+    >>> [[m.content for m in part] for part in split_persona([system("a"), system("b"), human("c"), system("d")])]
+    [['a', 'b'], ['c', 'd']]
+    """
+    k = 0
+    while k < len(messages) and messages[k].role == "system":
+        k += 1
+    return list(messages[:k]), list(messages[k:])
+
+
 def make_builder(args: argparse.Namespace, counter: Any) -> Any:
     """The ``ContextBuilder`` of the preset and options in ``args``.
 
     >>> ns = _parser().parse_args(["build", "-", "--preset", "react", "--max-tokens", "500"])
-    >>> [type(f).__name__ for f in make_builder(ns, make_counter("simple")).filters]
-    ['TokenBudgetFilter']
+    >>> b = make_builder(ns, make_counter("simple"))
+    >>> [type(p).__name__ for p in b.providers], [type(f).__name__ for f in b.filters]
+    (['InputPersonaProvider', 'StaticPromptProvider', 'StateHistoryProvider'], ['TokenBudgetFilter'])
     """
     from .memory.context import ContextBuilder, PromptRuntimeContext
 
@@ -163,10 +204,14 @@ def make_builder(args: argparse.Namespace, counter: Any) -> Any:
     common = dict(system_prompt=system_prompt, max_messages=args.max_messages, max_tokens=args.max_tokens,
                   runtime_prompt=runtime, token_counter=counter)
     if args.preset == "chat":
-        return ContextBuilder.for_chat(**common)
-    if args.preset == "react":
-        return ContextBuilder.for_react(**common, tools_desc=tools_desc)
-    return ContextBuilder.for_skill(**common, tools_desc=tools_desc)
+        preset = ContextBuilder.for_chat(**common)
+    elif args.preset == "react":
+        preset = ContextBuilder.for_react(**common, tools_desc=tools_desc)
+    else:
+        preset = ContextBuilder.for_skill(**common, tools_desc=tools_desc)
+    # every preset starts with its persona provider; the input's own persona takes its place
+    providers = [InputPersonaProvider(preset.providers[0]), *preset.providers[1:]]
+    return ContextBuilder(providers=providers, filters=preset.filters, sanitize=preset.sanitize)
 
 
 MAX_LIMIT = 1_000_000_000  # the largest --max-tokens / --max-messages: far beyond any context window
@@ -504,12 +549,15 @@ class _Stats:
 class _Line:
     """One input line on its way through: parsed, built, rendered, or failed."""
 
-    __slots__ = ("lineno", "rest", "history", "error", "warnings", "output", "tokens", "dropped_tokens")
+    __slots__ = ("lineno", "rest", "history", "persona", "replace_persona", "error", "warnings", "output", "tokens",
+                 "dropped_tokens")
 
-    def __init__(self, lineno: int) -> None:
+    def __init__(self, lineno: int, replace_persona: bool) -> None:
         self.lineno = lineno
         self.rest: dict[str, Any] = {}
-        self.history: list[Any] = []
+        self.history: list[Any] = []  # the input's messages, as given
+        self.persona = 0  # how many leading system messages the input has
+        self.replace_persona = replace_persona  # --system-prompt replaces them
         self.error: Optional[str] = None
         self.warnings: list[str] = []
         self.output = b""
@@ -517,7 +565,10 @@ class _Line:
         self.dropped_tokens = 0
 
     def state(self) -> dict[str, Any]:
-        return {"messages": self.history}
+        """The builder's state: the input's leading system messages are the persona (or
+        replaced by ``--system-prompt``), the rest is the history."""
+        persona, history = self.history[:self.persona], self.history[self.persona:]
+        return {"messages": history} if self.replace_persona else {"messages": history, "persona": persona}
 
 
 class _Job:
@@ -652,11 +703,13 @@ def _run_chunk(chunk: list[tuple[int, bytes]], job: _Job) -> bool:
     """
     stop_early = job.args.on_error == "raise"
     lines: list[_Line] = []
+    replace = job.args.system_prompt is not None or job.args.system_prompt_file is not None
     for lineno, raw in chunk:
-        line = _Line(lineno)
+        line = _Line(lineno, replace)
         lines.append(line)
         try:
             line.rest, line.history = _parse_line(_decode(raw, lineno))
+            line.persona = len(split_persona(line.history)[0])
         except Exception as exc:  # MessageValidationError is a ValueError too
             line.error = _reason(exc)
             if stop_early:
@@ -771,11 +824,14 @@ def _render(job: _Job, line: _Line, prompt: list[Any]) -> None:
     """Fill ``line.output`` (one strict-JSON UTF-8 line) and its counts."""
     history, counter = line.history, job.counter
     kept = {m.id for m in prompt}  # annotated or filled copies keep the id of the original
-    dropped = [i for i, m in enumerate(history) if m.id not in kept]
+    first = line.persona if line.replace_persona else 0
+    dropped = [i for i in range(first, len(history)) if history[i].id not in kept]
     line.dropped_tokens = sum(counter.count_message(history[i]) for i in dropped)
     line.tokens = int(counter.count_messages(prompt))
     obj = {**line.rest, "messages": [m.to_openai() for m in prompt], "prompt_tokens": line.tokens,
            "dropped": {"messages": len(dropped), "tokens": line.dropped_tokens, "indices": dropped}}
+    if line.replace_persona:
+        obj["replaced_system"] = list(range(line.persona))
     line.output = (json.dumps(obj, ensure_ascii=False, allow_nan=False) + "\n").encode("utf-8")
 
 

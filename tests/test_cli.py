@@ -93,7 +93,7 @@ def test_stdin_to_stdout_and_python_m(tmp_path):
     lines = r.stdout.splitlines()
     assert len(lines) == 2  # the blank line is ignored
     first = json.loads(lines[0])
-    # persona (default), the conversation's own system message, then 3 non-pinned messages
+    # the conversation's own system message (the persona), then 3 non-pinned messages
     assert [m["role"] for m in first["messages"]][-3:] == ["assistant", "tool", "assistant"]
     assert first["dropped"]["indices"] == [1, 2, 3, 4, 5]
 
@@ -125,7 +125,7 @@ def test_bad_lines_skip_writes_the_others(tmp_path, script_exists):
             "--max-tokens", "500")
     assert r.returncode == 0, r.stderr
     got = read_jsonl(out)
-    assert [len(g["messages"]) for g in got] == [7, 11]  # persona + semantics note + history
+    assert [len(g["messages"]) for g in got] == [6, 10]  # the input's persona, semantics note, the rest
     err = r.stderr
     assert "in.jsonl:2: not JSON" in err
     assert "in.jsonl:3: ToolCallHistoryError: messages[" in err and "'x1'" in err

@@ -24,15 +24,17 @@ def build(tmp_path, rows, *flags):
 def test_error_indices_count_the_input_line_not_the_injected_prompt(tmp_path, capsys):
     big = [SYSTEM, {"role": "user", "content": "word " * 400}]
     rc, _ = build(tmp_path, [{"messages": BROKEN_TAIL}, {"messages": big}], "--on-error", "skip",
-                  "--max-tokens", "300")
+                  "--max-tokens", "300", "--preset", "react", "--system-prompt", "Be brief.")
     assert rc == 0
     err = capsys.readouterr().err
-    # BROKEN_TAIL = [system, user, assistant(call x1)]: the broken call is the input's messages[2]
-    assert "in.jsonl:1: ToolCallHistoryError: messages[2] (role='assistant', tool_call ids=['x1'])" in err
-    # the pinned prefix: the preset's persona, then the input's own system message
+    # the pinned prefix: --system-prompt and the react protocol (the input's system message is replaced)
     assert ("in.jsonl:2: ContextBudgetError: TokenBudgetFilter: the pinned prefix, prompt messages[0:2] "
-            "(1 added by the preset, input messages[0]), needs") in err
+            "(2 added by the preset), needs") in err
     assert "the newest unit, messages[1:2] (user), needs" in err
+    rc, _ = build(tmp_path, [{"messages": BROKEN_TAIL}], "--on-error", "skip")
+    # BROKEN_TAIL = [system, user, assistant(call x1)]: the broken call is the input's messages[2]
+    assert "in.jsonl:1: ToolCallHistoryError: messages[2] (role='assistant', tool_call ids=['x1'])" in \
+        capsys.readouterr().err
 
 
 @pytest.mark.parametrize(
