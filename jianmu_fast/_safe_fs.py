@@ -13,7 +13,8 @@ at a file outside the root, and nothing inside can tell where: refused). Reads a
 (:func:`read_capped`) from the same descriptor.
 
 Refusals raise :class:`UnsafePathError` (its ``reason`` says why, in words a log line can
-use); a missing file raises ``FileNotFoundError``; other ``OSError`` pass through.
+use); a missing file raises ``FileNotFoundError``, a path through something that is not a
+directory ``NotADirectoryError``; other ``OSError`` pass through.
 
 >>> import tempfile, pathlib
 >>> root = pathlib.Path(tempfile.mkdtemp())
@@ -25,7 +26,7 @@ b'hel'
 ...     open_regular(rfd.fd, "../etc/passwd")
 Traceback (most recent call last):
 ...
-jianmu_fast._safe_fs.UnsafePathError: '..' climbs above the root
+jianmu_fast._safe_fs.UnsafePathError: '..' leads outside the root
 """
 
 from __future__ import annotations
@@ -151,6 +152,7 @@ def open_beneath(root_fd: int, parts: Union[str, list[str]], root_real: Optional
     todo: deque[str] = deque(_components(parts) if isinstance(parts, str) else parts)
     stack = [os.dup(root_fd)]
     links = 0
+    link: Optional[str] = None  # the last symlink followed
     try:
         while todo:
             name = todo.popleft()
@@ -158,7 +160,9 @@ def open_beneath(root_fd: int, parts: Union[str, list[str]], root_real: Optional
                 continue
             if name == "..":
                 if len(stack) == 1:
-                    raise UnsafePathError("'..' climbs above the root")
+                    if link is not None:
+                        raise UnsafePathError(f"symlink {link!r} leads outside the root")
+                    raise UnsafePathError("'..' leads outside the root")
                 os.close(stack.pop())
                 continue
             if "/" in name or "\0" in name:
@@ -173,10 +177,9 @@ def open_beneath(root_fd: int, parts: Union[str, list[str]], root_real: Optional
                 try:
                     target = os.readlink(name, dir_fd=stack[-1])
                 except OSError:
-                    if exc.errno == errno.ENOTDIR:
-                        raise UnsafePathError(f"{name!r} is not a directory") from None
-                    raise exc from None
+                    raise exc from None  # not a symlink: NotADirectoryError, or the loop error
                 links += 1
+                link = name
                 if links > MAX_SYMLINKS:
                     raise UnsafePathError(f"more than {MAX_SYMLINKS} symlinks") from None
                 tparts = PurePosixPath(target).parts

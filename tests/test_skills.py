@@ -156,3 +156,88 @@ def test_skill_validation_messages():
         Skill("", "x")
     with pytest.raises(ValueError, match="skill 'a': type must be"):
         Skill("a", "x", type="tree")  # type: ignore[arg-type]
+
+
+# -- item 9 of issue 12: the skills root is confined like the workspace, SKILL.md is capped ---
+
+
+@pytest.fixture
+def outside_skill(tmp_path):
+    """A valid skill directory outside the skills root."""
+    f = make_skill(tmp_path / "elsewhere", "evil", body="EXFILTRATE-EVERYTHING")
+    return f.parent
+
+
+def test_symlinked_skill_dir_escaping_the_root_is_not_loaded(tmp_path, outside_skill, caplog):
+    root = tmp_path / "skills"
+    make_skill(root, "good")
+    (root / "evil").symlink_to(outside_skill, target_is_directory=True)
+    with caplog.at_level(logging.WARNING, logger="jianmu_fast.skills"):
+        cat = SkillsCatalog.from_dir(root)
+    assert [s.name for s in cat] == ["good"]
+    assert all("EXFILTRATE" not in s.instructions for s in cat)
+    [msg] = [r.getMessage() for r in caplog.records]
+    assert str(root / "evil") in msg and "outside the root" in msg
+
+
+def test_symlinked_skill_md_escaping_the_root_is_not_loaded(tmp_path, outside_skill, caplog):
+    root = tmp_path / "skills"
+    (root / "evil").mkdir(parents=True)
+    (root / "evil" / "SKILL.md").symlink_to("../../elsewhere/evil/SKILL.md")  # relative, climbs out
+    with caplog.at_level(logging.WARNING, logger="jianmu_fast.skills"):
+        assert len(SkillsCatalog.from_dir(root)) == 0
+    [msg] = [r.getMessage() for r in caplog.records]
+    assert str(root / "evil" / "SKILL.md") in msg and "outside the root" in msg
+    with pytest.raises(ConfigError, match="outside the root"):
+        load_skill(root / "evil" / "SKILL.md")
+
+
+def test_symlinks_that_stay_inside_the_root_are_followed(tmp_path):
+    root = tmp_path / "skills"
+    make_skill(root / "library", "greet")  # library/ itself has no SKILL.md: not a skill
+    (root / "greet").symlink_to("library/greet", target_is_directory=True)
+    cat = SkillsCatalog.from_dir(root)
+    assert [s.name for s in cat] == ["greet"] and cat.get("greet").instructions == "Do it."
+
+
+def test_resource_symlink_escaping_the_root_is_not_listed(tmp_path, caplog):
+    f = make_skill(tmp_path / "skills", "s")
+    (f.parent / "ok.txt").write_text("x")
+    (f.parent / "passwd").symlink_to("/etc/passwd")
+    with caplog.at_level(logging.WARNING, logger="jianmu_fast.skills"):
+        assert SkillsCatalog.from_dir(tmp_path / "skills").get("s").resources == ("ok.txt",)
+    assert any(str(f.parent / "passwd") in r.getMessage() for r in caplog.records)
+
+
+def test_skill_md_over_the_size_cap_is_refused_naming_the_file(tmp_path, caplog):
+    from jianmu_fast.skills import DEFAULT_MAX_SKILL_BYTES
+
+    root = tmp_path / "skills"
+    f = make_skill(root, "huge")
+    with open(f, "r+b") as fh:  # sparse: grows the size without writing the bytes
+        fh.truncate(DEFAULT_MAX_SKILL_BYTES + 1)
+    make_skill(root, "small")
+    with caplog.at_level(logging.WARNING, logger="jianmu_fast.skills"):
+        assert [s.name for s in SkillsCatalog.from_dir(root)] == ["small"]
+    [msg] = [r.getMessage() for r in caplog.records]
+    assert str(f) in msg and f"over the {DEFAULT_MAX_SKILL_BYTES}-byte limit" in msg
+    with pytest.raises(ConfigError, match=f"{f}: SKILL.md is {DEFAULT_MAX_SKILL_BYTES + 1} bytes"):
+        load_skill(f)
+    assert load_skill(f, max_bytes=DEFAULT_MAX_SKILL_BYTES + 1).name == "huge"
+    assert SkillsCatalog.from_dir(root, max_bytes=10).skills == []
+    with pytest.raises(ValueError, match="max_bytes must be a positive int"):
+        SkillsCatalog.from_dir(root, max_bytes=0)
+
+
+def test_skill_md_that_is_a_fifo_or_hard_link_is_refused(tmp_path, outside_skill):
+    import os
+
+    root = tmp_path / "skills"
+    (root / "pipe").mkdir(parents=True)
+    os.mkfifo(root / "pipe" / "SKILL.md")
+    (root / "linked").mkdir()
+    os.link(outside_skill / "SKILL.md", root / "linked" / "SKILL.md")
+    with pytest.raises(ConfigError, match="not a regular file"):
+        load_skill(root / "pipe" / "SKILL.md")
+    with pytest.raises(ConfigError, match="hard link"):
+        load_skill(root / "linked" / "SKILL.md")

@@ -6,7 +6,7 @@
 """
 
 from .catalog import DEFAULT_SKILLS_DIR, SkillsCatalog, as_skill_list
-from .skill import SKILL_FILE, Skill, SkillType, load_skill, parse_skill_md
+from .skill import DEFAULT_MAX_SKILL_BYTES, SKILL_FILE, Skill, SkillType, load_skill, parse_skill_md
 
 __all__ = [
     "Skill",
@@ -17,4 +17,5 @@ __all__ = [
     "load_skill",
     "SKILL_FILE",
     "DEFAULT_SKILLS_DIR",
+    "DEFAULT_MAX_SKILL_BYTES",
 ]

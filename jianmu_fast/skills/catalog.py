@@ -16,8 +16,9 @@ import os
 from pathlib import Path
 from typing import Any, Iterable, Iterator, Optional, Union
 
+from .._safe_fs import UnsafePathError, open_beneath, open_root
 from ..errors import ConfigError
-from .skill import SKILL_FILE, Skill, load_skill
+from .skill import DEFAULT_MAX_SKILL_BYTES, SKILL_FILE, Skill, _check_max_bytes, load_skill_in
 
 __all__ = ["SkillsCatalog", "as_skill_list", "DEFAULT_SKILLS_DIR"]
 
@@ -106,11 +107,16 @@ class SkillsCatalog:
         return next((s for s in self.skills if s.name == name), None)
 
     @classmethod
-    def from_dir(cls, path: Union[str, os.PathLike[str]], *, missing_ok: bool = False) -> "SkillsCatalog":
+    def from_dir(
+        cls, path: Union[str, os.PathLike[str]], *, missing_ok: bool = False, max_bytes: int = DEFAULT_MAX_SKILL_BYTES
+    ) -> "SkillsCatalog":
         """Load every ``<path>/<subdirectory>/SKILL.md``, subdirectories in sorted order.
 
         A missing directory raises ``ConfigError``, or gives an empty catalog with
-        ``missing_ok=True``.
+        ``missing_ok=True``. Everything is opened confined beneath ``path``
+        (:mod:`jianmu_fast._safe_fs`): a skill directory or ``SKILL.md`` that is a symlink
+        leading out of it, a hard link, or a ``SKILL.md`` over ``max_bytes`` is skipped with a
+        warning naming the file.
 
         >>> import tempfile, pathlib
         >>> root = pathlib.Path(tempfile.mkdtemp())
@@ -120,24 +126,35 @@ class SkillsCatalog:
         >>> [s.name for s in SkillsCatalog.from_dir(root).skills]
         ['a', 'b']
         """
+        max_bytes = _check_max_bytes(max_bytes)
         root = Path(os.path.abspath(path))
-        if not root.is_dir():
-            if missing_ok:
+        try:
+            root_handle = open_root(root)
+        except OSError as exc:
+            if missing_ok and isinstance(exc, FileNotFoundError):
                 logger.debug("skills directory %s does not exist; no skills loaded", root)
                 return cls([], root=root)
             raise ConfigError(
-                f"skills directory {root} does not exist or is not a directory; create it, or fix "
-                "skills_dir (PromptRuntimeContext.skills_dir or paths.skills_dir in jianmu.yaml)"
-            )
+                f"skills directory {root} does not exist or is not a directory ({exc.strerror or exc}); "
+                "create it, or fix skills_dir (PromptRuntimeContext.skills_dir or paths.skills_dir in jianmu.yaml)"
+            ) from None
         skills: list[Skill] = []
-        for entry in sorted(os.listdir(root)):
-            skill_md = root / entry / SKILL_FILE
-            if entry.startswith(".") or not skill_md.is_file():
-                continue
-            try:
-                skills.append(load_skill(skill_md))
-            except ConfigError as exc:
-                logger.warning("skill %s skipped: %s", skill_md, exc)
+        with root_handle:
+            root_real = os.path.realpath(root)
+            for entry in sorted(os.listdir(root_handle.fd)):
+                if entry.startswith("."):
+                    continue
+                try:
+                    with open_beneath(root_handle.fd, [entry, SKILL_FILE], root_real):
+                        pass  # present (whatever it is): a skill directory
+                except (FileNotFoundError, NotADirectoryError):
+                    continue  # no SKILL.md: not a skill
+                except (UnsafePathError, OSError):
+                    pass  # load_skill_in names the file and the reason
+                try:
+                    skills.append(load_skill_in(root_handle.fd, root_real, entry, root, max_bytes))
+                except ConfigError as exc:
+                    logger.warning("skill %s skipped: %s", root / entry / SKILL_FILE, exc)
         return cls(skills, root=root)
 
     @classmethod

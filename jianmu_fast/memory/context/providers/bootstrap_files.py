@@ -128,7 +128,7 @@ class BootstrapFilesProvider:
             handle = open_regular(root_fd, parts, root_real)
         except UnsafePathError as exc:
             reason = exc.reason
-            if "'..'" in reason:
+            if reason == "'..' is not allowed":
                 reason = "'..' is not allowed in bootstrap file names"
             elif "outside" in reason:
                 reason = f"{reason}: outside the workspace {root_real}"
