@@ -65,7 +65,7 @@ dist:
 	build/dist-tools/bin/python -m build --outdir build/dist-raw .
 	mkdir -p dist
 	cp build/dist-raw/*.tar.gz dist/
-	build/dist-tools/bin/auditwheel repair --wheel-dir dist build/dist-raw/*.whl
+	PATH="$(CURDIR)/build/dist-tools/bin:$$PATH" build/dist-tools/bin/auditwheel repair --wheel-dir dist build/dist-raw/*.whl
 	rm -rf build/dist-raw
 	ls -l dist
 

@@ -9,6 +9,29 @@ import sys
 
 from Cython.Build import cythonize
 from setuptools import Extension, setup
+from setuptools.command.build_ext import build_ext
+from setuptools.errors import CCompilerError, ExecError, PlatformError
+
+NO_COMPILER = """
+jianmu_fast: compiling its core (csrc/_filter_core.pyx, turned into C by Cython) failed:
+    {error}
+It needs a C compiler and the Python headers:
+    Debian/Ubuntu: sudo apt install gcc python3-dev     Fedora/RHEL: sudo dnf install gcc python3-devel
+    Alpine: apk add build-base python3-dev              macOS: xcode-select --install
+    Windows: the "Desktop development with C++" workload of Visual Studio Build Tools
+or install a prebuilt wheel instead (`make dist` builds a manylinux one on any Linux machine).
+"""
+
+
+class BuildExt(build_ext):
+    """``build_ext`` whose compiler failure says what to install, instead of pip's generic error."""
+
+    def build_extension(self, ext: Extension) -> None:
+        try:
+            super().build_extension(ext)
+        except (CCompilerError, ExecError, PlatformError) as exc:
+            raise SystemExit(NO_COMPILER.format(error=exc)) from exc
+
 
 DEBUG = os.environ.get("JIANMU_FAST_DEBUG") == "1"
 
@@ -31,6 +54,7 @@ extensions = [
 ]
 
 setup(
+    cmdclass={"build_ext": BuildExt},
     ext_modules=cythonize(
         extensions,
         build_dir="build/cython",
