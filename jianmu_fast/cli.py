@@ -32,6 +32,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import difflib
 import json
 import logging
 import os
@@ -42,7 +43,7 @@ import sys
 import tempfile
 import threading
 import time
-from typing import IO, Any, Callable, Iterator, Optional, Sequence
+from typing import IO, Any, Callable, Iterator, NoReturn, Optional, Sequence
 
 __all__ = ["main", "make_counter", "make_builder", "load_tools", "InputPersonaProvider", "split_persona", "summarize"]
 
@@ -55,24 +56,44 @@ class UsageError(Exception):
     """A bad command line or an unreadable input (exit status 2)."""
 
 
+#: What ``--tokenizer`` accepts: ``(form, what it means)``. The flag's help and every
+#: tokenizer error list these; a new form is one more entry here and one more case in
+#: ``make_counter``.
+TOKENIZER_FORMS: list[tuple[str, str]] = [
+    ("simple", "about 4 characters a token, no tokenizer needed"),
+    ("an encoding or model name", "a tiktoken encoding such as o200k_base or cl100k_base, or a model name such "
+     "as gpt-4o or gpt-4"),
+    ("a path to a tokenizer.json", "a HuggingFace tokenizer file, e.g. models/qwen/tokenizer.json"),
+]
+
+
+def _tokenizer_error(spec: str, reason: str) -> UsageError:
+    forms = "\n".join(f"  {form}: {what}" for form, what in TOKENIZER_FORMS)
+    return UsageError(f"--tokenizer {spec!r}: {reason}\n--tokenizer accepts:\n{forms}")
+
+
 def make_counter(spec: str) -> Any:
-    """The token counter for ``--tokenizer``: ``simple``, a path to a ``tokenizer.json``, or
-    a tiktoken encoding or model name.
+    """The token counter for ``--tokenizer`` (the forms of ``TOKENIZER_FORMS``); a
+    ``UsageError`` that lists every accepted form when ``spec`` is none of them.
 
     >>> make_counter("simple")
     SimpleTokenCounter(chars_per_token=4)
     >>> make_counter("gpt-4o")
     TiktokenTokenCounter('o200k_base')
     """
+    from .errors import JianmuError
     from .memory.context import HFTokenCounter, SimpleTokenCounter, TiktokenTokenCounter
 
-    if spec == "simple":
-        return SimpleTokenCounter()
-    if spec.endswith(".json") or os.sep in spec or os.path.exists(spec):
-        if not os.path.isfile(spec):
-            raise UsageError(f"--tokenizer {spec!r}: no such tokenizer.json file")
-        return HFTokenCounter(spec)
-    return TiktokenTokenCounter(spec)
+    try:
+        if spec == "simple":
+            return SimpleTokenCounter()
+        if spec.endswith(".json") or os.sep in spec or os.path.exists(spec):
+            if not os.path.isfile(spec):
+                raise _tokenizer_error(spec, "no such tokenizer.json file")
+            return HFTokenCounter(spec)
+        return TiktokenTokenCounter(spec)
+    except (JianmuError, ValueError, TypeError, OSError, ImportError) as exc:
+        raise _tokenizer_error(spec, str(exc)) from None
 
 
 def _read_text(path: str, flag: str) -> str:
@@ -242,23 +263,72 @@ def _int_in(lo: int, hi: int) -> Callable[[str], int]:
     return parse
 
 
+class _Parser(argparse.ArgumentParser):
+    """``argparse`` with no abbreviated flags, and a suggestion for a misspelt one."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        kwargs.setdefault("allow_abbrev", False)
+        super().__init__(*args, **kwargs)
+
+    def _all_options(self) -> list[str]:
+        out: list[str] = []
+        for action in self._actions:
+            out += [o for o in action.option_strings if o.startswith("--")]
+            if isinstance(action, argparse._SubParsersAction):
+                for sub in action.choices.values():
+                    out += _Parser._all_options(sub)
+        return sorted(set(out))
+
+    def error(self, message: str) -> NoReturn:  # type: ignore[override]
+        if message.startswith("unrecognized arguments: "):
+            options = self._all_options()
+            hints = []
+            for word in message.split(": ", 1)[1].split():
+                name = word.split("=", 1)[0]
+                if not name.startswith("-"):
+                    continue
+                close = difflib.get_close_matches(name.replace("_", "-").lower(), options, n=1, cutoff=0.6)
+                if close:
+                    hints.append(f"{name}: did you mean {close[0]}?")
+            if hints:
+                message += "\n" + "\n".join(hints)
+        super().error(message)
+
+
 def _parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog=PROG, description="Assemble LLM prompts with jianmu_fast.")
-    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
-    b = sub.add_parser(
-        "build",
-        help="turn a JSONL file of conversations into a JSONL file of prompts",
-        description="Turn a JSONL file of conversations into a JSONL file of prompts. A bad line is "
-        "reported on stderr with its line number; --on-error decides whether the command stops there "
-        "(exit 1, prompts of earlier lines kept) or skips it (exit 0). Output lines are strict JSON: a "
-        "line holding NaN, Infinity or a number out of range is refused (a bad line), never changed.",
-    )
+    """The ``jianmu-fast`` parser: one subparser per entry of ``_COMMANDS``."""
+    from . import BACKEND, __version__
+
+    parser = _Parser(prog=PROG, description="Assemble LLM prompts with jianmu_fast.")
+    parser.add_argument("--version", action="version", version=f"{PROG} {__version__} (backend {BACKEND})")
+    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND", parser_class=_Parser)
+    for name, (summary, add_arguments, run) in _COMMANDS.items():
+        command = sub.add_parser(name, help=summary, description=add_arguments.__doc__)
+        add_arguments(command)
+        command.set_defaults(run=run)
+    return parser
+
+
+def _tokenizer_help() -> str:
+    return "; ".join(f"{form} ({what})" for form, what in TOKENIZER_FORMS)
+
+
+def _add_build_arguments(b: argparse.ArgumentParser) -> None:
+    """Turn a JSONL file of conversations into a JSONL file of prompts. Each prompt has one
+    persona: the input's leading system messages, or --system-prompt in their place. A bad line
+    is reported on stderr with its line number; --on-error decides whether the command stops
+    there (exit 1, prompts of earlier lines kept) or skips it (exit 0). Output lines are strict
+    JSON: a line holding NaN, Infinity or a number out of range is refused (a bad line), never
+    changed."""
     b.add_argument("input", metavar="INPUT", help="input JSONL file, or - for stdin")
-    b.add_argument("-o", "--output", default="-", metavar="OUTPUT", help="output JSONL file, or - for stdout (default)")
+    b.add_argument("-o", "--output", default="-", metavar="OUTPUT",
+                   help="output JSONL file (replaced when the run ends; never the input), or - for stdout (default)")
     b.add_argument("--preset", choices=("chat", "react", "skill"), default="chat", help="builder preset (default chat)")
     sp = b.add_mutually_exclusive_group()
-    sp.add_argument("--system-prompt", metavar="TEXT", help="persona system prompt (default: the configured one)")
-    sp.add_argument("--system-prompt-file", metavar="PATH", help="read the system prompt from a file")
+    sp.add_argument("--system-prompt", metavar="TEXT",
+                    help="the persona, in place of each input's leading system messages (default: those are "
+                    "the persona; an input without any gets the configured default persona)")
+    sp.add_argument("--system-prompt-file", metavar="PATH", help="read --system-prompt from a file")
     b.add_argument("--tools-desc-file", metavar="PATH", help="tool descriptions (react and skill presets)")
     b.add_argument("--tools-file", metavar="PATH",
                    help="the request's tools: a JSON list of OpenAI tool schemas "
@@ -271,12 +341,11 @@ def _parser() -> argparse.ArgumentParser:
     b.add_argument("--max-tokens", type=_int_in(1, MAX_LIMIT), metavar="N",
                    help="token budget of each prompt (1 to 1,000,000,000)")
     b.add_argument("--tokenizer", default="o200k_base", metavar="NAME",
-                   help="simple, a tiktoken encoding or model name, or a tokenizer.json path (default o200k_base)")
+                   help=f"how tokens are counted (default o200k_base): {_tokenizer_help()}")
     b.add_argument("--workers", type=_int_in(1, MAX_WORKERS), default=1, metavar="N",
                    help="worker processes (1 to 256, default 1)")
     b.add_argument("--on-error", choices=("raise", "skip"), default="raise",
                    help="on a bad line: stop with exit status 1 (raise, default) or leave it out (skip)")
-    return parser
 
 
 # -- reading ----------------------------------------------------------------------------------
@@ -549,13 +618,14 @@ class _Stats:
 class _Line:
     """One input line on its way through: parsed, built, rendered, or failed."""
 
-    __slots__ = ("lineno", "rest", "history", "persona", "replace_persona", "error", "warnings", "output", "tokens",
-                 "dropped_tokens")
+    __slots__ = ("lineno", "rest", "history", "clean", "persona", "replace_persona", "error", "warnings", "output",
+                 "tokens", "dropped_tokens")
 
     def __init__(self, lineno: int, replace_persona: bool) -> None:
         self.lineno = lineno
         self.rest: dict[str, Any] = {}
         self.history: list[Any] = []  # the input's messages, as given
+        self.clean: list[Any] = []  # the same without broken historical tool-call units
         self.persona = 0  # how many leading system messages the input has
         self.replace_persona = replace_persona  # --system-prompt replaces them
         self.error: Optional[str] = None
@@ -567,7 +637,7 @@ class _Line:
     def state(self) -> dict[str, Any]:
         """The builder's state: the input's leading system messages are the persona (or
         replaced by ``--system-prompt``), the rest is the history."""
-        persona, history = self.history[:self.persona], self.history[self.persona:]
+        persona, history = self.clean[:self.persona], self.clean[self.persona:]
         return {"messages": history} if self.replace_persona else {"messages": history, "persona": persona}
 
 
@@ -588,12 +658,15 @@ class _Job:
         print(f"{PROG}: {self.src_name}:{lineno}: {text}", file=sys.stderr)
 
 
-def summarize(sizes: Sequence[int], dropped_tokens: int, failed: int, seconds: float) -> str:
-    """The end-of-run summary.
+def summarize(sizes: Sequence[int], dropped_tokens: int, failed: int, seconds: float, *, trimming: bool = True) -> str:
+    """The end-of-run summary; ``trimming=False`` when the prompts had no limit to keep.
 
     >>> print(summarize([10, 20, 30, 40], 5, 1, 0.5))
     jianmu-fast: 4 prompts written, 1 line failed, in 0.50 s
       tokens kept 100, dropped 5; prompt size p50 20, p95 40 tokens
+    >>> print(summarize([10], 0, 0, 0.1, trimming=False))
+    jianmu-fast: 1 prompt written, 0 lines failed, in 0.10 s
+      tokens kept 10, nothing trimmed (no --max-tokens or --max-messages); prompt size p50 10, p95 10 tokens
     """
     n = len(sizes)
     s = sorted(sizes)
@@ -602,9 +675,15 @@ def summarize(sizes: Sequence[int], dropped_tokens: int, failed: int, seconds: f
         return s[max(0, -(-int(p * n) // 100) - 1)] if n else 0
 
     fail = f"{failed} line{'s' if failed != 1 else ''} failed"
+    if trimming:
+        kept = f"tokens kept {sum(s)}, dropped {dropped_tokens}"
+    else:
+        kept = f"tokens kept {sum(s)}, nothing trimmed (no --max-tokens or --max-messages)"
+        if dropped_tokens:
+            kept += f", {dropped_tokens} tokens of broken tool-call units left out"
     return (
         f"{PROG}: {n} prompt{'s' if n != 1 else ''} written, {fail}, in {seconds:.2f} s\n"
-        f"  tokens kept {sum(s)}, dropped {dropped_tokens}; prompt size p50 {pct(50)}, p95 {pct(95)} tokens"
+        f"  {kept}; prompt size p50 {pct(50)}, p95 {pct(95)} tokens"
     )
 
 
@@ -668,7 +747,8 @@ def _build(args: argparse.Namespace) -> int:
         if args.input != "-":
             src.close()
     stats = job.stats
-    print(summarize(stats.sizes, stats.dropped_tokens, stats.failed, time.perf_counter() - stats.t0), file=sys.stderr)
+    print(summarize(stats.sizes, stats.dropped_tokens, stats.failed, time.perf_counter() - stats.t0,
+                    trimming=bool(builder.filters)), file=sys.stderr)
     if tools is not None:
         print(f"  tools: {len(tools)} from {args.tools_file}, {tools_tokens} tokens per request"
               f"{', inside --max-tokens' if args.max_tokens is not None else ''}", file=sys.stderr)
@@ -710,6 +790,7 @@ def _run_chunk(chunk: list[tuple[int, bytes]], job: _Job) -> bool:
         try:
             line.rest, line.history = _parse_line(_decode(raw, lineno))
             line.persona = len(split_persona(line.history)[0])
+            _sanitize(line)
         except Exception as exc:  # MessageValidationError is a ValueError too
             line.error = _reason(exc)
             if stop_early:
@@ -740,6 +821,31 @@ def _run_chunk(chunk: list[tuple[int, bytes]], job: _Job) -> bool:
         job.stats.dropped_tokens += line.dropped_tokens
     job.dst.write(b"".join(out))
     return stop
+
+
+class _Mute(logging.Filter):
+    def filter(self, record: logging.LogRecord) -> bool:
+        return False
+
+
+_MUTE = _Mute()
+
+
+def _sanitize(line: _Line) -> None:
+    """Leave the broken historical tool-call units of the line out before it is built (what the
+    builder's sanitize step would do to the prompt), each a warning of this line with input
+    positions; a broken newest unit raises ``ToolCallHistoryError`` (the line's error)."""
+    from .message.sanitize import sanitize_tool_call_history_report
+
+    log = logging.getLogger("jianmu_fast.message")
+    log.addFilter(_MUTE)  # its own warning would name neither the file nor the line
+    try:
+        report = sanitize_tool_call_history_report(line.history)
+    finally:
+        log.removeFilter(_MUTE)
+    line.clean = report.messages
+    for unit in report.dropped:
+        line.warnings.append(f"warning: left out a broken tool-call unit, messages{list(unit.indices)}: {unit.reason}")
 
 
 def _build_lines(job: _Job, states: list[dict[str, Any]]) -> list[Any]:
@@ -835,6 +941,13 @@ def _render(job: _Job, line: _Line, prompt: list[Any]) -> None:
     line.output = (json.dumps(obj, ensure_ascii=False, allow_nan=False) + "\n").encode("utf-8")
 
 
+#: The subcommands: name -> (one-line help, the function that adds its arguments (its docstring
+#: is the command's description), the function that runs it and returns the exit status).
+_COMMANDS: dict[str, tuple[str, Callable[[argparse.ArgumentParser], None], Callable[[argparse.Namespace], int]]] = {
+    "build": ("turn a JSONL file of conversations into a JSONL file of prompts", _add_build_arguments, _build),
+}
+
+
 def main(argv: Optional[Sequence[str]] = None) -> int:
     """Entry point of the ``jianmu-fast`` console script; returns the exit status."""
     parser = _parser()
@@ -844,7 +957,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         return int(exc.code or 0)
     logging.basicConfig(level=logging.WARNING, format=f"{PROG}: %(levelname)s %(name)s: %(message)s")
     try:
-        return _build(args)
+        return int(args.run(args))
     except UsageError as exc:
         print(f"{PROG}: error: {exc}", file=sys.stderr)
         return 2

@@ -162,3 +162,85 @@ def test_tools_file_missing_or_too_big_for_the_budget(tmp_path, capsys):
     path.write_text(json.dumps([tool(i) for i in range(10)]), encoding="utf-8")
     assert cli.main(["build", "-", "--tools-file", str(path), "--max-tokens", "100", "--tokenizer", "simple"]) == 2
     assert "the 10 tools cost" in capsys.readouterr().err
+
+
+# -- issue 14 item 9: what a new user meets -----------------------------------------------------
+
+
+def test_version(capsys):
+    from jianmu_fast import BACKEND, __version__
+
+    assert cli.main(["--version"]) == 0
+    assert capsys.readouterr().out.strip() == f"jianmu-fast {__version__} (backend {BACKEND})"
+
+
+def broken_history(i: int) -> list[dict]:
+    """A history whose assistant message 1 has a call with no result, then a new user turn."""
+    return [{"role": "user", "content": f"q{i}"},
+            {"role": "assistant", "content": None, "tool_calls": [
+                {"id": f"lost{i}", "type": "function", "function": {"name": "f", "arguments": "{}"}}]},
+            {"role": "user", "content": "still there?"}]
+
+
+@pytest.mark.parametrize("on_error", ["raise", "skip"])
+def test_sanitize_warnings_carry_file_and_line(tmp_path, capsys, on_error):
+    rows = [conversation(1), broken_history(2), "{bad", broken_history(4)]
+    rc, out = build(tmp_path, rows, "--on-error", on_error)
+    err = capsys.readouterr().err
+    assert "in.jsonl:2: warning: left out a broken tool-call unit, messages[1]: call(s) ['lost2'] have no result" in err
+    assert "in.jsonl:3: not JSON" in err
+    assert "WARNING jianmu_fast" not in err  # no unattributed copy of the warning
+    if on_error == "raise":
+        assert rc == 1 and ":4:" not in err  # nothing about lines after the failing one
+        assert len(read_jsonl(out)) == 2
+    else:
+        assert rc == 0 and "in.jsonl:4: warning: left out a broken tool-call unit, messages[1]" in err
+        got = read_jsonl(out)
+        assert got[1]["dropped"]["indices"] == [1]
+        assert [m["role"] for m in got[1]["messages"]][-2:] == ["user", "user"]
+
+
+def test_unknown_tokenizer_lists_every_accepted_form(capsys):
+    assert cli.main(["build", "-", "--tokenizer", "gpt-99"]) == 2
+    err = capsys.readouterr().err
+    assert "error: --tokenizer 'gpt-99': " in err and "--tokenizer accepts:" in err
+    for form, what in cli.TOKENIZER_FORMS:
+        assert f"  {form}: {what}" in err
+    assert "simple" in err and "encoding or model name" in err and "tokenizer.json" in err
+
+
+def test_summary_says_nothing_was_trimmed_without_limits(tmp_path, config_sandbox, capsys):
+    rc, _ = build(tmp_path, [conversation(30)])
+    assert rc == 0
+    err = capsys.readouterr().err
+    assert "nothing trimmed (no --max-tokens or --max-messages)" in err and "dropped" not in err
+    build(tmp_path, [conversation(30)], "--max-messages", "4")
+    assert "nothing trimmed" not in capsys.readouterr().err
+
+
+@pytest.mark.parametrize(
+    ("typed", "meant"),
+    [("--max_tokens", "--max-tokens"), ("--max-tok", "--max-tokens"), ("--on_error", "--on-error"),
+     ("--tokeniser", "--tokenizer"), ("--system_prompt=x", "--system-prompt")],
+)
+def test_misspelt_flag_suggests_the_right_one(capsys, typed, meant):
+    assert cli.main(["build", "-", typed, "5"] if "=" not in typed else ["build", "-", typed]) == 2
+    err = capsys.readouterr().err
+    assert "unrecognized arguments" in err
+    assert f"{typed.split('=')[0]}: did you mean {meant}?" in err
+
+
+def test_make_run_says_what_the_first_install_does(tmp_path):
+    import os
+    import shutil
+    import subprocess
+
+    if shutil.which("make") is None:
+        pytest.skip("make is not installed")
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    r = subprocess.run(["make", "-n", "run", f"VENV={tmp_path / 'venv'}"], cwd=root, capture_output=True,
+                       text=True, timeout=60)
+    assert r.returncode == 0, r.stderr
+    lines = r.stdout.splitlines()
+    pip = next(i for i, line in enumerate(lines) if "pip install" in line)
+    assert any(line.startswith("echo ") and "Installing" in line for line in lines[:pip])
