@@ -4,24 +4,48 @@
 
     jianmu-fast build INPUT.jsonl -o OUTPUT.jsonl [--preset chat|react|skill]
         [--system-prompt TEXT | --system-prompt-file PATH] [--tools-desc-file PATH]
-        [--skills-dir DIR] [--workspace-dir DIR] [--max-messages N] [--max-tokens N]
-        [--tokenizer simple|ENCODING|MODEL|PATH/tokenizer.json] [--workers N]
-        [--on-error raise|skip]
+        [--tools-file PATH] [--skills-dir DIR] [--workspace-dir DIR] [--max-messages N]
+        [--max-tokens N] [--tokenizer simple|ENCODING|MODEL|PATH/tokenizer.json]
+        [--workers N] [--on-error raise|skip]
+    jianmu-fast --version
 
 ``-`` reads stdin / writes stdout (``-o`` defaults to stdout). Each input line is a
 conversation: ``{"messages": [...], ...}`` (chat-completions dicts; the other keys are carried
-through) or a bare list of messages. Blank lines are ignored. Each output line is the input
-object with ``messages`` replaced by the prompt, plus ``prompt_tokens`` (the prompt's count by
-``--tokenizer``) and ``dropped``: ``{"messages": k, "tokens": t, "indices": [...]}`` (the
-positions of the input messages that are not in the prompt, and what they cost).
+through) or a bare list of messages. Lines are read as bytes and end at ``\\n``; blank lines
+are ignored. Each output line is the input object with ``messages`` replaced by the prompt,
+plus ``prompt_tokens`` (the prompt's messages counted by ``--tokenizer``) and ``dropped``:
+``{"messages": k, "tokens": t, "indices": [...]}`` (the positions of the input messages that
+are not in the prompt, and what they cost). Output lines are strict JSON in UTF-8.
 
-A bad line (not JSON, not a conversation, a broken tool-call tail, a prompt that cannot fit)
-is reported on stderr as ``INPUT:LINE: reason``. With ``--on-error raise`` (the default) the
-command stops there and exits 1: the output holds the prompts of every line before it, and
-nothing for it or any later line. With ``--on-error skip`` the bad line is left out, the
-others are written in order, and the exit status is 0. Usage errors (bad flags, an unreadable
-file, a tokenizer that cannot load) exit 2. A summary goes to stderr at the end, and a tqdm
-progress bar too when stderr is a terminal and tqdm (the ``cli`` extra) is installed.
+**One persona.** The input's leading system messages are the prompt's persona, in the place
+of the preset's default persona. ``--system-prompt`` (or ``--system-prompt-file``) replaces
+them: the prompt starts with that text, and each output line lists the replaced positions in
+``replaced_system``. An input with no leading system message gets the configured default
+persona (``prompt.persona_default_prompt``). A prompt never carries two personas.
+
+**Tools.** ``--tools-file`` is a JSON list of OpenAI tool schemas; they are passed to the
+builder as ``tools_schema``, so ``--max-tokens`` is the budget of the whole request
+(messages, chat overhead and tools). The summary gives what the tools cost.
+
+**Bad lines.** Whatever one line's content makes fail (bytes that are not UTF-8, JSON that
+is malformed, nested too deeply or holds ``NaN``/``Infinity``/an out-of-range number, a lone
+surrogate, an invalid message, a broken newest tool-call transaction, a prompt that cannot
+fit) is reported on stderr as ``INPUT:LINE: reason``, with message positions of the input line.
+Broken historical tool-call units are left out of the prompt with an ``INPUT:LINE: warning``.
+With ``--on-error raise`` (the default) the command stops at the first bad line and exits 1:
+the output holds the prompts of every line before it, and nothing is built or reported for
+later lines. With ``--on-error skip`` the bad line is left out, the others are written in
+order, and the exit status is 0.
+
+**Files.** ``-o FILE`` is written to a temporary file in its directory that replaces FILE
+when the run ends (keeping FILE's permission bits), also after a bad line under ``raise``; an
+interrupted run (Ctrl-C: exit 130) leaves a previous FILE untouched. An output that is the
+input file (same file by device and inode: a symlink or hard link too) is refused. On stdout
+only whole lines are written, Ctrl-C included.
+
+Usage errors (bad flags or ranges, an unreadable file, a tokenizer that cannot load, a bad
+``--tools-file``) exit 2 before any line is read. A summary goes to stderr at the end, and a
+tqdm progress bar too when stderr is a terminal and tqdm (the ``cli`` extra) is installed.
 
 >>> main(["build", "--help"]) == 0  # doctest: +ELLIPSIS
 usage: jianmu-fast build ...
