@@ -122,10 +122,14 @@ def make_counter(spec: str) -> Any:
 
 def _read_text(path: str, flag: str) -> str:
     try:
-        with open(path, encoding="utf-8") as f:
-            return f.read()
+        with open(path, "rb") as f:
+            data = f.read()
     except OSError as exc:
         raise UsageError(f"{flag} {path!r}: {exc.strerror or exc}") from None
+    try:
+        return data.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise UsageError(f"{flag} {path!r}: not UTF-8: byte 0x{data[exc.start]:02x} at offset {exc.start}") from None
 
 
 def load_tools(path: str) -> list[dict[str, Any]]:

@@ -155,6 +155,14 @@ def test_bad_tools_file_is_a_usage_error(tmp_path, capsys, content, message):
     assert f"error: --tools-file {str(path)!r}: {message}" in capsys.readouterr().err
 
 
+@pytest.mark.parametrize("flag", ["--tools-file", "--tools-desc-file", "--system-prompt-file"])
+def test_a_file_flag_that_is_not_utf8_is_a_usage_error(tmp_path, capsys, flag):
+    path = tmp_path / "f.txt"
+    path.write_bytes(b"ok \xff")
+    assert cli.main(["build", "-", "--preset", "react", flag, str(path)]) == 2
+    assert f"error: {flag} {str(path)!r}: not UTF-8: byte 0xff at offset 3" in capsys.readouterr().err
+
+
 def test_tools_file_missing_or_too_big_for_the_budget(tmp_path, capsys):
     assert cli.main(["build", "-", "--tools-file", str(tmp_path / "none.json")]) == 2
     assert "--tools-file" in capsys.readouterr().err
