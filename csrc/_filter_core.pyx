@@ -10,7 +10,11 @@ from libc.stdint cimport int64_t
 
 import numpy as np
 
-__all__ = ["select_window", "select_windows"]
+__all__ = ["MAX_VALUE", "select_window", "select_windows"]
+
+MAX_VALUE = 1 << 53
+cdef int64_t C_MAX = (<int64_t>1) << 53
+cdef int64_t SAT = (<int64_t>1) << 62  # sums saturate here: above any budget; SAT + C_MAX fits in int64
 
 
 cdef str _where(Py_ssize_t prompt):
@@ -25,13 +29,13 @@ cdef int _validate(const int64_t[::1] counts, const int64_t[::1] unit_starts,
     cdef Py_ssize_t i, u
     if n_pinned < 0 or n_pinned > n:
         raise ValueError(f"{_where(prompt)}n_pinned must be between 0 and len(counts) ({n}), got {n_pinned}")
-    if budget < 0:
-        raise ValueError(f"{_where(prompt)}budget must be >= 0, got {budget}")
-    if chunk < 0:
-        raise ValueError(f"{_where(prompt)}chunk must be >= 0, got {chunk}")
+    if budget < 0 or budget > C_MAX:
+        raise ValueError(f"{_where(prompt)}budget must be between 0 and 2**53, got {budget}")
+    if chunk < 0 or chunk > C_MAX:
+        raise ValueError(f"{_where(prompt)}chunk must be between 0 and 2**53, got {chunk}")
     for i in range(n):
-        if counts[i] < 0:
-            raise ValueError(f"{_where(prompt)}counts[{i}] must be >= 0, got {counts[i]}")
+        if counts[i] < 0 or counts[i] > C_MAX:
+            raise ValueError(f"{_where(prompt)}counts[{i}] must be between 0 and 2**53, got {counts[i]}")
     if n == n_pinned:
         if n_units != 0:
             raise ValueError(f"{_where(prompt)}unit_starts must be empty when every message is pinned")
@@ -54,16 +58,34 @@ cdef inline int64_t _unit_cost(const int64_t* counts, const int64_t* starts,
     cdef int64_t s = 0
     for i in range(starts[u], end):
         s += counts[i]
+        if s > SAT:
+            s = SAT
     return s
+
+
+cdef inline Py_ssize_t _keep_newest(const int64_t* counts, const int64_t* starts, Py_ssize_t n_units,
+                                    Py_ssize_t n, int64_t avail) noexcept nogil:
+    """The first unit of the longest run of newest units costing at most ``avail``."""
+    cdef Py_ssize_t k = n_units
+    cdef int64_t kept = 0, cost
+    while k > 0:
+        cost = _unit_cost(counts, starts, n_units, n, k - 1)
+        if kept + cost > avail:
+            break
+        kept += cost
+        k -= 1
+    return k
 
 
 cdef void _select(const int64_t* counts, Py_ssize_t n, const int64_t* starts, Py_ssize_t n_units,
                   Py_ssize_t n_pinned, int64_t budget, bint from_start, int64_t chunk,
                   int64_t* out_lo, int64_t* out_hi) noexcept nogil:
-    cdef int64_t pinned = 0, avail, kept = 0, cost, total, to_drop, dropped
+    cdef int64_t pinned = 0, avail, kept = 0, cost, x_mod = 0
     cdef Py_ssize_t i, k, j, lo, lo_chunk, last_start
     for i in range(n_pinned):
         pinned += counts[i]
+        if pinned > SAT:
+            pinned = SAT
     if n_units == 0 or pinned > budget:
         if from_start:
             out_lo[0] = n
@@ -86,28 +108,19 @@ cdef void _select(const int64_t* counts, Py_ssize_t n, const int64_t* starts, Py
         out_hi[0] = starts[k] if k < n_units else n
         return
 
-    k = n_units
-    while k > 0:
-        cost = _unit_cost(counts, starts, n_units, n, k - 1)
-        if kept + cost > avail:
-            break
-        kept += cost
-        k -= 1
+    k = _keep_newest(counts, starts, n_units, n, avail)
     lo = starts[k] if k < n_units else n
     out_hi[0] = n
     if chunk == 0 or k == 0:
         out_lo[0] = lo
         return
-
-    total = 0
+    # see the twin: keep the newest units within avail - ((-(total - avail)) mod chunk)
     for i in range(n_pinned, n):
-        total += counts[i]
-    to_drop = ((total - avail + chunk - 1) // chunk) * chunk
-    dropped = 0
-    j = 0
-    while j < n_units and dropped < to_drop:
-        dropped += _unit_cost(counts, starts, n_units, n, j)
-        j += 1
+        x_mod += counts[i] % chunk
+        if x_mod >= chunk:
+            x_mod -= chunk
+    x_mod = ((x_mod - avail % chunk) % chunk + chunk) % chunk
+    j = _keep_newest(counts, starts, n_units, n, avail - (chunk - x_mod) % chunk)
     lo_chunk = starts[j] if j < n_units else n
     last_start = starts[n_units - 1]
     if lo_chunk > last_start:
@@ -139,8 +152,8 @@ def select_windows(const int64_t[::1] counts, const int64_t[::1] offsets,
     for name, off, size in (("offsets", offsets, counts.shape[0]),
                             ("unit_offsets", unit_offsets, unit_starts.shape[0])):
         _check_offsets(name, off, size, n_prompts)
-    if chunk < 0:
-        raise ValueError(f"chunk must be >= 0, got {chunk}")
+    if chunk < 0 or chunk > C_MAX:
+        raise ValueError(f"chunk must be between 0 and 2**53, got {chunk}")
     lo_arr = np.empty(n_prompts, dtype=np.int64)
     hi_arr = np.empty(n_prompts, dtype=np.int64)
     cdef int64_t[::1] lo = lo_arr

@@ -12,12 +12,12 @@ from typing import Literal
 BACKEND: Literal["cython", "python"]
 
 if os.environ.get("JIANMU_FAST_PURE_PYTHON") == "1":
-    from ._filter_core_py import select_window, select_windows
+    from ._filter_core_py import MAX_VALUE, select_window, select_windows
 
     BACKEND = "python"
 else:
     try:
-        from ._filter_core import select_window, select_windows
+        from ._filter_core import MAX_VALUE, select_window, select_windows
     except ImportError as exc:  # pragma: no cover - exercised by a subprocess test
         raise ImportError(
             "jianmu_fast._filter_core is not compiled: run `pip install -e .` (or `make install`) "
@@ -25,4 +25,4 @@ else:
         ) from exc
     BACKEND = "cython"
 
-__all__ = ["BACKEND", "select_window", "select_windows"]
+__all__ = ["BACKEND", "MAX_VALUE", "select_window", "select_windows"]

@@ -54,8 +54,8 @@ class _Rec:
         self.step = 0  # how far the next step walks back
 
 
-def decide_windows(flt, prompts, alive) -> tuple[dict[int, list[Message]], list[int]]:
-    limit = flt._limit()
+def decide_windows(flt, prompts, alive, tools_schema=None) -> tuple[dict[int, list[Message]], list[int]]:
+    limit = flt._limit(tools_schema)
     roles = flt.pinned_roles
     walk = flt.trim_from_start and flt.chunk == 0
     slow: list[int] = []

@@ -1,7 +1,9 @@
 import numpy as np
 import numpy.typing as npt
 
-__all__ = ["select_window", "select_windows"]
+__all__ = ["MAX_VALUE", "select_window", "select_windows"]
+
+MAX_VALUE: int
 
 def select_window(
     counts: npt.NDArray[np.int64],  # const int64_t[::1]

@@ -18,6 +18,11 @@ Terms
 ``from_start``
     ``True``: drop the oldest units and keep the longest run of newest units that fits.
     ``False``: drop the newest units and keep the longest run of oldest units that fits.
+``MAX_VALUE``
+    ``2**53``: every count, ``budget`` and ``chunk`` lies in ``[0, MAX_VALUE]`` (else
+    ``ValueError``). Inside that range the compiled core never overflows: sums that could
+    exceed int64 (a pinned prefix or a unit of many huge messages) saturate at ``2**62``,
+    which is larger than any budget, so every decision equals the exact one.
 ``chunk``
     ``0`` (exact eviction) or a positive step (chunked eviction, ``from_start`` only): when
     the units do not all fit, the cost to drop, ``total - (budget - pinned)``, is rounded up
@@ -42,20 +47,25 @@ from __future__ import annotations
 
 import numpy as np
 
-__all__ = ["select_window", "select_windows"]
+__all__ = ["MAX_VALUE", "select_window", "select_windows"]
+
+MAX_VALUE = 1 << 53
+
+
+def _check_range(where, name, value):
+    if value < 0 or value > MAX_VALUE:
+        raise ValueError(f"{where}{name} must be between 0 and 2**53, got {value}")
 
 
 def _validate(counts, unit_starts, n_pinned, budget, chunk, where=""):
     n = len(counts)
     if n_pinned < 0 or n_pinned > n:
         raise ValueError(f"{where}n_pinned must be between 0 and len(counts) ({n}), got {n_pinned}")
-    if budget < 0:
-        raise ValueError(f"{where}budget must be >= 0, got {budget}")
-    if chunk < 0:
-        raise ValueError(f"{where}chunk must be >= 0, got {chunk}")
+    _check_range(where, "budget", budget)
+    _check_range(where, "chunk", chunk)
     for i in range(n):
-        if counts[i] < 0:
-            raise ValueError(f"{where}counts[{i}] must be >= 0, got {counts[i]}")
+        if counts[i] < 0 or counts[i] > MAX_VALUE:
+            raise ValueError(f"{where}counts[{i}] must be between 0 and 2**53, got {counts[i]}")
     n_units = len(unit_starts)
     if n == n_pinned:
         if n_units != 0:
@@ -90,20 +100,22 @@ def _select(counts, unit_starts, n_pinned, budget, from_start, chunk):
             k += 1
         return (n_pinned, int(unit_starts[k]) if k < n_units else n)
 
-    kept, k = 0, n_units
-    while k > 0 and kept + unit_cost(k - 1) <= avail:
-        kept += unit_cost(k - 1)
-        k -= 1
+    def keep_newest(avail):
+        kept, k = 0, n_units
+        while k > 0 and kept + unit_cost(k - 1) <= avail:
+            kept += unit_cost(k - 1)
+            k -= 1
+        return k
+
+    k = keep_newest(avail)
     lo = int(unit_starts[k]) if k < n_units else n
     if chunk == 0 or k == 0:
         return (lo, n)
-
-    total = sum(int(c) for c in counts[n_pinned:])
-    to_drop = -(-(total - avail) // chunk) * chunk  # round up to a multiple of chunk
-    dropped, j = 0, 0
-    while j < n_units and dropped < to_drop:
-        dropped += unit_cost(j)
-        j += 1
+    # The cost to drop, x = total - avail, rounded up to a multiple of chunk; the cut is the
+    # first unit boundary where what was dropped reaches that: the same as keeping the newest
+    # units within avail - ((-x) mod chunk), which needs only x mod chunk (no large sums).
+    x_mod = (sum(int(c) for c in counts[n_pinned:]) - avail) % chunk
+    j = keep_newest(avail - (chunk - x_mod) % chunk)
     lo_chunk = int(unit_starts[j]) if j < n_units else n
     return (max(lo, min(lo_chunk, int(unit_starts[n_units - 1]))), n)
 
@@ -149,8 +161,7 @@ def select_windows(counts, offsets, unit_starts, unit_offsets, n_pinned, budgets
         for p in range(n_prompts):
             if off[p + 1] < off[p]:
                 raise ValueError(f"{name} must be non-decreasing (at index {p + 1})")
-    if chunk < 0:
-        raise ValueError(f"chunk must be >= 0, got {chunk}")
+    _check_range("", "chunk", chunk)
     lo = np.empty(n_prompts, dtype=np.int64)
     hi = np.empty(n_prompts, dtype=np.int64)
     for p in range(n_prompts):

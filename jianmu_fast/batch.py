@@ -307,7 +307,7 @@ def _run(builder, states, lists, global_state, ctx, tools_schema, bar=None) -> B
             alive = [i for i in alive if i not in errors]
     for i in alive:
         try:
-            prompts[i] = builder._finish(prompts[i])
+            prompts[i] = builder._finish(prompts[i], tools_schema)
         except Exception as exc:
             errors[i] = exc
     for i in errors:
@@ -340,7 +340,7 @@ def _python_stage(builder, fi, prompts, i, states, global_state, ctx, tools_sche
 def _window_stage(builder, fi, flt, prompts, alive, states, global_state, ctx, tools_schema, errors) -> None:
     """One trimming filter over every live prompt: batched counting, one core call."""
     try:
-        decided, slow = decide_windows(flt, prompts, alive)
+        decided, slow = decide_windows(flt, prompts, alive, tools_schema)
     except Exception:  # anything unexpected: the exact per-prompt path decides (and logs)
         decided, slow = {}, alive
     for i, out in decided.items():

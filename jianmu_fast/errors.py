@@ -27,6 +27,7 @@ __all__ = [
     "MessageValidationError",
     "ContextBudgetError",
     "ToolCallHistoryError",
+    "TrimmingError",
     "ConfigError",
     "TokenizerLoadError",
     "BatchError",
@@ -67,6 +68,13 @@ def _rebuild_budget_error(message: str, budget: int, pinned: int, newest: int) -
 
 class ToolCallHistoryError(JianmuError, ValueError):
     """The newest tool-call transaction is broken, so the request would be invalid."""
+
+
+class TrimmingError(JianmuError, ValueError):
+    """A built-in trimming filter could not decide: its token counter raised, or returned a
+    count that is not an int between 0 and 2**53. The text names the filter, the counter and
+    the message index; the original error, if any, is chained. Never caught by the builder's
+    error isolation: sending the untrimmed prompt instead could exceed the budget."""
 
 
 class ConfigError(JianmuError, ValueError):

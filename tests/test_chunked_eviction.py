@@ -247,9 +247,9 @@ def test_batch_and_hot_loop_give_the_same_prompts(core, lists, setup):
 
 
 def test_bad_chunk_arguments():
-    with pytest.raises(ValueError, match="needs chunk= a positive int \\(messages\\), got 0"):
+    with pytest.raises(ValueError, match="needs chunk= a positive int of at most 2\\*\\*53 \\(messages\\), got 0"):
         MaxMessagesFilter(5, eviction="chunked", chunk=0)
-    with pytest.raises(ValueError, match="needs chunk= a positive int \\(tokens\\), got True"):
+    with pytest.raises(ValueError, match="needs chunk= a positive int of at most 2\\*\\*53 \\(tokens\\), got True"):
         TokenBudgetFilter(5, eviction="chunked", chunk=True)
     with pytest.raises(ValueError, match="chunk only applies to eviction='chunked'"):
         TokenBudgetFilter(5, chunk=2)

@@ -141,15 +141,18 @@ def test_batch_equals_single_calls(cases, from_start, chunk):
 
 
 BAD_SINGLE = [
-    ((i64(1, -1), i64(0, 1), 0, 5, True), "counts[1] must be >= 0, got -1"),
+    ((i64(1, -1), i64(0, 1), 0, 5, True), "counts[1] must be between 0 and 2**53, got -1"),
     ((i64(1, 2), i64(1), 0, 5, True), "unit_starts[0] must equal n_pinned (0), got 1"),
     ((i64(1, 2), i64(), 0, 5, True), "unit_starts[0] must equal n_pinned (0), got None"),
     ((i64(1, 2), i64(0, 0), 0, 5, True), "unit_starts must be strictly increasing (at index 1)"),
     ((i64(1, 2), i64(0, 2), 0, 5, True), "unit_starts[1] must be below len(counts) (2)"),
     ((i64(1, 2), i64(2), 3, 5, True), "n_pinned must be between 0 and len(counts) (2), got 3"),
-    ((i64(1, 2), i64(0), 0, -1, True), "budget must be >= 0, got -1"),
+    ((i64(1, 2), i64(0), 0, -1, True), "budget must be between 0 and 2**53, got -1"),
     ((i64(1, 2), i64(0), 2, 5, True), "unit_starts must be empty when every message is pinned"),
-    ((i64(1, 2), i64(0), 0, 5, True, -2), "chunk must be >= 0, got -2"),
+    ((i64(1, 2), i64(0), 0, 5, True, -2), "chunk must be between 0 and 2**53, got -2"),
+    ((i64(1, 2), i64(0), 0, 2**53 + 1, True), "budget must be between 0 and 2**53, got 9007199254740993"),
+    ((i64(1, 2**53 + 1), i64(0), 0, 5, True), "counts[1] must be between 0 and 2**53, got 9007199254740993"),
+    ((i64(1, 2), i64(0), 0, 5, True, 2**62), "chunk must be between 0 and 2**53, got 4611686018427387904"),
 ]
 
 
@@ -163,12 +166,43 @@ def test_bad_arguments_raise_the_same_error_on_both(args, message):
 
 def test_batch_errors_name_the_prompt():
     for core in _cores():
-        with pytest.raises(ValueError, match=r"^prompt 1: counts\[0\] must be >= 0, got -3$"):
+        with pytest.raises(ValueError, match=r"^prompt 1: counts\[0\] must be between 0 and 2\*\*53, got -3$"):
             core.select_windows(i64(1, -3), i64(0, 1, 2), i64(0, 0), i64(0, 1, 2), i64(0, 0), i64(5, 5), True)
         with pytest.raises(ValueError, match="offsets must have len"):
             core.select_windows(i64(1), i64(0, 1, 1), i64(0), i64(0, 1), i64(0), i64(5), True)
         with pytest.raises(ValueError, match="budgets has 2 entries"):
             core.select_windows(i64(1), i64(0, 1), i64(0), i64(0, 1), i64(0), i64(5, 5), True)
+
+
+@st.composite
+def extreme_cases(draw):
+    """Counts, budgets and chunks at the top of the documented range (issue 12 item 7): sums
+    of many 2**53 counts pass int64, and the compiled core must still equal the twin."""
+    big = st.sampled_from([0, 1, 2**52, 2**53 - 1, 2**53])
+    case = draw(window_cases(max_messages=20))
+    counts = tuple(draw(st.one_of(big, st.just(c))) for c in case.counts)
+    budget = draw(st.one_of(big, st.just(case.budget)))
+    chunk = draw(st.sampled_from([0, 1, 7, 2**52, 2**53]))
+    return WindowCase(counts, case.unit_starts, case.n_pinned, budget, case.from_start, chunk)
+
+
+@given(case=extreme_cases())
+@settings(deadline=None, max_examples=MAX_EXAMPLES)
+def test_extremes_equal_on_both_and_the_brute_force(case):
+    results = {core.__name__: core.select_window(*case.args) for core in _cores()}
+    assert len(set(results.values())) == 1, results
+    if case.chunk == 0:
+        assert next(iter(results.values())) == brute_force(case)
+
+
+def test_many_max_counts_do_not_overflow():
+    counts = np.full(4000, 2**53, dtype=np.int64)  # sums to 2**65: past int64
+    starts = np.arange(1, 4000, dtype=np.int64)
+    for core in _cores():
+        assert core.select_window(counts, starts, 1, 2**53, True) == (4000, 4000)
+        assert core.select_window(counts[:3], i64(0, 2), 0, 2**53, True) == (2, 3)
+        assert core.select_window(counts, i64(0, 2, 3000), 0, 2**53, True, 2**53) == (4000, 4000)
+        assert core.select_window(counts, i64(0, 3999), 0, 2**53, True, 2**53) == (3999, 4000)
 
 
 def test_backend_is_named_and_not_silently_missing():

@@ -91,12 +91,16 @@ def test_pinned_roles_are_configurable(core):
 @pytest.mark.parametrize(
     "make,message",
     [
-        (lambda: MaxMessagesFilter(0), "max_messages must be a positive int, got 0"),
-        (lambda: MaxMessagesFilter(True), "max_messages must be a positive int, got True"),
-        (lambda: TokenBudgetFilter(-5), "max_tokens must be a positive int, got -5"),
+        (lambda: MaxMessagesFilter(0), "max_messages must be a positive int of at most 2**53, got 0"),
+        (lambda: MaxMessagesFilter(True), "max_messages must be a positive int of at most 2**53, got True"),
+        (lambda: TokenBudgetFilter(-5), "max_tokens must be a positive int of at most 2**53, got -5"),
+        (lambda: TokenBudgetFilter(2**53 + 1), "max_tokens must be a positive int of at most 2**53, got 9007199254740993"),
+        (lambda: MaxMessagesFilter(2**64), "max_messages must be a positive int of at most 2**53, got 18446744073709551616"),
+        (lambda: TokenBudgetFilter(10, eviction="chunked", chunk=2**64), "chunk= a positive int of at most 2**53 (tokens), got 18446744073709551616"),
+        (lambda: TokenBudgetFilter(10, eviction="chunked", chunk=2**63 - 1), "chunk= a positive int of at most 2**53 (tokens)"),
         (lambda: TokenBudgetFilter(10, pinned_roles=("robot",)), "pinned_roles has unknown roles ['robot']"),
         (lambda: TokenBudgetFilter(10, eviction="lru"), "eviction must be 'exact' or 'chunked', got 'lru'"),
-        (lambda: TokenBudgetFilter(10, eviction="chunked"), "needs chunk= a positive int (tokens), got None"),
+        (lambda: TokenBudgetFilter(10, eviction="chunked"), "needs chunk= a positive int of at most 2**53 (tokens), got None"),
         (lambda: MaxMessagesFilter(10, chunk=3), "chunk only applies to eviction='chunked'"),
     ],
 )

@@ -31,6 +31,13 @@ call lacks an id and exactly one result of the transaction answers no call (and 
 id has a function name that occurs once among those calls and once among the ``name`` of the
 unmatched results. The filled call is a copy (``model_copy``) with the same message ``id``.
 
+Likewise a tool result without ``tool_call_id`` is paired with the call when that is
+unambiguous: the assistant message has exactly one call and its run exactly one result (the
+design document's ``tool('{"result": 4}', name="calculator")`` right after a single call),
+and the result's ``name``, if set, is the call's function name. The result becomes a copy
+with the call's id (when the call has no id either, both get ``"call_" + <assistant message
+id>``, deterministic).
+
 Fast path: a valid history costs one linear pass; the result is a new list holding the very
 same Message objects (nothing is copied). Anything dropped is logged at WARNING, filled ids
 at INFO, on the ``jianmu_fast.message`` logger.
@@ -52,6 +59,7 @@ __all__ = [
     "SanitizeReport",
     "DroppedUnit",
     "FilledCallId",
+    "FilledResultId",
 ]
 
 logger = logging.getLogger("jianmu_fast.message")
@@ -90,6 +98,20 @@ class FilledCallId:
     """The id it was given."""
 
 
+@dataclass(frozen=True)
+class FilledResultId:
+    """A tool result's ``tool_call_id`` taken from the single call it answers.
+
+    >>> FilledResultId(index=2, tool_call_id="c1").index
+    2
+    """
+
+    index: int
+    """Input position of the tool message."""
+    tool_call_id: str
+    """The id it was given."""
+
+
 @dataclass
 class SanitizeReport:
     """What :func:`sanitize_tool_call_history_report` did.
@@ -106,11 +128,13 @@ class SanitizeReport:
     """Broken units left out, oldest first."""
     filled: list[FilledCallId] = field(default_factory=list)
     """Call ids filled from their results."""
+    filled_results: list[FilledResultId] = field(default_factory=list)
+    """Result ids filled from their single call."""
 
     @property
     def changed(self) -> bool:
         """Whether anything was dropped or filled."""
-        return bool(self.dropped or self.filled)
+        return bool(self.dropped or self.filled or self.filled_results)
 
     @property
     def dropped_indices(self) -> list[int]:
@@ -126,6 +150,23 @@ def _call_id(call: dict[str, Any]) -> Optional[str]:
 def _call_name(call: dict[str, Any]) -> Optional[str]:
     fn = call.get("function")
     return fn.get("name") if isinstance(fn, dict) else None
+
+
+def _pair_single(
+    head: Message, calls: list[dict[str, Any]], results: Sequence[Message]
+) -> Optional[tuple[dict[int, str], str]]:
+    """One call, one result without ``tool_call_id`` whose name does not contradict the
+    call's: ``(call fills, the result's id)``; else ``None``."""
+    if len(calls) != 1 or len(results) != 1 or results[0].tool_call_id:
+        return None
+    rname = results[0].name
+    if rname is not None and rname != _call_name(calls[0]):
+        return None
+    cid = _call_id(calls[0])
+    if cid is None:
+        cid = f"call_{head.id}"
+        return {0: cid}, cid
+    return {}, cid
 
 
 def _check_transaction(
@@ -203,8 +244,8 @@ def _tail_error(index: int, unit: list[Message], reason: str) -> ToolCallHistory
 
 def _scan(
     messages: Sequence[Any], on_tail: Literal["raise", "drop"]
-) -> tuple[Optional[list[Message]], list[DroppedUnit], list[FilledCallId], list[Message]]:
-    """One pass. Returns ``(out or None when unchanged, dropped, filled, coerced)``."""
+) -> tuple[Optional[list[Message]], list[DroppedUnit], list[FilledCallId], list[FilledResultId], list[Message]]:
+    """One pass. Returns ``(out or None when unchanged, dropped, filled, filled results, coerced)``."""
     n = len(messages)
     items: Any = messages
     if not set(map(type, messages)) <= _MESSAGE_TYPE:  # C-level check: all plain Messages
@@ -212,6 +253,7 @@ def _scan(
     out: Optional[list[Message]] = None
     dropped: list[DroppedUnit] = []
     filled: list[FilledCallId] = []
+    filled_results: list[FilledResultId] = []
     pending_tail: Optional[tuple[int, list[Message], str]] = None
     i = 0
     while i < n:
@@ -238,6 +280,21 @@ def _scan(
                     out.extend(items[i:j])
                 if pending_tail is not None:
                     pending_tail = None
+                i = j
+                continue
+            paired = _pair_single(m, calls, items[i + 1 : j])
+            if paired is not None:
+                fills, rid = paired
+                if out is None:
+                    out = list(items[:i])
+                if fills:
+                    out.append(m.model_copy(update={"tool_calls": [dict(calls[0], id=rid)]}))
+                    filled.append(FilledCallId(i, 0, rid))
+                else:
+                    out.append(m)
+                out.append(items[i + 1].model_copy(update={"tool_call_id": rid}))
+                filled_results.append(FilledResultId(i + 1, rid))
+                pending_tail = None
                 i = j
                 continue
             reason, fills = _check_transaction(calls, items[i + 1 : j])
@@ -275,7 +332,7 @@ def _scan(
         i = j
     if pending_tail is not None and on_tail == "raise":
         raise _tail_error(*pending_tail)
-    return out, dropped, filled, items
+    return out, dropped, filled, filled_results, items
 
 
 def sanitize_tool_call_history_report(
@@ -296,7 +353,7 @@ def sanitize_tool_call_history_report(
         raise ValueError(f"on_broken_tail must be 'raise' or 'drop', got {on_broken_tail!r}")
     if isinstance(messages, (str, bytes, dict)):
         raise TypeError(f"messages: expected a list of messages, got {type(messages).__name__}")
-    out, dropped, filled, items = _scan(messages, on_broken_tail)
+    out, dropped, filled, filled_results, items = _scan(messages, on_broken_tail)
     result = out if out is not None else list(items)
     if dropped:
         logger.warning(
@@ -311,7 +368,13 @@ def sanitize_tool_call_history_report(
             len(filled),
             ", ".join(f"messages[{f.index}].tool_calls[{f.call_index}].id={f.tool_call_id!r}" for f in filled),
         )
-    return SanitizeReport(result, dropped, filled)
+    if filled_results:
+        logger.info(
+            "sanitize_tool_call_history: paired %d tool result(s) without tool_call_id with their single call: %s",
+            len(filled_results),
+            ", ".join(f"messages[{f.index}].tool_call_id={f.tool_call_id!r}" for f in filled_results),
+        )
+    return SanitizeReport(result, dropped, filled, filled_results)
 
 
 def sanitize_tool_call_history(messages: Sequence[Any]) -> list[Message]:

@@ -46,6 +46,13 @@ def _returns_messages(provider: Any) -> bool:
     return f"{cls.__module__}.{cls.__qualname__}" in _MESSAGE_LIST_PROVIDERS
 
 
+def _is_trimming(flt: Any) -> bool:
+    """Whether ``flt`` is one of the library's trimming filters (their failure is never skipped)."""
+    from .filters import _WindowFilter
+
+    return isinstance(flt, _WindowFilter)
+
+
 def _check_stages(items: Optional[Iterable[Any]], kind: str, proto: type, method: str, sig: str) -> list[Any]:
     if items is None:
         return []
@@ -116,6 +123,7 @@ class ContextBuilder:
         self._provider_takes_tools = [_accepts(p.get_messages, "tools_schema") for p in self.providers]
         self._provider_trusted = [_returns_messages(p) for p in self.providers]
         self._filter_takes_tools = [_accepts(f.apply, "tools_schema") for f in self.filters]
+        self._filter_builtin = [_is_trimming(f) for f in self.filters]
 
     def __repr__(self) -> str:
         return f"ContextBuilder(providers={self.providers!r}, filters={self.filters!r})"
@@ -241,7 +249,7 @@ class ContextBuilder:
     def _filter(self, messages, local_state, global_state, ctx, tools_schema) -> list[Message]:
         for i in range(len(self.filters)):
             messages = self._apply_filter(i, messages, local_state, global_state, ctx, tools_schema)
-        return self._finish(messages)
+        return self._finish(messages, tools_schema)
 
     def _apply_filter(self, i, messages, local_state, global_state, ctx, tools_schema) -> list[Message]:
         """Run ``filters[i]`` with the pipeline's error isolation (shared with ``jianmu_fast.batch``)."""
@@ -256,18 +264,38 @@ class ContextBuilder:
             return coerce_messages(out, f"filters[{i}] ({type(flt).__name__}) output")
         except JianmuError:
             raise
-        except Exception:
+        except Exception as exc:
+            if self._filter_builtin[i]:  # never send an untrimmed prompt (built-ins raise JianmuError anyway)
+                from ...errors import TrimmingError
+
+                raise TrimmingError(f"filters[{i}] ({type(flt).__name__}) failed: {type(exc).__name__}: {exc}") from exc
             logger.exception("filters[%d] (%s) failed; it is skipped", i, type(flt).__name__)
             return messages
 
-    def _finish(self, messages: list[Message]) -> list[Message]:
-        """The last step of ``build()``/``transform()``: sanitize when ``self.sanitize``."""
-        return _sanitize(messages) if self.sanitize else messages
+    def _finish(self, messages: list[Message], tools_schema: Any = None) -> list[Message]:
+        """The last step of ``build()``/``transform()``: sanitize when ``self.sanitize``.
 
+        Sanitizing may fill ids (a call's from its result, a result's from its single call),
+        which some counters count: the filters did not see those tokens. The budget is a
+        property of what is returned, so when ids were filled every ``TokenBudgetFilter`` of
+        the pipeline checks the final prompt (tools included) and trims it again if it is over.
+        """
+        if not self.sanitize:
+            return messages
+        from ...message.sanitize import sanitize_tool_call_history_report
 
-def _sanitize(messages: list[Message]) -> list[Message]:
-    """The last step of ``build()``/``transform()``: drop broken historical tool-call
-    transactions; a broken newest one raises ``ToolCallHistoryError`` (never isolated)."""
-    from ...message.sanitize import sanitize_tool_call_history
+        report = sanitize_tool_call_history_report(messages)
+        out = report.messages
+        if report.filled or report.filled_results:
+            out = self._rebudget(out, tools_schema)
+        return out
 
-    return sanitize_tool_call_history(messages)
+    def _rebudget(self, out: list[Message], tools_schema: Any) -> list[Message]:
+        from ...message.sanitize import sanitize_tool_call_history
+        from .filters import TokenBudgetFilter
+
+        for flt in self.filters:
+            if isinstance(flt, TokenBudgetFilter):
+                if flt.counter.count_messages(out) + flt.tools_cost(tools_schema) > flt.max_tokens:
+                    out = sanitize_tool_call_history(flt.apply(out, tools_schema=tools_schema))
+        return out

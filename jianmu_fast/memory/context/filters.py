@@ -18,6 +18,16 @@ Filters return new lists and never mutate their input. The decision is made by t
 compiled core (``jianmu_fast._backend``) in one call per prompt, over only the tail of the
 history that can possibly be kept: per-call work scales with what is kept.
 
+Ranges (validated here, ``ValueError`` naming the argument): ``max_messages``, ``max_tokens``
+and ``chunk`` are at most ``2**53`` (``MAX_VALUE``), and so is every count a counter returns;
+inside them the compiled core's arithmetic cannot overflow. A built-in trimming filter fails
+only with a library error: a counter that raises, or returns a count that is not an int in
+``[0, 2**53]``, is a :class:`~jianmu_fast.errors.TrimmingError` naming the message.
+
+The request's tools: ``TokenBudgetFilter.apply(messages, tools_schema=tools)`` (the builder
+passes the request's tools so) budgets the whole request, messages plus chat overhead plus
+``counter.count_tools(tools)``; the tools' count is cached by content.
+
 ``eviction="chunked"`` trades maximality for a stable prompt prefix: once over the limit the
 cut moves forward by at least ``chunk`` (tokens or messages) at a time and stays put while
 the conversation grows, so prompt caches keep hitting. See ``_filter_core_py``.
@@ -27,17 +37,23 @@ from __future__ import annotations
 
 from typing import Any, Iterable, Literal, Optional, Sequence
 
+import json
+
 import numpy as np
 
 from ... import _backend
-from ...errors import ContextBudgetError
+from ...errors import ContextBudgetError, JianmuError, TrimmingError
 from ...message import Message
-from .counters import SimpleTokenCounter
+from ...message.model import thaw
+from .counters import HFTokenCounter, SimpleTokenCounter, TiktokenTokenCounter
 
 __all__ = ["MaxMessagesFilter", "TokenBudgetFilter", "split_units"]
 
 Eviction = Literal["exact", "chunked"]
 _EMPTY = np.zeros(0, dtype=np.int64)
+MAX_VALUE = _backend.MAX_VALUE
+#: counters whose counts are always ints in range (never re-checked)
+_TRUSTED_COUNTERS = (SimpleTokenCounter, TiktokenTokenCounter, HFTokenCounter)
 _ZERO = np.zeros(1, dtype=np.int64)
 
 
@@ -88,6 +104,12 @@ def _check_roles(pinned_roles: Iterable[str]) -> frozenset[str]:
     return roles
 
 
+def _check_limit(name: str, value: Any) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1 or value > MAX_VALUE:
+        raise ValueError(f"{name} must be a positive int of at most 2**53, got {value!r}")
+    return value
+
+
 def _check_eviction(eviction: str, chunk: Optional[int], unit: str) -> int:
     if eviction not in ("exact", "chunked"):
         raise ValueError(f"eviction must be 'exact' or 'chunked', got {eviction!r}")
@@ -95,8 +117,8 @@ def _check_eviction(eviction: str, chunk: Optional[int], unit: str) -> int:
         if chunk is not None:
             raise ValueError("chunk only applies to eviction='chunked'")
         return 0
-    if chunk is None or isinstance(chunk, bool) or not isinstance(chunk, int) or chunk < 1:
-        raise ValueError(f"eviction='chunked' needs chunk= a positive int ({unit}), got {chunk!r}")
+    if chunk is None or isinstance(chunk, bool) or not isinstance(chunk, int) or chunk < 1 or chunk > MAX_VALUE:
+        raise ValueError(f"eviction='chunked' needs chunk= a positive int of at most 2**53 ({unit}), got {chunk!r}")
     return chunk
 
 
@@ -108,7 +130,7 @@ class _WindowFilter:
     trim_from_start: bool
     chunk: int
 
-    def _limit(self) -> int:
+    def _limit(self, tools_schema: Any = None) -> int:
         """The core's budget: what the pinned prefix plus the kept run may cost."""
         raise NotImplementedError
 
@@ -205,11 +227,11 @@ class _WindowFilter:
                     new_starts = split_units(hist, k) + k
                     if k and hist[k].role == "tool":
                         new_starts = new_starts[1:]
-                    counts = np.concatenate((counts, self._counts(hist, k, len(hist))))
+                    counts = np.concatenate((counts, self._counts(messages, n_pinned + k, len(messages))))
                     starts = np.concatenate((starts, new_starts))
                     self._history_cache = (hist, counts, starts)
                 return counts, starts
-        counts = self._counts(hist, 0, len(hist))
+        counts = self._counts(messages, n_pinned, len(messages))
         starts = split_units(hist, 0)
         self._history_cache = (hist, counts, starts)
         return counts, starts
@@ -220,13 +242,28 @@ class _WindowFilter:
         local_state: Any = None,
         global_state: Any = None,
         ctx: Any = None,
+        *,
+        tools_schema: Optional[Sequence[dict[str, Any]]] = None,
         **kwargs: Any,
     ) -> list[Message]:
-        """Trim ``messages`` to the limit; see the module docstring for the invariants."""
+        """Trim ``messages`` to the limit; see the module docstring for the invariants.
+
+        ``tools_schema``: the request's tools (``TokenBudgetFilter`` budgets them; the
+        message-count filter ignores them)."""
+        try:
+            return self._apply(messages, tools_schema)
+        except JianmuError:
+            raise
+        except Exception as exc:  # a built-in trimming filter fails only with a library error
+            raise TrimmingError(
+                f"{type(self).__name__}: could not trim the prompt ({type(exc).__name__}: {exc})"
+            ) from exc
+
+    def _apply(self, messages: Sequence[Message], tools_schema: Any) -> list[Message]:
         msgs = messages if isinstance(messages, list) else list(messages)
         n = len(msgs)
         n_pinned = _pinned_count(msgs, self.pinned_roles)
-        limit = self._limit()
+        limit = self._limit(tools_schema)
         pinned_counts = self._pinned_counts(msgs, n_pinned)
         pinned_cost = int(pinned_counts.sum())
         if n_pinned == n:
@@ -310,9 +347,7 @@ class MaxMessagesFilter(_WindowFilter):
         eviction: Eviction = "exact",
         chunk: Optional[int] = None,
     ) -> None:
-        if isinstance(max_messages, bool) or not isinstance(max_messages, int) or max_messages < 1:
-            raise ValueError(f"max_messages must be a positive int, got {max_messages!r}")
-        self.max_messages = max_messages
+        self.max_messages = _check_limit("max_messages", max_messages)
         self.pinned_roles = _check_roles(pinned_roles)
         self.trim_from_start = bool(trim_from_start)
         self.eviction = eviction
@@ -321,7 +356,7 @@ class MaxMessagesFilter(_WindowFilter):
     def __repr__(self) -> str:
         return f"MaxMessagesFilter(max_messages={self.max_messages}{self._repr_options()})"
 
-    def _limit(self) -> int:
+    def _limit(self, tools_schema: Any = None) -> int:
         return self.max_messages
 
     def _counts(self, messages, lo, hi):
@@ -355,9 +390,7 @@ class TokenBudgetFilter(_WindowFilter):
         eviction: Eviction = "exact",
         chunk: Optional[int] = None,
     ) -> None:
-        if isinstance(max_tokens, bool) or not isinstance(max_tokens, int) or max_tokens < 1:
-            raise ValueError(f"max_tokens must be a positive int, got {max_tokens!r}")
-        self.max_tokens = max_tokens
+        self.max_tokens = _check_limit("max_tokens", max_tokens)
         self.counter = SimpleTokenCounter() if counter is None else counter
         self.trim_from_start = bool(trim_from_start)
         self.pinned_roles = _check_roles(pinned_roles)
@@ -381,17 +414,92 @@ class TokenBudgetFilter(_WindowFilter):
             )
         self._counter = counter
         self._count_array = getattr(counter, "count_array", None)
+        self._trusted = type(counter) in _TRUSTED_COUNTERS
         self._tail_cache = None
         self._history_cache = None
+        self._tools_last: Optional[tuple[Any, int]] = None
+        self._tools_by_json: dict[str, int] = {}
+        self._tools_cost_now = 0
+
+    def __getstate__(self) -> dict[str, Any]:
+        state = super().__getstate__()
+        state["_tools_last"] = None
+        state["_tools_by_json"] = {}
+        return state
+
+    def _check_count(self, value: Any, where: str) -> int:
+        """A count from a custom counter: an int in ``[0, 2**53]``, else ``TrimmingError``."""
+        if isinstance(value, (int, np.integer)) and not isinstance(value, (bool, np.bool_)) and 0 <= value <= MAX_VALUE:
+            return int(value)
+        raise TrimmingError(
+            f"{type(self).__name__}: counter {self.counter!r} returned {value!r} for {where}; a count "
+            "must be an int between 0 and 2**53"
+        )
 
     def _request_cost(self) -> int:
-        return int(self.counter.count_messages([]))
+        cost = self.counter.count_messages([])
+        return cost if self._trusted else self._check_count(cost, "count_messages([])")
 
-    def _limit(self) -> int:
-        return self.max_tokens - self._request_cost()
+    def tools_cost(self, tools_schema: Optional[Sequence[dict[str, Any]]]) -> int:
+        """What the request's tools cost by this filter's counter (``count_tools``; a counter
+        without it: 8 per tool plus ``count_text`` of its compact JSON), cached by content:
+        the same tools in a new list (new dicts, equal content) are not counted again.
+
+        >>> f = TokenBudgetFilter(1000, SimpleTokenCounter())
+        >>> f.tools_cost([{"name": "f"}]), f.tools_cost([{"name": "f"}]), f.tools_cost(None)
+        (11, 11, 0)
+        """
+        if not tools_schema:
+            return 0
+        last = self._tools_last
+        if last is not None and last[0] == tools_schema:  # C-level deep comparison, no JSON
+            return last[1]
+        try:
+            key: Optional[str] = json.dumps(tools_schema, sort_keys=True, separators=(",", ":"), default=repr)
+        except (TypeError, ValueError):
+            key = None
+        cost = self._tools_by_json.get(key) if key is not None else None
+        if cost is None:
+            cost = self._count_tools(tools_schema)
+            if key is not None:
+                if len(self._tools_by_json) >= 16:
+                    self._tools_by_json.pop(next(iter(self._tools_by_json)))
+                self._tools_by_json[key] = cost
+        # a deep copy: the caller may edit their dicts in place before the next call
+        self._tools_last = (thaw(list(tools_schema)), cost)
+        return cost
+
+    def _count_tools(self, tools_schema: Sequence[dict[str, Any]]) -> int:
+        counter = self.counter
+        fn = getattr(counter, "count_tools", None)
+        if callable(fn):
+            cost = fn(tools_schema)
+        elif callable(getattr(counter, "count_text", None)):
+            cost = sum(SimpleTokenCounter.PER_TOOL + counter.count_text(
+                json.dumps(t, separators=(",", ":"), sort_keys=True)) for t in tools_schema)
+        else:
+            cost = SimpleTokenCounter().count_tools(tools_schema)
+        return cost if self._trusted else self._check_count(cost, "count_tools(tools_schema)")
+
+    def _limit(self, tools_schema: Any = None) -> int:
+        request = self._request_cost()
+        tools = self._tools_cost_now = self.tools_cost(tools_schema)
+        if tools and request + tools > self.max_tokens:
+            n = len(tools_schema) if tools_schema else 0
+            raise ContextBudgetError(
+                f"{type(self).__name__}: the request's tools (tools_schema, {n} tool(s)) alone need "
+                f"{tools} tokens, and the request's fixed cost {request} more; the limit is "
+                f"{self.max_tokens} tokens for the whole request. Raise max_tokens, or send fewer or "
+                "shorter tool schemas.",
+                budget=self.max_tokens,
+                pinned=request + tools,
+            )
+        return self.max_tokens - request - tools
 
     def _describe_limit(self) -> str:
-        return f"{self.max_tokens} tokens, {self._request_cost()} of them the request's fixed cost"
+        tools = self._tools_cost_now
+        extra = f" and {tools} the request's tools" if tools else ""
+        return f"{self.max_tokens} tokens, {self._request_cost()} of them the request's fixed cost{extra}"
 
     def _counts(self, messages, lo, hi):
         part = messages[lo:hi]
@@ -399,4 +507,18 @@ class TokenBudgetFilter(_WindowFilter):
             counts = self._count_array(part)
         else:
             counts = [self.counter.count_message(m) for m in part]
-        return np.ascontiguousarray(counts, dtype=np.int64)
+        if self._trusted:
+            return np.ascontiguousarray(counts, dtype=np.int64)
+        return self._checked(counts, lo)
+
+    def _checked(self, counts: Any, lo: int) -> np.ndarray:
+        """A custom counter's counts as int64, each an int in ``[0, 2**53]`` (else TrimmingError)."""
+        arr = np.asarray(counts)
+        if arr.ndim == 1 and arr.dtype.kind in "iu" and arr.dtype != np.uint64:
+            arr = arr.astype(np.int64, copy=False)
+            if not len(arr) or (int(arr.min()) >= 0 and int(arr.max()) <= MAX_VALUE):
+                return np.ascontiguousarray(arr)
+        values = list(counts)
+        for i, v in enumerate(values):
+            self._check_count(v, f"messages[{lo + i}]")
+        return np.array([int(v) for v in values], dtype=np.int64)

@@ -11,7 +11,9 @@ sanitizing step), so ``report.messages == builder.build(...)``, and records per 
 
 Tokens are counted by ``counter`` (default: the counter of the builder's last
 ``TokenBudgetFilter``, else ``SimpleTokenCounter()``). Per-message counts exclude the
-request's fixed overhead; ``total_tokens`` is ``counter.count_messages(messages)``.
+request's fixed overhead. The request's tools (``tools_schema``) are their own line,
+``tools_tokens`` (``counter.count_tools``); ``provided_tokens`` and ``total_tokens`` are the
+request as billed: ``counter.count_messages(messages)`` plus ``tools_tokens``.
 """
 
 from __future__ import annotations
@@ -80,6 +82,8 @@ class BuildReport:
     stages: list[StageReport] = field(default_factory=list)
     provided_tokens: int = 0
     total_tokens: int = 0
+    tools_tokens: int = 0
+    """What the request's tools cost (``counter.count_tools(tools_schema)``; 0 without tools)."""
     counter: Any = None
     error: Optional[JianmuError] = None
     """With ``strict=False``: the error a filter raised; ``messages`` are what reached it."""
@@ -94,6 +98,8 @@ class BuildReport:
         for p in self.providers:
             rows.append(f"{f'providers[{p.index}] {p.name}' + (' (failed)' if p.failed else ''):<44} "
                         f"{'+' + str(p.messages):>6} {'+' + str(p.tokens):>8}")
+        if self.tools_tokens:
+            rows.append(f"{'tools (tools_schema)':<44} {'':>6} {'+' + str(self.tools_tokens):>8}")
         rows.append(f"{'provided (with request overhead)':<44} {sum(p.messages for p in self.providers):>6} "
                     f"{self.provided_tokens:>8}")
         for s in self.stages:
@@ -177,7 +183,8 @@ def build_report(
         held.extend(block)
         report.providers.append(ProviderReport(i, name, len(block), sum(count(m) for m in block)))
         messages.extend(block)
-    report.provided_tokens = int(counter.count_messages(messages))
+    report.tools_tokens = _tools_tokens(counter, tools_schema)
+    report.provided_tokens = int(counter.count_messages(messages)) + report.tools_tokens
 
     def stage(index: int, name: str, before: list[Message], after: list[Message], failed: bool = False) -> None:
         held.extend(after)
@@ -200,10 +207,19 @@ def build_report(
         stage(i, type(flt).__name__, messages, out, failed=out is messages)
         messages = out
     if report.error is None:
-        out = builder._finish(messages)
+        out = builder._finish(messages, tools_schema)
         if getattr(builder, "sanitize", False):
             stage(-1, "sanitize_tool_call_history", messages, out)
         messages = out
     report.messages = messages
-    report.total_tokens = int(counter.count_messages(messages))
+    report.total_tokens = int(counter.count_messages(messages)) + report.tools_tokens
     return report
+
+
+def _tools_tokens(counter: Any, tools_schema: Any) -> int:
+    """The tools' cost as a ``TokenBudgetFilter`` with ``counter`` budgets it."""
+    if not tools_schema:
+        return 0
+    from .filters import TokenBudgetFilter
+
+    return TokenBudgetFilter(1, counter).tools_cost(tools_schema)
