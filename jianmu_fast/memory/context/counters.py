@@ -150,7 +150,22 @@ class TiktokenTokenCounter(CachedChatCounter):
     message are rendered, so those counts are the formula's, not a measurement. A high-detail image
     costs more than 85 tokens (765 for 1024x1024 on gpt-4o): raise ``image_tokens`` if you
     send those. Counts are cached (``cache_size`` distinct texts and messages, see
-    ``_count_cache``); the counter is thread-safe and pickles by encoding name.
+    ``_count_cache``); the counter is thread-safe and pickles by encoding name (and engine).
+
+    ``engine`` picks the tokenizer behind cache misses; counts are identical (property tests):
+
+    - ``"tiktoken"``: tiktoken, the reference;
+    - ``"fastokens"`` (``pip install 'jianmu_fast[fast]'``, cl100k_base and o200k_base only):
+      4-8x faster on unseen text, but built once per process (~1.7 s of CPU; ~230 MiB);
+    - ``"auto"`` (default): tiktoken until this counter has been asked to tokenize
+      ``AUTO_FASTOKENS_CHARS`` (50 million) characters, then fastokens if it is installed
+      (silently tiktoken otherwise). Measured end to end with ``jianmu-fast build --preset
+      react --max-tokens 8000`` on a 2-core EPYC (CPU seconds, tiktoken vs fastokens engine,
+      startup included): 0.46 M characters 0.66 vs 2.33; 4.5 M 1.11 vs 2.98; 13 M (coding
+      traces) 2.03 vs 3.33; 15 M 2.23 vs 3.92; 39 M (coding) 4.97 vs 4.99; 44 M 7.36 vs 7.75.
+      The CLI's inputs break even at ~40-55 M characters, so switching there costs at most
+      about what tiktoken already spent (the ski-rental bound) and saves ~0.045 µs a
+      character on everything after.
 
     >>> c = TiktokenTokenCounter("gpt-4o")
     >>> c.encoding_name, c.count_text("hello world"), c.count_text("<|endoftext|>")
@@ -166,7 +181,7 @@ class TiktokenTokenCounter(CachedChatCounter):
     PER_REQUEST = 3
     COUNT_TOOL_CALL_ID = False
     #: ``engine="auto"`` moves to fastokens once the counter was asked for this many characters
-    AUTO_FASTOKENS_CHARS = 20_000_000
+    AUTO_FASTOKENS_CHARS = 50_000_000
 
     def __init__(
         self, encoding: Any = "o200k_base", *, cache_size: int = DEFAULT_CACHE_SIZE, image_tokens: int = 85,
