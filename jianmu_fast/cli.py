@@ -284,7 +284,7 @@ def _int_in(lo: int, hi: int) -> Callable[[str], int]:
         except ValueError:
             value = lo - 1
         if not lo <= value <= hi:
-            raise argparse.ArgumentTypeError(f"expected an integer from {lo} to {hi:_}, got {text!r}".replace("_", ","))
+            raise argparse.ArgumentTypeError(f"expected an integer from {lo:,} to {hi:,}, got {text!r}")
         return value
 
     parse.__name__ = "integer"
@@ -612,6 +612,8 @@ class _Output:
         """The run ended (normally or at a bad line): put the file in place."""
         if self.path == "-":
             return
+        if self._tmp is not None:
+            os.fsync(self._stream.fileno())  # the data is on disk before the name points at it
         self._stream.close()
         if self._tmp is not None:
             assert self._mode is not None
