@@ -30,13 +30,33 @@ stable the start of the prompt is, which is what the filters control.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Iterable, Optional, Sequence
 
 from .errors import MessageValidationError
 from .message import coerce_messages
 
-__all__ = ["PrefixCacheStats", "prefix_cache_stats", "common_prefix_length", "turn_ends"]
+__all__ = ["PrefixCacheStats", "TurnStats", "prefix_cache_stats", "common_prefix_length", "turn_ends"]
+
+
+@dataclass(frozen=True)
+class TurnStats:
+    """One prompt of the run, as :func:`prefix_cache_stats` measured it (``per_turn``).
+
+    >>> TurnStats(turn=2, messages=5, prompt_tokens=40, cached_tokens=30, prefix_hit=True).cached_tokens
+    30
+    """
+
+    turn: int
+    """Position of the prompt in the run (0 is the first)."""
+    messages: int
+    """Messages in the prompt."""
+    prompt_tokens: int
+    """``counter.count_messages(prompt)``."""
+    cached_tokens: int
+    """Tokens of its longest common message prefix with the previous prompt (0 for the first)."""
+    prefix_hit: bool
+    """Whether it starts with the whole previous prompt (False for the first)."""
 
 
 @dataclass(frozen=True)
@@ -58,6 +78,18 @@ class PrefixCacheStats:
 
     cached_tokens: int
     """Tokens of the longest common message prefix of each prompt with the previous one."""
+
+    per_turn: tuple[TurnStats, ...] = field(default=(), compare=False, repr=False)
+    """Each prompt's figures, in order (what :meth:`to_html` draws; empty when built by hand)."""
+
+    def to_html(self, path: Any, *, budget: Optional[int] = None, title: str = "prompt per model call") -> None:
+        """Write a self-contained HTML page of the run, turn by turn, to ``path`` (needs
+        ``pip install 'jianmu_fast[report]'``): each prompt's size against ``budget``, the
+        tokens a prefix cache could serve, and the totals.
+        """
+        from .report_html import turns_report_html, write_html
+
+        write_html(path, turns_report_html(self, budget=budget, title=title))
 
     @property
     def prefix_hit_rate(self) -> float:
@@ -110,18 +142,24 @@ def prefix_cache_stats(prompts: Iterable[Sequence[Any]], counter: Optional[Any] 
         raise MessageValidationError(f"prompts: expected a sequence of prompts, got {type(prompts).__name__}")
     turns = hits = total = cached = 0
     prev: Optional[list[dict[str, Any]]] = None
+    per_turn: list[TurnStats] = []
     for t, prompt in enumerate(prompts):
         msgs = coerce_messages(prompt, f"prompts[{t}]")
         wire = [m.to_openai() for m in msgs]
         turns += 1
-        total += int(counter.count_messages(msgs))
+        size = int(counter.count_messages(msgs))
+        total += size
+        hit, here = False, 0
         if prev is not None:
             k = common_prefix_length(prev, wire)
-            if k == len(prev):
-                hits += 1
-            cached += sum(int(counter.count_message(m)) for m in msgs[:k])
+            hit = k == len(prev)
+            hits += hit
+            here = sum(int(counter.count_message(m)) for m in msgs[:k])
+            cached += here
+        per_turn.append(TurnStats(t, len(msgs), size, here, hit))
         prev = wire
-    return PrefixCacheStats(turns=turns, prefix_hits=hits, total_tokens=total, cached_tokens=cached)
+    return PrefixCacheStats(turns=turns, prefix_hits=hits, total_tokens=total, cached_tokens=cached,
+                            per_turn=tuple(per_turn))
 
 
 def turn_ends(messages: Sequence[Any]) -> list[int]:
