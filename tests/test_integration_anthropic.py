@@ -209,3 +209,26 @@ def test_approx_claude_counter_is_labelled_and_counts_blocks():
     assert c.count_text("a" * 7) == 2 and c != ApproxClaudeTokenCounter(4) and c == ApproxClaudeTokenCounter()
     assert json.loads(from_anthropic([{"role": "assistant", "content": [
         {"type": "tool_use", "id": "t", "name": "f", "input": {"é": 1}}]}])[0].tool_calls[0]["function"]["arguments"]) == {"é": 1}
+
+
+@settings(max_examples=200, deadline=None)
+@given(anthropic_requests(), st.lists(st.tuples(st.integers(0, 10), st.booleans(), st.booleans()),
+                                      min_size=1, max_size=6))
+def test_incremental_converter_equals_from_anthropic(req, calls):
+    from jianmu_fast.integrations.anthropic import AnthropicConverter
+
+    turns, system = req
+    conv = AnthropicConverter()
+    for cut, edit, drop_system in calls:
+        x = [dict(t) for t in turns[:cut]]
+        if edit and x:
+            x[len(x) // 2] = {"role": x[len(x) // 2]["role"], "content": "edited"}
+        s = None if drop_system else system
+        got, want = conv.from_anthropic(x, s), from_anthropic(x, s)
+        assert [m.model_dump(exclude={"id"}) for m in got] == [m.model_dump(exclude={"id"}) for m in want]
+
+
+def test_output_is_plain_and_mutable():
+    req = to_anthropic(from_anthropic([{"role": "user", "content": [{"type": "text", "text": "hi"}]}]))
+    req["messages"][-1]["content"][-1]["cache_control"] = {"type": "ephemeral"}  # a common edit
+    assert type(req["messages"][-1]["content"][-1]) is dict

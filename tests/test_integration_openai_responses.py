@@ -153,3 +153,22 @@ def test_edited_message_gets_fresh_items():
 def test_bad_items_are_named(bad, where):
     with pytest.raises(MessageValidationError, match=where):
         from_responses(bad)
+
+
+@settings(max_examples=300, deadline=None)
+@given(responses_items(), st.lists(st.tuples(st.integers(0, 40), st.booleans()), min_size=1, max_size=6))
+def test_incremental_converter_equals_from_responses(items, calls):
+    """A converter reused across calls (growing, shrinking and edited histories) gives what a
+    fresh conversion gives, and writes the same items back."""
+    from jianmu_fast.integrations.openai_responses import ResponsesConverter
+
+    conv = ResponsesConverter()
+    for cut, edit in calls:
+        x = [dict(i) for i in items[:cut]]
+        if edit and x:
+            x[len(x) // 2] = {"role": "user", "content": "edited"}
+        got = conv.from_responses(x)
+        want = from_responses(x)
+        assert [m.model_dump(exclude={"id"}) for m in got] == [m.model_dump(exclude={"id"}) for m in want]
+        assert conv.to_responses(got) == x
+        assert conv.to_responses(got[1:]) == to_responses(want[1:])

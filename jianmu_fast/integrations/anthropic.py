@@ -44,8 +44,9 @@ from typing import Any, Iterable, Mapping
 from ..errors import MessageValidationError
 from ..memory.context.counters import SimpleTokenCounter
 from ..message import Message, coerce_message
+from ..message.model import thaw
 
-__all__ = ["from_anthropic", "to_anthropic", "build_anthropic", "ApproxClaudeTokenCounter"]
+__all__ = ["from_anthropic", "to_anthropic", "build_anthropic", "AnthropicConverter", "ApproxClaudeTokenCounter"]
 
 _KEY = "anthropic"
 
@@ -132,34 +133,81 @@ def _assistant_turn(content: Any, k: int, where: str) -> Message:
     return _new(where, **fields, metadata={_KEY: rec})
 
 
+def _system_message(system: Any) -> Message:
+    if not isinstance(system, str):
+        _check_blocks(system, "system")
+    return _new("system", role="system", content=system if isinstance(system, str) else list(system),
+                metadata={_KEY: {"system": True}})
+
+
+def _turn(m: Any, k: int) -> list[Message]:
+    where = f"messages[{k}]"
+    if not isinstance(m, Mapping):
+        raise MessageValidationError(f"{where}: expected a dict, got {type(m).__name__}")
+    role = m.get("role")
+    if "content" not in m:
+        raise MessageValidationError(f"{where}.content: field required")
+    if role == "user":
+        return _user_turn(m["content"], k, where)
+    if role == "assistant":
+        return [_assistant_turn(m["content"], k, where)]
+    raise MessageValidationError(f"{where}.role: expected 'user' or 'assistant', got {role!r}")
+
+
+def _check_list(messages: Any) -> None:
+    if isinstance(messages, (str, bytes, Mapping)):
+        raise MessageValidationError(f"messages: expected a list of Anthropic messages, got {type(messages).__name__}")
+
+
 def from_anthropic(messages: Iterable[Mapping[str, Any]], system: Any = None) -> list[Message]:
     """An Anthropic request's ``system`` and ``messages`` as Messages (see the module docstring).
 
     >>> [m.role for m in from_anthropic([{"role": "user", "content": "hi"}], system="Be brief.")]
     ['system', 'user']
     """
-    if isinstance(messages, (str, bytes, Mapping)):
-        raise MessageValidationError(f"messages: expected a list of Anthropic messages, got {type(messages).__name__}")
-    out: list[Message] = []
-    if system is not None:
-        if not isinstance(system, str):
-            _check_blocks(system, "system")
-        out.append(_new("system", role="system", content=system if isinstance(system, str) else list(system),
-                        metadata={_KEY: {"system": True}}))
+    _check_list(messages)
+    out: list[Message] = [] if system is None else [_system_message(system)]
     for k, m in enumerate(messages):
-        where = f"messages[{k}]"
-        if not isinstance(m, Mapping):
-            raise MessageValidationError(f"{where}: expected a dict, got {type(m).__name__}")
-        role = m.get("role")
-        if "content" not in m:
-            raise MessageValidationError(f"{where}.content: field required")
-        if role == "user":
-            out.extend(_user_turn(m["content"], k, where))
-        elif role == "assistant":
-            out.append(_assistant_turn(m["content"], k, where))
-        else:
-            raise MessageValidationError(f"{where}.role: expected 'user' or 'assistant', got {role!r}")
+        out.extend(_turn(m, k))
     return out
+
+
+class AnthropicConverter:
+    """:func:`from_anthropic` for a conversation that grows between calls: turns equal to the
+    previous call's (kept as private deep copies) give back the same Message objects, so only
+    new turns are converted and the filters' caches hit. Thread-safe (one state swap per call).
+
+    >>> conv = AnthropicConverter()
+    >>> a = conv.from_anthropic([{"role": "user", "content": "hi"}])
+    >>> b = conv.from_anthropic([{"role": "user", "content": "hi"}, {"role": "assistant", "content": "yo"}])
+    >>> b[0] is a[0], len(b)
+    (True, 2)
+    """
+
+    def __init__(self) -> None:
+        self._state: tuple[Any, Any, list[Any], list[list[Message]]] = (None, None, [], [])
+
+    def from_anthropic(self, messages: Iterable[Mapping[str, Any]], system: Any = None) -> list[Message]:
+        """Like :func:`from_anthropic`, reusing the Messages of unchanged turns."""
+        import copy
+
+        _check_list(messages)
+        turns = list(messages)
+        sys_snap, sys_msg, snaps, per = self._state
+        if system is None:
+            sys_snap, sys_msg = None, None
+        elif sys_msg is None or system != sys_snap:
+            sys_msg, sys_snap = _system_message(system), copy.deepcopy(system)
+        k, n = 0, min(len(turns), len(snaps))
+        while k < n and turns[k] == snaps[k]:
+            k += 1
+        new = [_turn(m, i) for i, m in enumerate(turns[k:], k)]
+        per = per[:k] + new
+        self._state = (sys_snap, sys_msg, snaps[:k] + copy.deepcopy(turns[k:]), per)
+        out = [] if sys_msg is None else [sys_msg]
+        for ms in per:
+            out.extend(ms)
+        return out
 
 
 def _arguments(call: Mapping[str, Any], where: str) -> Any:
@@ -252,22 +300,28 @@ def to_anthropic(messages: Iterable[Any]) -> dict[str, Any]:
                 c = s.content
                 blocks.extend([{"type": "text", "text": c}] if isinstance(c, str) else (c or []))
             out["system"] = blocks
-    out["messages"] = turns
+    out["messages"] = thaw(turns)  # plain dicts: a caller may add cache_control and the like
+    if "system" in out:
+        out["system"] = thaw(out["system"])
     return out
 
 
-def build_anthropic(builder: Any, messages: Iterable[Mapping[str, Any]], system: Any = None) -> dict[str, Any]:
+def build_anthropic(builder: Any, messages: Iterable[Mapping[str, Any]], system: Any = None,
+                    converter: Any = None) -> dict[str, Any]:
     """Run ``builder`` on an Anthropic request and return the request to send.
 
     ``from_anthropic`` → ``builder.transform`` (or ``build({"messages": ...})`` when it has
     providers) → ``to_anthropic``: trimming keeps each ``tool_use`` with its ``tool_result``.
+    In a loop over a growing conversation pass one :class:`AnthropicConverter` as
+    ``converter``, so only new turns are converted.
 
     >>> from jianmu_fast.memory.context import ContextBuilder, MaxMessagesFilter
     >>> build_anthropic(ContextBuilder(filters=[MaxMessagesFilter(1)]),
     ...                 [{"role": "user", "content": "a"}, {"role": "user", "content": "b"}], system="S")
     {'system': 'S', 'messages': [{'role': 'user', 'content': 'b'}]}
     """
-    msgs = from_anthropic(messages, system)
+    msgs = (converter.from_anthropic(messages, system) if converter is not None
+            else from_anthropic(messages, system))
     if getattr(builder, "providers", None):
         out = builder.build({"messages": msgs})
     else:

@@ -5,7 +5,9 @@
 The SDK hands the filter the input items of the next model call (Responses-format items:
 messages, ``reasoning``, ``function_call``, ``function_call_output``) and the agent's
 instructions. :func:`call_model_input_filter` converts the items with
-:func:`~jianmu_fast.integrations.openai_responses.from_responses` (a model response's reasoning
+:func:`~jianmu_fast.integrations.openai_responses.from_responses` (through a
+``ResponsesConverter`` that converts only the items new since the last call; a model
+response's reasoning
 and calls become one assistant message, each output a tool message), runs the
 :class:`~jianmu_fast.memory.context.ContextBuilder` (``transform`` for a builder with filters
 only, ``build({"messages": ..., "context": ...})`` when it has providers), and returns the
@@ -30,7 +32,7 @@ from __future__ import annotations
 
 from typing import Any, Callable, Mapping
 
-from .openai_responses import from_responses, to_responses
+from .openai_responses import ResponsesConverter
 
 __all__ = ["call_model_input_filter", "trim_items"]
 
@@ -47,8 +49,11 @@ def _plain(item: Any) -> Any:
     return item
 
 
-def trim_items(builder: Any, items: Any, context: Any = None) -> list[dict[str, Any]]:
+def trim_items(builder: Any, items: Any, context: Any = None, converter: Any = None) -> list[dict[str, Any]]:
     """Run ``builder`` over Responses input items and return the kept items.
+
+    ``converter`` (a :class:`~jianmu_fast.integrations.openai_responses.ResponsesConverter`)
+    carries conversions from one call to the next; the filter keeps one.
 
     >>> from jianmu_fast.memory.context import ContextBuilder, MaxMessagesFilter
     >>> items = [{"role": "user", "content": "a"}, {"role": "user", "content": "b"}]
@@ -57,12 +62,13 @@ def trim_items(builder: Any, items: Any, context: Any = None) -> list[dict[str, 
     """
     if isinstance(items, str):  # the SDK allows a bare string as the whole input
         items = [{"role": "user", "content": items}]
-    msgs = from_responses([_plain(i) for i in items])
+    conv = converter if converter is not None else ResponsesConverter()
+    msgs = conv.from_responses([_plain(i) for i in items])
     if getattr(builder, "providers", None):
         out = builder.build({"messages": msgs, "context": context})
     else:
         out = builder.transform(msgs)
-    return to_responses(out)
+    return conv.to_responses(out)
 
 
 def call_model_input_filter(builder: Any) -> Callable[[Any], Any]:
@@ -73,6 +79,7 @@ def call_model_input_filter(builder: Any) -> Callable[[Any], Any]:
     """
     if not callable(getattr(builder, "transform", None)):
         raise TypeError(f"builder: expected a ContextBuilder, got {type(builder).__name__}")
+    converter = ResponsesConverter()
 
     def _filter(data: Any) -> Any:
         try:
@@ -80,7 +87,7 @@ def call_model_input_filter(builder: Any) -> Callable[[Any], Any]:
         except ImportError as exc:  # pragma: no cover - the extra is installed in CI
             raise ImportError(f"jianmu_fast.integrations.openai_agents needs openai-agents: {_EXTRA_HINT}") from exc
         md = data.model_data
-        return ModelInputData(input=trim_items(builder, md.input, getattr(data, "context", None)),
+        return ModelInputData(input=trim_items(builder, md.input, getattr(data, "context", None), converter),
                               instructions=md.instructions)
 
     return _filter

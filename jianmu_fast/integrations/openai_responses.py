@@ -45,8 +45,9 @@ from typing import Any, Iterable, Mapping, Optional
 
 from ..errors import MessageValidationError
 from ..message import Message, coerce_message
+from ..message.model import thaw
 
-__all__ = ["from_responses", "to_responses"]
+__all__ = ["from_responses", "to_responses", "ResponsesConverter"]
 
 _KEY = "responses"
 _INPUT_ROLES = {"user": "user", "system": "system", "developer": "system"}
@@ -151,6 +152,42 @@ def _message(kind: str, items: list[dict[str, Any]], where: str) -> Message:
         raise MessageValidationError(f"{where}: {exc}") from None
 
 
+def _convert(items: Any, offset: int = 0) -> tuple[list[Message], list[int]]:
+    """Messages of ``items`` and the item index where each one starts (plus ``offset``)."""
+    out: list[Message] = []
+    starts: list[int] = []
+    group: list[dict[str, Any]] = []
+    group_at = 0
+    has_text_or_call = False
+    for i, item in enumerate(items, offset):
+        where = f"items[{i}]"
+        if not isinstance(item, Mapping):
+            raise MessageValidationError(f"{where}: expected a dict, got {type(item).__name__}")
+        item = dict(item)
+        kind = _kind(item, where)
+        if kind == "assistant":
+            starts_run = item.get("type") == "reasoning" or item.get("role") == "assistant"
+            if group and starts_run and has_text_or_call:
+                out.append(_message("assistant", group, f"items[{group_at}:{i}]"))
+                starts.append(group_at)
+                group = []
+            if not group:
+                group_at, has_text_or_call = i, False
+            group.append(item)
+            has_text_or_call = has_text_or_call or item.get("role") == "assistant" or _call(item) is not None
+            continue
+        if group:
+            out.append(_message("assistant", group, f"items[{group_at}:{i}]"))
+            starts.append(group_at)
+            group = []
+        out.append(_message(kind, [item], where))
+        starts.append(i)
+    if group:
+        out.append(_message("assistant", group, f"items[{group_at}:]"))
+        starts.append(group_at)
+    return out, starts
+
+
 def from_responses(items: Iterable[Mapping[str, Any]]) -> list[Message]:
     """Responses input items as Messages (see the module docstring for the mapping).
 
@@ -160,33 +197,76 @@ def from_responses(items: Iterable[Mapping[str, Any]]) -> list[Message]:
     """
     if isinstance(items, (str, bytes, Mapping)):
         raise MessageValidationError(f"items: expected a list of Responses items, got {type(items).__name__}")
-    out: list[Message] = []
-    group: list[dict[str, Any]] = []
-    group_at = 0
-    has_text_or_call = False
-    for i, item in enumerate(items):
-        where = f"items[{i}]"
-        if not isinstance(item, Mapping):
-            raise MessageValidationError(f"{where}: expected a dict, got {type(item).__name__}")
-        item = dict(item)
-        kind = _kind(item, where)
-        if kind == "assistant":
-            starts = item.get("type") == "reasoning" or item.get("role") == "assistant"
-            if group and starts and has_text_or_call:
-                out.append(_message("assistant", group, f"items[{group_at}:{i}]"))
-                group = []
-            if not group:
-                group_at, has_text_or_call = i, False
-            group.append(item)
-            has_text_or_call = has_text_or_call or item.get("role") == "assistant" or _call(item) is not None
-            continue
-        if group:
-            out.append(_message("assistant", group, f"items[{group_at}:{i}]"))
-            group = []
-        out.append(_message(kind, [item], where))
-    if group:
-        out.append(_message("assistant", group, f"items[{group_at}:]"))
-    return out
+    return _convert(items)[0]
+
+
+class ResponsesConverter:
+    """:func:`from_responses` for a history that grows between calls, and :func:`to_responses`
+    for what came back from it, doing work only for what is new.
+
+    The items of the previous call are kept as private deep copies; a call whose items start
+    with equal items reuses their Messages (the same objects, so filter caches hit too) and
+    converts the rest. Messages it made and that come back unchanged (Messages are immutable)
+    are written as their original items without re-checking. Thread-safe (state is swapped
+    in one assignment).
+
+    >>> conv = ResponsesConverter()
+    >>> a = conv.from_responses([{"role": "user", "content": "hi"}])
+    >>> b = conv.from_responses([{"role": "user", "content": "hi"}, {"role": "user", "content": "more"}])
+    >>> b[0] is a[0], conv.to_responses(b)
+    (True, [{'role': 'user', 'content': 'hi'}, {'role': 'user', 'content': 'more'}])
+    """
+
+    def __init__(self) -> None:
+        self._state: tuple[list[Any], list[Message], list[int]] = ([], [], [])
+        self._made: dict[int, tuple[Message, list[dict[str, Any]]]] = {}
+
+    def from_responses(self, items: Iterable[Mapping[str, Any]]) -> list[Message]:
+        """Like :func:`from_responses`, reusing what the previous call converted."""
+        import copy
+
+        if isinstance(items, (str, bytes, Mapping)):
+            raise MessageValidationError(f"items: expected a list of Responses items, got {type(items).__name__}")
+        items = list(items)
+        snaps, msgs, starts = self._state
+        k, n = 0, min(len(items), len(snaps))
+        while k < n and items[k] == snaps[k]:
+            k += 1
+        j = 0  # messages 0..j-1 end before item k, so the items after cannot change them
+        while j < len(msgs):
+            end = starts[j + 1] if j + 1 < len(starts) else len(snaps)
+            # a model turn ending right at k may go on with the items after k: convert it again
+            if not (end < k or (end == k and msgs[j].role != "assistant")):
+                break
+            j += 1
+        if k == len(items) == len(snaps):
+            j = len(msgs)
+        at = starts[j] if j < len(starts) else len(snaps) if j else 0
+        new, new_starts = _convert(items[at:], at)
+        out = msgs[:j] + new
+        self._state = (snaps[:at] + copy.deepcopy(items[at:]), out, starts[:j] + new_starts)
+        made = {id(m): (m, m.metadata[_KEY]["items"]) for m in new}
+        if len(self._made) > 100_000:
+            self._made = {}
+        self._made.update(made)
+        return out
+
+    def to_responses(self, messages: Iterable[Any]) -> list[dict[str, Any]]:
+        """Like :func:`to_responses`; Messages this converter made are written without checks."""
+        out: list[dict[str, Any]] = []
+        rest: list[Any] = []
+        for m in messages:
+            e = self._made.get(id(m))
+            if e is not None and e[0] is m:
+                if rest:
+                    out.extend(to_responses(rest))
+                    rest = []
+                out.extend(thaw(e[1]))
+            else:
+                rest.append(m)
+        if rest:
+            out.extend(to_responses(rest))
+        return out
 
 
 def _parts(content: Any, role: str) -> Any:
@@ -254,5 +334,5 @@ def to_responses(messages: Iterable[Any]) -> list[dict[str, Any]]:
     for i, raw in enumerate(messages):
         m = coerce_message(raw, f"messages[{i}]")
         kept = _kept(m)
-        out.extend(kept if kept is not None else _fresh(m))
+        out.extend(thaw(kept) if kept is not None else thaw(_fresh(m)))
     return out
