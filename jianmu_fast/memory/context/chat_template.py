@@ -45,10 +45,10 @@ the exact count of the kept prompt, and equal to it for neighbour-independent un
 unit of the Qwen2.5/Hermes, Llama 3.1 and gpt-oss templates without reasoning). A slice that
 starts with a ``system`` message is taken to start the conversation (the pinned prefix).
 
-**Tools** go where the template puts them (a system block, the first user message): their
-marginal cost, ``count_tools(tools, messages)``, is ``tokens(with) - tokens(without)`` of the
-conversation's head (its leading system messages and first user message, or ``messages``
-itself when given short). Only the sum with ``count_messages`` is guaranteed exact.
+**Tools** go where the template puts them (a system block, the first or last user message):
+their marginal cost, ``count_tools(tools, messages)``, is the exact count of the request with
+them minus ``count_messages(messages)`` (one full rendering, cached). Only the sum with
+``count_messages`` is guaranteed exact.
 
 A template that refuses a conversation (``raise_exception``: parallel calls on Llama 3.1, a
 tool result without a ``name`` on Hermes) raises :class:`~jianmu_fast.errors.MessageValidationError`
@@ -375,6 +375,7 @@ class ChatTemplateTokenCounter:
         self._texts: dict[Any, int] = {}  # key of a rendered conversation -> tokens
         self._units: dict[Any, Any] = {}  # (unit keys, pred, succ) -> per-message costs
         self._local: dict[Any, bool] = {}  # role pattern -> neighbour-independent?
+        self._calls: dict[str, str] = {}  # tool-call id -> key of the assistant message that made it
         self._last: Optional[tuple[list[Any], list[int], list[int]]] = None
         self._ends: dict[str, Optional[int]] = {}
         ends = [e for e in (self._end_cost("user"), self._end_cost("tool")) if e is not None]
@@ -442,6 +443,14 @@ class ChatTemplateTokenCounter:
             raise MessageValidationError(f"messages[{i}]: expected a Message or a chat-completions dict, got {type(m).__name__}")
         d = message_to_template_dict(msg)
         key = json.dumps(d, ensure_ascii=False)
+        if d.get("tool_calls"):
+            with self._lock:  # which assistant message made each call (for tool-first slices)
+                if len(self._calls) >= self.cache_size:
+                    for k in list(self._calls)[: self.cache_size // 4]:
+                        del self._calls[k]
+                for call in d["tool_calls"]:
+                    if isinstance(call.get("id"), str):
+                        self._calls[call["id"]] = key
         if msg is m:
             snap = None
             if isinstance(m.content, list) or m.tool_calls is not None:
@@ -455,7 +464,7 @@ class ChatTemplateTokenCounter:
 
     # -- unit costs ------------------------------------------------------------------------------
 
-    def _unit_cost(self, keys: tuple[str, ...], pred: str, succ: str) -> list[int]:
+    def _unit_cost(self, keys: tuple[str, ...], pred: str, succ: str, caller: Optional[str] = None) -> list[int]:
         """Per-message costs of the unit ``keys`` between stand-ins for ``pred`` and ``succ``.
 
         The unit is always followed by at least one stand-in ending on a user message (``succ``
@@ -463,11 +472,13 @@ class ChatTemplateTokenCounter:
         falls on it; that end effect is ``_end_cost``'s."""
         if succ == "end":
             succ = "user"
-        ck = (keys, pred, succ)
+        ck = (keys, pred, succ, caller)
         costs = self._units.get(ck)
         if costs is not None:
             return costs
         pre = tuple(json.dumps(d) for d in _PRE[pred])
+        if caller is not None:  # the real assistant message that made the calls stands before
+            pre = pre[:2] + (caller,) + pre[3:]
         post = tuple(json.dumps(d) for d in _POST[succ])
         prev = self._tokens(pre + post)
         costs = []
@@ -555,11 +566,11 @@ class ChatTemplateTokenCounter:
         return base
 
     def _upper_costs(self, keys: tuple[str, ...], dicts: Sequence[dict[str, Any]], preds: list[str],
-                     succs: list[str], exact: tuple[str, str]) -> list[int]:
+                     succs: list[str], exact: tuple[str, str], caller: Optional[str] = None) -> list[int]:
         """The most each message of a unit costs over the neighbours ``preds`` x ``succs``;
         the ``exact`` pair must render (a refusal there is the conversation's own)."""
         try:
-            best = list(self._unit_cost(keys, *exact))
+            best = list(self._unit_cost(keys, *exact, caller=caller))
         except _Refused as exc:
             raise MessageValidationError(f"the chat template refused the conversation: {exc}") from None
         if self._is_local(dicts):
@@ -569,7 +580,7 @@ class ChatTemplateTokenCounter:
                 if (pred, succ) == exact or (pred == "first" and succ == "system"):
                     continue
                 try:
-                    c = self._unit_cost(keys, pred, succ)
+                    c = self._unit_cost(keys, pred, succ, caller=caller)
                 except _Refused:
                     continue
                 best = [max(a, b) for a, b in zip(best, c)]
@@ -684,34 +695,31 @@ class ChatTemplateTokenCounter:
             true_succ = "end" if b == n else dicts[b]["role"]
             succs = [true_succ] if b < n else ["user", "assistant", "system"]
             exact_pred = true_pred if true_pred is not None else ("tool" if first_role == "tool" else "user")
+            caller = None
             if first_role == "tool" and true_pred is None:
+                # a slice that starts inside a unit: stand the assistant that made the call before it
                 exact_pred = "call"
-            costs = self._upper_costs(tuple(keys[a:b]), dicts[a:b], preds, succs, (exact_pred, true_succ))
+                caller = self._calls.get(dicts[a].get("tool_call_id") or "")
+            costs = self._upper_costs(tuple(keys[a:b]), dicts[a:b], preds, succs, (exact_pred, true_succ), caller)
             out[a:b] = costs
         return out
 
     def count_tools(self, tools_schema: Optional[Sequence[Mapping[str, Any]]], messages: Optional[Sequence[Any]] = None) -> int:
         """Marginal tokens of ``tools_schema`` in a request of ``messages`` (default: one user
-        message): ``tokens(head, tools) - tokens(head)`` where ``head`` is the conversation up
-        to and including its first user message.
+        message): the exact count with the tools minus ``count_messages(messages)``, so
+        ``count_messages(ms) + count_tools(tools, ms)`` is the request's exact count.
 
-        ``count_messages(ms) + count_tools(tools, ms)`` equals the exact count of the request
-        with tools for templates that put the tools before or into the head (all we test).
+        Templates put tools in many places (a system block, the first or the last user message,
+        Mistral's template even once per user message equal to the last one), so this renders
+        the whole request with tools once (cached by the conversation and the tools).
         """
         if not tools_schema:
             return 0
         from ._tools_count import iter_functions
 
         iter_functions(tools_schema)
-        tools = json.loads(json.dumps(list(tools_schema)))
-        ms = list(messages) if messages is not None else [{"role": "user", "content": "."}]
-        if not ms:
-            ms = [{"role": "user", "content": "."}]
-        keys, dicts = self._entries(ms)
-        h = next((i for i, d in enumerate(dicts) if d["role"] == "user"), len(dicts) - 1) + 1
-        tools_key = json.dumps(tools)
-        with_tools = self._full(keys[:h], dicts[:h], tools, tools_key)
-        return with_tools - self._full(keys[:h], dicts[:h])
+        ms = list(messages) if messages else [{"role": "user", "content": "."}]
+        return self.count_request(ms, tools_schema) - self.count_messages(ms)
 
     def count_request(self, messages: Sequence[Any], tools_schema: Optional[Sequence[Mapping[str, Any]]] = None) -> int:
         """Exact tokens of a whole request, by one full rendering (what the others must sum to)."""

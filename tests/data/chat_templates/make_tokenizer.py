@@ -8,8 +8,9 @@ Llama 3), with the regex transformers uses for them. Rebuild it from the reposit
     .venv/bin/python tests/data/chat_templates/make_tokenizer.py
 
 ``model_dir(family, dest)`` writes a model folder for one family of this directory: its
-``tokenizer_config.json`` and chat template, and a ``tokenizer.json`` made of the shared
-vocabulary plus the family's added tokens (from ``added_tokens_decoder``, special or not).
+``tokenizer_config.json`` (its ``tokenizer_class`` set to ``PreTrainedTokenizerFast``) and chat
+template, and a ``tokenizer.json`` made of the shared vocabulary plus the family's added tokens
+(from ``added_tokens_decoder``, special or not).
 """
 
 from __future__ import annotations
@@ -48,6 +49,11 @@ def model_dir(family: str, dest: str) -> str:
     tok.add_special_tokens(special)
     tok.add_tokens(plain)
     tok.save(os.path.join(dest, "tokenizer.json"))
+    # the shared vocabulary is no family's own: transformers must load tokenizer.json as it is
+    # (Qwen2Tokenizer would rebuild Qwen's pre-tokenizer around it)
+    config["tokenizer_class"] = "PreTrainedTokenizerFast"
+    with open(os.path.join(dest, "tokenizer_config.json"), "w", encoding="utf-8") as f:
+        json.dump(config, f, ensure_ascii=False, indent=2)
     return dest
 
 

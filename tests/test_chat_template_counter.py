@@ -1,0 +1,302 @@
+"""ChatTemplateTokenCounter against transformers' apply_chat_template, on real chat templates.
+
+Every bundled template (tests/data/chat_templates, see PROVENANCE.md) is loaded twice from the
+same model folder: by our counter, and by transformers' AutoTokenizer (offline). On random and
+real-shaped conversations with tools (parallel calls, reasoning, refusals included) the counts
+must be equal; the trimming filters must keep the budget by exact full rendering.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import os
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from jianmu_fast.errors import ContextBudgetError, MessageValidationError, TokenizerLoadError
+from jianmu_fast.memory.context import ChatTemplateTokenCounter, TokenBudgetFilter
+from jianmu_fast.memory.context.chat_template import message_to_template_dict
+from jianmu_fast.message import Message
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+transformers = pytest.importorskip("transformers")
+
+_HERE = os.path.join(os.path.dirname(__file__), "data", "chat_templates")
+_spec = importlib.util.spec_from_file_location("_ct_data", os.path.join(_HERE, "make_tokenizer.py"))
+mk = importlib.util.module_from_spec(_spec)
+_spec.loader.exec_module(mk)  # type: ignore[union-attr]
+
+FAMILIES = mk.FAMILIES
+#: families whose per-message counts are exact (not only upper bounds) without reasoning
+LOCAL = {"qwen3", "hermes", "llama3.1", "mistral", "gpt-oss"}
+
+TOOLS = [
+    {"type": "function", "function": {
+        "name": "get_weather", "description": "Current weather in a city.",
+        "parameters": {"type": "object", "properties": {
+            "city": {"type": "string", "description": "City name"},
+            "unit": {"type": "string", "enum": ["c", "f"], "description": "Unit"}},
+            "required": ["city"]}}},
+    {"type": "function", "function": {
+        "name": "search", "description": "Search the web.",
+        "parameters": {"type": "object", "properties": {
+            "query": {"type": "string", "description": "What to look for"},
+            "top_k": {"type": "integer", "description": "How many results"}},
+            "required": ["query"]}}},
+]
+
+
+class Family:
+    def __init__(self, name: str, path: str) -> None:
+        self.name = name
+        self.path = path
+        self.counter = ChatTemplateTokenCounter(path)
+        self.hf = transformers.AutoTokenizer.from_pretrained(path)
+
+    def reference(self, messages, tools=None):
+        """transformers' count, or the exception it raises."""
+        dicts = [message_to_template_dict(m) for m in messages]
+        try:
+            ids = self.hf.apply_chat_template(dicts, tools=tools, add_generation_prompt=True, tokenize=True,
+                                              return_dict=False)
+        except Exception as exc:  # the template refused
+            return exc
+        return len(ids)
+
+
+@pytest.fixture(scope="session")
+def families(tmp_path_factory):
+    return {f: Family(f, mk.model_dir(f, str(tmp_path_factory.mktemp(f)))) for f in FAMILIES}
+
+
+@pytest.fixture(params=FAMILIES)
+def family(request, families):
+    return families[request.param]
+
+
+# -- conversations --------------------------------------------------------------------------
+
+_words = st.sampled_from([
+    "Paris", "weather", "What's the weather in Paris?", "sunny, 21°C", "  padded  ", "line\nbreak",
+    "```json\n{\"a\": 1}\n```", "数据", "émoji 🙂", "<tool_call>", "</think>", "x" * 50, "", "1234567",
+])
+_text = st.one_of(_words, st.text(st.characters(blacklist_categories=("Cs",)), max_size=30))
+
+
+@st.composite
+def conversations(draw, parallel: bool = True, reasoning: bool = True, end_on_assistant: bool = True):
+    ms: list[Message] = []
+    if draw(st.booleans()):
+        ms.append(Message(role="system", content=draw(_text)))
+    n_calls = 0
+    for _ in range(draw(st.integers(1, 4))):
+        ms.append(Message(role="user", content=draw(_text)))
+        for _ in range(draw(st.integers(0, 3))):
+            k = draw(st.integers(1, 3 if parallel else 1))
+            calls, results = [], []
+            for _ in range(k):
+                n_calls += 1
+                name = draw(st.sampled_from(["get_weather", "search"]))
+                args = {"city": draw(_text)} if name == "get_weather" else {"query": draw(_text), "top_k": draw(st.integers(1, 9))}
+                cid = f"call_{n_calls}"
+                calls.append({"id": cid, "type": "function", "function": {"name": name, "arguments": json.dumps(args)}})
+                results.append(Message(role="tool", content=draw(_text), tool_call_id=cid, name=name))
+            extra = {"reasoning_content": draw(_text)} if reasoning and draw(st.booleans()) and draw(st.booleans()) else {}
+            ms.append(Message(role="assistant", content=None, tool_calls=calls, extra=extra))
+            ms.extend(results)
+        if draw(st.booleans()):
+            extra = {"reasoning_content": draw(_text)} if reasoning and draw(st.booleans()) and draw(st.booleans()) else {}
+            ms.append(Message(role="assistant", content=draw(_text), extra=extra))
+    if not end_on_assistant and ms[-1].role == "assistant":
+        ms.append(Message(role="user", content=draw(_text)))
+    return ms
+
+
+# -- exactness ----------------------------------------------------------------------------------
+
+_SETTINGS = settings(max_examples=250, deadline=None, suppress_health_check=list(HealthCheck))
+
+
+@_SETTINGS
+@given(ms=conversations(), with_tools=st.booleans())
+def test_counts_equal_transformers(family, ms, with_tools):
+    tools = TOOLS if with_tools else None
+    ref = family.reference(ms, tools)
+    c = family.counter
+    if isinstance(ref, Exception):
+        with pytest.raises(MessageValidationError, match="chat template refused"):
+            c.count_messages(ms) + c.count_tools(tools, ms)
+            c.count_request(ms, tools)
+        return
+    assert c.count_messages(ms) + c.count_tools(tools, ms) == ref
+    assert c.count_request(ms, tools) == ref
+
+
+@_SETTINGS
+@given(ms=conversations(reasoning=False, end_on_assistant=False))
+def test_per_message_counts_add_up(family, ms):
+    """count_messages([]) + sum(count_array) is never below the exact count; equal for the
+    families whose units do not depend on their neighbours."""
+    ref = family.reference(ms)
+    if isinstance(ref, Exception):
+        return
+    c = family.counter
+    total = c.count_messages([]) + int(c.count_array(ms).sum())
+    assert total >= ref
+    if family.name in LOCAL:
+        assert total == ref
+        assert c.count_messages([]) + sum(c.count_message(m) for m in ms) >= ref
+
+
+def test_hot_loop_counts_incrementally_and_exactly(family):
+    """A growing agent loop: each turn is counted exactly, and the cached units are reused."""
+    c = ChatTemplateTokenCounter(family.path)
+    ms = [Message(role="system", content="You are a weather bot."), Message(role="user", content="Weather in Paris?")]
+    for i in range(12):
+        args = json.dumps({"city": f"Paris {i}"})
+        ms.append(Message(role="assistant", content=None, tool_calls=[
+            {"id": f"c{i}", "type": "function", "function": {"name": "get_weather", "arguments": args}}]))
+        ms.append(Message(role="tool", content=f"{20 + i}°C", tool_call_id=f"c{i}", name="get_weather"))
+        assert c.count_messages(ms) == family.reference(ms)
+        if i % 3 == 2:
+            ms.append(Message(role="assistant", content=f"It is {20 + i}°C."))
+            ms.append(Message(role="user", content="And now?"))
+            assert c.count_messages(ms) == family.reference(ms)
+
+
+def test_reasoning_and_final_assistant_fall_back_exactly(families):
+    """Qwen3 strips reasoning before the last user query and gives a final assistant message an
+    empty think block: those calls are rendered whole, and stay exact."""
+    fam = families["qwen3"]
+    c = fam.counter
+    ms = [Message(role="user", content="2+2?"),
+          Message(role="assistant", content="4", extra={"reasoning_content": "two and two"}),
+          Message(role="user", content="and 3+3?"),
+          Message(role="assistant", content="6", extra={"reasoning_content": "three and three"})]
+    for k in range(1, len(ms) + 1):
+        assert c.count_messages(ms[:k]) == fam.reference(ms[:k])
+    plain = [Message(role="user", content="hi"), Message(role="assistant", content="hello")]
+    assert c.count_messages(plain) == fam.reference(plain)
+    rendered = c.render(plain)
+    assert rendered.endswith("<|im_start|>assistant\n<think>\n")
+    assert "<think>\n\n</think>\n\nhello" in rendered
+
+
+def test_render_matches_transformers_text(families):
+    ms = [Message(role="system", content="Be brief."), Message(role="user", content="Weather?"),
+          Message(role="assistant", content=None, tool_calls=[
+              {"id": "c1", "type": "function", "function": {"name": "get_weather", "arguments": '{"city": "Oslo"}'}}]),
+          Message(role="tool", content="cold", tool_call_id="c1", name="get_weather")]
+    for fam in families.values():
+        dicts = [message_to_template_dict(m) for m in ms]
+        expected = fam.hf.apply_chat_template(dicts, tools=TOOLS, add_generation_prompt=True, tokenize=False)
+        assert fam.counter.render(ms, TOOLS) == expected, fam.name
+
+
+def test_template_refusal_carries_its_message(families):
+    c = families["llama3.1"].counter
+    calls = [{"id": f"c{i}", "type": "function", "function": {"name": "search", "arguments": "{}"}} for i in range(2)]
+    ms = [Message(role="user", content="two things"), Message(role="assistant", content=None, tool_calls=calls),
+          Message(role="tool", content="a", tool_call_id="c0"), Message(role="tool", content="b", tool_call_id="c1")]
+    with pytest.raises(MessageValidationError, match="only supports single tool-calls at once"):
+        c.count_messages(ms)
+    with pytest.raises(MessageValidationError, match="only supports single tool-calls at once"):
+        c.count_array(ms)
+    hermes = families["hermes"].counter
+    no_name = [Message(role="user", content="q"), Message(role="tool", content="r", tool_call_id="x")]
+    with pytest.raises(MessageValidationError, match="require a 'name' key"):
+        hermes.count_messages(no_name)
+
+
+def test_message_dict_is_what_vllm_passes():
+    m = Message(role="assistant", content=None, tool_calls=[
+        {"id": "c1", "type": "function", "function": {"name": "f", "arguments": '{"b": 1, "a": [2]}'}}],
+        extra={"reasoning_content": "why"})
+    d = message_to_template_dict(m)
+    assert d["content"] == ""
+    assert d["tool_calls"][0]["function"]["arguments"] == {"b": 1, "a": [2]}
+    assert list(d["tool_calls"][0]["function"]["arguments"]) == ["b", "a"]  # order kept
+    assert d["thinking"] == d["reasoning_content"] == "why"
+    assert "name" not in d and "tool_call_id" not in d
+    bad = Message(role="assistant", content=None, tool_calls=[
+        {"id": "c", "type": "function", "function": {"name": "f", "arguments": "not json"}}])
+    assert message_to_template_dict(bad)["tool_calls"][0]["function"]["arguments"] == "not json"
+
+
+def test_bad_input_errors(tmp_path, families):
+    import shutil
+
+    with pytest.raises(TokenizerLoadError, match="not a model directory"):
+        ChatTemplateTokenCounter(str(tmp_path / "missing"))
+    with pytest.raises(TokenizerLoadError, match="no tokenizer.json"):
+        ChatTemplateTokenCounter(str(tmp_path))
+    d = str(tmp_path / "m")
+    shutil.copytree(families["hermes"].path, d)
+    os.remove(os.path.join(d, "chat_template.jinja"))
+    with pytest.raises(TokenizerLoadError, match="no chat template"):
+        ChatTemplateTokenCounter(d)
+    from tokenizers import Tokenizer
+
+    tok = Tokenizer.from_file(os.path.join(d, "tokenizer.json"))
+    with pytest.raises(ValueError, match="chat_template is required"):
+        ChatTemplateTokenCounter(tok)
+    with pytest.raises(TypeError, match="path_or_tokenizer"):
+        ChatTemplateTokenCounter(42)
+    c = ChatTemplateTokenCounter(tok, "{% for m in messages %}{{ m.content }}{% endfor %}")
+    with pytest.raises(MessageValidationError, match=r"messages\[1\]"):
+        c.count_messages([Message(role="user", content="a"), 3])
+
+
+def test_transformers_is_not_imported_by_the_counter():
+    import subprocess
+    import sys
+
+    code = (
+        "import sys, importlib.util, os\n"
+        f"spec = importlib.util.spec_from_file_location('mk', {os.path.join(_HERE, 'make_tokenizer.py')!r})\n"
+        "mk = importlib.util.module_from_spec(spec); spec.loader.exec_module(mk)\n"
+        "import tempfile\n"
+        "from jianmu_fast.memory.context import ChatTemplateTokenCounter\n"
+        "from jianmu_fast.message import human\n"
+        "c = ChatTemplateTokenCounter(mk.model_dir('qwen3', tempfile.mkdtemp()))\n"
+        "c.count_messages([human('hi')])\n"
+        "assert 'transformers' not in sys.modules, 'transformers was imported'\n"
+    )
+    subprocess.run([sys.executable, "-c", code], check=True)
+
+
+# -- the filters keep their invariants with this counter --------------------------------------------
+
+
+@settings(max_examples=120, deadline=None, suppress_health_check=list(HealthCheck))
+@given(ms=conversations(reasoning=False, end_on_assistant=False), budget=st.integers(30, 700),
+       name=st.sampled_from(FAMILIES))
+def test_budget_filter_keeps_budget_by_exact_rendering(families, ms, budget, name):
+    fam = families[name]
+    if isinstance(fam.reference(ms), Exception):
+        return
+    flt = TokenBudgetFilter(max_tokens=budget, counter=fam.counter)
+    try:
+        kept = flt.apply(ms)
+    except ContextBudgetError:
+        return
+    # the exact count of what is sent, by rendering the whole template
+    assert fam.counter.count_request(kept) <= budget
+    n_pinned = 1 if ms[0].role == "system" else 0
+    assert kept[:n_pinned] == ms[:n_pinned]
+    rest = kept[n_pinned:]
+    assert rest == ms[len(ms) - len(rest):]  # a contiguous run of the newest messages
+    if rest:
+        assert rest[0].role != "tool"  # whole tool-call transactions
+    if name in LOCAL:  # exact per-message counts: the longest run that fits is kept
+        start = len(ms) - len(rest)
+        while start > n_pinned and ms[start - 1].role == "tool":
+            start -= 1
+        prev = start - 1
+        while prev > n_pinned and ms[prev].role == "tool":
+            prev -= 1
+        if prev >= n_pinned and prev < start:
+            assert fam.counter.count_request(ms[:n_pinned] + ms[prev:]) > budget
