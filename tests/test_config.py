@@ -221,3 +221,103 @@ def test_importing_the_package_does_not_load_pyyaml_or_read_config(tmp_path):
     )
     out = subprocess.run([sys.executable, "-c", code], cwd=tmp_path, capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "False"
+
+
+# -- item 10 of issue 12: alias bombs and deep nesting are ConfigError, file and line, fast ----
+
+def _bomb(section: str, key: str) -> str:
+    """A "billion laughs": nine levels of nine aliases (9**9 values once expanded), ~400 bytes."""
+    levels = ["&a [lol, lol, lol, lol, lol, lol, lol, lol, lol]"]
+    for p, c in zip("abcdefgh", "bcdefghi"):
+        levels.append(f"&{c} [" + ",".join([f"*{p}"] * 9) + "]")
+    return f"# a bomb\n{section}:\n  {key}: [{', '.join(levels)}]\n"
+
+
+_BOMB_SCRIPT = r"""
+import json, sys
+from jianmu_fast.config import load_config
+from jianmu_fast.errors import ConfigError
+try:
+    load_config()
+    print(json.dumps({"error": None}))
+except ConfigError as exc:
+    print(json.dumps({"error": str(exc)}))
+"""
+
+
+@pytest.mark.parametrize(
+    "section,key", [("prompt", "persona_default_prompt"), ("prompt", "bootstrap_files"),
+                    ("paths", "skills_dir"), ("constraints", "max_messages")]
+)
+def test_alias_bomb_is_a_config_error_with_file_and_line(tmp_path, section, key):
+    import json
+    import subprocess
+    import sys
+
+    p = write(tmp_path / "jianmu.yaml", _bomb(section, key))
+    assert len(p.read_bytes()) < 420
+    # a subprocess, so that a hang (today's main: memory grows without end) fails the test
+    # at the timeout instead of taking the test run down
+    env = {**os.environ, "JIANMU_CONFIG": str(p)}
+    done = subprocess.run([sys.executable, "-c", _BOMB_SCRIPT], env=env, capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0, done.stderr[-2000:]
+    msg = json.loads(done.stdout)["error"]
+    assert msg is not None and msg.startswith(f"{p}:3:")
+    assert "aliases" in msg and len(msg) < 600  # names the problem, never formats the expanded value
+
+
+def test_alias_bomb_in_process_and_in_skill_front_matter(tmp_path):
+    from jianmu_fast.skills import parse_skill_md
+
+    write(tmp_path / "jianmu.yaml", _bomb("prompt", "persona_default_prompt"))
+    with pytest.raises(ConfigError, match=r"jianmu\.yaml:3:\d+: malformed YAML: the document expands"):
+        load_config()
+    front = _bomb("metadata", "x").replace("# a bomb\n", "")
+    with pytest.raises(ConfigError, match=r"SKILL\.md:4: malformed front matter: the document expands"):
+        parse_skill_md(f"---\nname: n\n{front}---\nbody\n", tmp_path / "SKILL.md")
+
+
+def test_a_few_aliases_still_work(tmp_path):
+    write(tmp_path / "jianmu.yaml", "prompt:\n  bootstrap_files: &files [A.md, B.md]\n  react_protocol_prompt: &t hi\n"
+          "  persona_default_prompt: *t\n")
+    cfg = load_config()
+    assert cfg.prompt["bootstrap_files"] == ("A.md", "B.md") and cfg.prompt["persona_default_prompt"] == "hi"
+
+
+@pytest.mark.parametrize(
+    "text,line",
+    [
+        ("prompt:\n  persona_default_prompt: " + "[" * 5000 + "]" * 5000 + "\n", 2),
+        ("constraints:\n  max_messages: " + "{a: " * 3000 + "1" + "}" * 3000 + "\n", 2),
+        ("paths:\n" + "".join("  " * (i + 1) + f"k{i}:\n" for i in range(200)) + "  " * 201 + "v: 1\n", None),
+    ],
+)
+def test_deep_nesting_is_a_config_error_not_a_recursion_error(tmp_path, text, line):
+    p = write(tmp_path / "jianmu.yaml", text)
+    with pytest.raises(ConfigError) as info:
+        load_config()
+    msg = str(info.value)
+    assert "nested deeper than 64 levels" in msg and msg.startswith(f"{p}:")
+    if line is not None:
+        assert msg.startswith(f"{p}:{line}:")
+
+
+def test_long_wrong_value_is_shortened_in_the_error(tmp_path):
+    p = write(tmp_path / "jianmu.yaml", "constraints:\n  max_messages: [" + ", ".join(["x" * 100] * 1000) + "]\n")
+    with pytest.raises(ConfigError) as info:
+        load_config()
+    assert str(info.value).startswith(f"{p}:2: constraints.max_messages: expected a positive integer")
+    assert len(str(info.value)) < 500
+
+
+@pytest.mark.parametrize("kind", ["bomb", "deep"])
+def test_cli_exits_2_on_a_bad_config(tmp_path, capsys, kind):
+    from jianmu_fast import cli
+
+    text = _bomb("prompt", "persona_default_prompt") if kind == "bomb" else "prompt:\n  x: " + "[" * 3000 + "]" * 3000
+    p = write(tmp_path / "jianmu.yaml", text)
+    src = tmp_path / "in.jsonl"
+    src.write_text('{"messages": [{"role": "user", "content": "hi"}]}\n')
+    assert cli.main(["build", str(src), "-o", str(tmp_path / "out.jsonl"), "--max-tokens", "100"]) == 2
+    err = capsys.readouterr().err
+    assert f"ConfigError: {p}:" in err and "Traceback" not in err

@@ -41,6 +41,9 @@ from ..errors import ConfigError
 from .prompts import PROMPT_FIELDS
 
 __all__ = [
+    "MAX_YAML_DEPTH",
+    "MAX_YAML_NODES",
+    "safe_yaml_compose",
     "CONFIG_ENV_VAR",
     "DEFAULT_CONFIG_NAME",
     "JianmuConfig",
@@ -59,6 +62,11 @@ _PATH_KEYS = ("skills_dir", "workspace_dir")
 _CONSTRAINT_KEYS = ("max_messages",)
 
 _EMPTY: Mapping[str, Any] = MappingProxyType({})
+
+#: deepest nesting of collections a YAML document may have (``jianmu.yaml``, ``SKILL.md``)
+MAX_YAML_DEPTH = 64
+#: most nodes a YAML document may have once every alias is expanded (stops "billion laughs")
+MAX_YAML_NODES = 10_000
 
 
 class JianmuConfigWarning(UserWarning):
@@ -171,6 +179,96 @@ _NO_FILE = JianmuConfig()
 # -- parsing ---------------------------------------------------------------------------------
 
 
+_loader_cls: Any = None
+
+
+def _bounded_loader() -> Any:
+    """A ``yaml.SafeLoader`` subclass that bounds the document *while it is composed*:
+    nesting deeper than :data:`MAX_YAML_DEPTH`, or more than :data:`MAX_YAML_NODES` nodes
+    with every alias counted at the full size of what it names, raise ``ComposerError`` at
+    the node's line, before anything is constructed (so an alias bomb costs microseconds,
+    and deep nesting never reaches Python's recursion limit)."""
+    global _loader_cls
+    if _loader_cls is not None:
+        return _loader_cls
+    import yaml  # type: ignore[import-untyped]
+    from yaml.composer import ComposerError  # type: ignore[import-untyped]
+
+    class BoundedSafeLoader(yaml.SafeLoader):  # type: ignore[misc]
+        def __init__(self, stream: Any) -> None:
+            super().__init__(stream)
+            self._depth = 0
+            self._sizes: dict[int, int] = {}
+
+        def compose_node(self, parent: Any, index: Any) -> Any:
+            if self._depth >= MAX_YAML_DEPTH:
+                raise ComposerError(
+                    None, None, f"collections nested deeper than {MAX_YAML_DEPTH} levels", self.peek_event().start_mark
+                )
+            self._depth += 1
+            try:
+                node = super().compose_node(parent, index)
+            finally:
+                self._depth -= 1
+            key = id(node)
+            if key not in self._sizes and isinstance(node, yaml.CollectionNode):
+                get = self._sizes.get
+                if isinstance(node, yaml.MappingNode):
+                    size = 1 + sum(get(id(k), 1) + get(id(v), 1) for k, v in node.value)
+                else:
+                    size = 1 + sum(get(id(v), 1) for v in node.value)
+                if size > MAX_YAML_NODES:
+                    raise ComposerError(
+                        None, None,
+                        f"the document expands to more than {MAX_YAML_NODES} values once its aliases "
+                        "(*name) are expanded; an alias bomb? Write the values out, or use fewer aliases",
+                        node.start_mark,
+                    )
+                self._sizes[key] = size
+            return node
+
+    _loader_cls = BoundedSafeLoader
+    return _loader_cls
+
+
+def safe_yaml_compose(text: str) -> tuple[Any, Any]:
+    """``(root node, data)`` of one YAML document, composed once with the bounds above and
+    constructed with the safe constructor. Raises ``yaml.YAMLError`` (with a mark).
+
+    >>> safe_yaml_compose("a: [1, 2]")[1]
+    {'a': [1, 2]}
+    >>> lines = ["a: &a [x, x, x, x, x, x, x, x, x, x]"] + [
+    ...     f"{c}: &{c} [" + ", ".join([f"*{p}"] * 10) + "]" for p, c in zip("abcdefg", "bcdefgh")]
+    >>> bomb = chr(10).join(lines)
+    >>> try:
+    ...     safe_yaml_compose(bomb)
+    ... except Exception as exc:
+    ...     print(exc.problem_mark.line + 1, exc.problem[:39])
+    4 the document expands to more than 10000
+    """
+    loader = _bounded_loader()(text)
+    try:
+        root = loader.get_single_node()
+        data = loader.construct_document(root) if root is not None else None
+    finally:
+        loader.dispose()
+    return root, data
+
+
+def _short(value: Any) -> str:
+    """A bounded ``repr`` of a configured value for error messages (never the whole value).
+
+    >>> _short(["x" * 500])[-20:]
+    "xxxxxxxxxxxxxxx...']"
+    """
+    import reprlib
+
+    r = reprlib.Repr()
+    r.maxlevel, r.maxlist, r.maxtuple, r.maxdict, r.maxstring, r.maxother = 3, 6, 6, 6, 80, 80
+    text = r.repr(value)
+    return text if len(text) <= 200 else text[:200] + "..."
+
+
 def _key_lines(root: Any) -> dict[tuple[str, ...], int]:
     """1-based line of each key, by its path (``("prompt", "persona_default_prompt")``)."""
     import yaml  # type: ignore[import-untyped]
@@ -228,8 +326,7 @@ def _parse_file(path: Path) -> JianmuConfig:
     except OSError as exc:
         raise ConfigError(f"{path}: cannot read the configuration file: {exc}") from exc
     try:
-        root = yaml.compose(text, Loader=yaml.SafeLoader)
-        data = yaml.safe_load(text)
+        root, data = safe_yaml_compose(text)
     except yaml.YAMLError as exc:
         mark = getattr(exc, "problem_mark", None) or getattr(exc, "context_mark", None)
         where = f"{path}:{mark.line + 1}:{mark.column + 1}" if mark is not None else str(path)
@@ -267,11 +364,11 @@ def _check_prompt(chk: _Checker, section: Mapping[str, Any]) -> dict[str, Any]:
             if isinstance(value, str):
                 value = [value]
             if not isinstance(value, list) or not all(isinstance(v, str) and v for v in value):
-                raise chk.fail(keys, f"expected a list of file names (non-empty strings), got {value!r}")
+                raise chk.fail(keys, f"expected a list of file names (non-empty strings), got {_short(value)}")
             out[key] = tuple(value)
             continue
         if not isinstance(value, str):
-            raise chk.fail(keys, f"expected a string, got {type(value).__name__} ({value!r}); quote it")
+            raise chk.fail(keys, f"expected a string, got {type(value).__name__} ({_short(value)}); quote it")
         if key == "tools_prompt_template" and "{tools_desc}" not in value:
             raise chk.fail(keys, "the template must contain '{tools_desc}', where the tool list goes")
         out[key] = value
@@ -288,7 +385,7 @@ def _check_paths(chk: _Checker, section: Mapping[str, Any]) -> dict[str, str]:
         if value is None:
             continue
         if not isinstance(value, str) or not value:
-            raise chk.fail(keys, f"expected a directory path (a non-empty string), got {value!r}")
+            raise chk.fail(keys, f"expected a directory path (a non-empty string), got {_short(value)}")
         p = Path(value).expanduser()
         out[key] = str(p if p.is_absolute() else (chk.path.parent / p).absolute())
     return out
@@ -304,6 +401,6 @@ def _check_constraints(chk: _Checker, section: Mapping[str, Any]) -> dict[str, A
         if value is None:
             continue
         if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-            raise chk.fail(keys, f"expected a positive integer, got {value!r}")
+            raise chk.fail(keys, f"expected a positive integer, got {_short(value)}")
         out[key] = value
     return out

@@ -136,8 +136,10 @@ def parse_skill_md(text: str, path: Union[str, os.PathLike[str], None] = None) -
 
     where = str(path) if path is not None else "<SKILL.md>"
     head, body, first_line = _split_front_matter(text, where)
+    from ..config.loader import safe_yaml_compose
+
     try:
-        meta = yaml.safe_load(head)
+        meta = safe_yaml_compose(head)[1]  # bounded: no alias bomb, no deep nesting
     except yaml.YAMLError as exc:
         mark = getattr(exc, "problem_mark", None)
         line = f":{mark.line + first_line}" if mark is not None else ""
