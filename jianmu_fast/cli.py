@@ -6,7 +6,7 @@
         [--system-prompt TEXT | --system-prompt-file PATH] [--tools-desc-file PATH]
         [--tools-file PATH] [--skills-dir DIR] [--workspace-dir DIR] [--max-messages N]
         [--max-tokens N] [--tokenizer simple|ENCODING|MODEL|PATH/tokenizer.json]
-        [--workers N] [--on-error raise|skip]
+        [--workers N] [--on-error raise|skip] [--format openai|anthropic]
     jianmu-fast --version
 
 ``-`` reads stdin / writes stdout (``-o`` defaults to stdout). Each input line is a
@@ -16,6 +16,9 @@ are ignored. Each output line is the input object with ``messages`` replaced by 
 plus ``prompt_tokens`` (the prompt's messages counted by ``--tokenizer``) and ``dropped``:
 ``{"messages": k, "tokens": t, "indices": [...]}`` (the positions of the input messages that
 are not in the prompt, and what they cost). Output lines are strict JSON in UTF-8.
+With ``--format anthropic`` lines are Anthropic requests, ``{"system": ..., "messages": [...]}``
+in and out (``jianmu_fast.integrations.anthropic``; ``dropped`` positions count the converted
+messages: the system first, each ``tool_result`` on its own).
 
 **One persona.** The input's leading system messages are the prompt's persona, in the place
 of the preset's default persona. ``--system-prompt`` (or ``--system-prompt-file``) replaces
@@ -69,7 +72,10 @@ import threading
 import time
 from typing import IO, Any, Callable, Iterator, NoReturn, Optional, Sequence
 
-__all__ = ["main", "make_counter", "make_builder", "load_tools", "InputPersonaProvider", "split_persona", "summarize"]
+__all__ = [
+    "main", "make_counter", "make_builder", "load_tools", "InputPersonaProvider", "split_persona", "summarize",
+    "spec_namespace", "process_conversations", "ConversationResult",
+]
 
 PROG = "jianmu-fast"
 _CHUNK = 4096  # lines per batch: bounds memory, and the output streams as it goes
@@ -235,7 +241,9 @@ def make_builder(args: argparse.Namespace, counter: Any) -> Any:
     system_prompt = args.system_prompt
     if args.system_prompt_file is not None:
         system_prompt = _read_text(args.system_prompt_file, "--system-prompt-file")
-    tools_desc = _read_text(args.tools_desc_file, "--tools-desc-file") if args.tools_desc_file else None
+    tools_desc = getattr(args, "tools_desc", None)
+    if args.tools_desc_file:
+        tools_desc = _read_text(args.tools_desc_file, "--tools-desc-file")
     if args.skills_dir is not None and args.preset != "skill":
         raise UsageError("--skills-dir needs --preset skill (the chat and react presets ignore skills)")
     if tools_desc is not None and args.preset == "chat":
@@ -374,6 +382,15 @@ def _add_build_arguments(b: argparse.ArgumentParser) -> None:
                    help="worker processes (1 to 256, default 1)")
     b.add_argument("--on-error", choices=("raise", "skip"), default="raise",
                    help="on a bad line: stop with exit status 1 (raise, default) or leave it out (skip)")
+    b.add_argument("--format", choices=("openai", "anthropic"), default="openai",
+                   help="message format of input and output lines: chat-completions (default) or Anthropic "
+                        "requests ({\"system\": ..., \"messages\": [...]})")
+    b.add_argument("--engine", choices=("local", "ray"), default="local",
+                   help="where prompts are built: this process and its --workers (local, default), or Ray Data "
+                        "(ray: the jianmu_fast[ray] extra; same output, same errors)")
+    b.add_argument("--ray-address", metavar="ADDRESS",
+                   help="with --engine ray: a running cluster (HOST:PORT, or 'auto'); default: start a local "
+                        "Ray instance. Token-authenticated clusters read RAY_AUTH_TOKEN or the token file")
 
 
 # -- reading ----------------------------------------------------------------------------------
@@ -433,8 +450,9 @@ def _finite_float(text: str) -> float:
     return value
 
 
-def _parse_line(text: str) -> tuple[dict[str, Any], Any]:
-    """``(other keys, messages)`` of one line; raises ValueError with the reason."""
+def _parse_line(text: str, fmt: str = "openai") -> tuple[dict[str, Any], Any]:
+    """``(other keys, messages)`` of one line; raises ValueError with the reason. With
+    ``fmt="anthropic"`` the line is an Anthropic request (``messages`` and ``system``)."""
     from .message import coerce_messages
 
     try:
@@ -459,6 +477,10 @@ def _parse_line(text: str) -> tuple[dict[str, Any], Any]:
             raise ValueError(f"not a conversation: 'messages' must be a list, got {type(raw).__name__}")
     else:
         raise ValueError(f"not a conversation: expected an object or a list, got {type(obj).__name__}")
+    if fmt == "anthropic":
+        from .integrations.anthropic import from_anthropic
+
+        return rest, from_anthropic(raw, rest.pop("system", None))
     return rest, coerce_messages(raw, "messages")
 
 
@@ -739,6 +761,7 @@ def _build(args: argparse.Namespace) -> int:
     from . import BACKEND
     from .errors import JianmuError
 
+    _check_engine(args)
     try:
         counter = make_counter(args.tokenizer)
         builder = make_builder(args, counter)
@@ -759,11 +782,18 @@ def _build(args: argparse.Namespace) -> int:
         raise
     bar = _progress(None if args.input == "-" else _count_lines(args.input))
     stop = False
+    processed: Any = None
     try:
-        for chunk in _chunks(_lines(src), _CHUNK if bar is None else _CHUNK_WITH_BAR):
-            stop = _run_chunk(chunk, job)
+        if args.engine == "ray":
+            from .integrations.ray import run_lines
+
+            processed = run_lines(job, _chunks(_lines(src), _CHUNK))
+        else:
+            processed = (_process(chunk, job) for chunk in _chunks(_lines(src), _CHUNK if bar is None else _CHUNK_WITH_BAR))
+        for lines in processed:
+            stop = _emit(lines, job)
             if bar is not None:
-                bar.update(len(chunk))
+                bar.update(len(lines))
             if stop:
                 break
     except BaseException:  # interrupted (KeyboardInterrupt), a broken pipe, a bug: keep the old output
@@ -772,6 +802,8 @@ def _build(args: argparse.Namespace) -> int:
     else:
         job.dst.commit()
     finally:
+        if processed is not None and hasattr(processed, "close"):
+            processed.close()  # the Ray engine stops its local instance
         if bar is not None:
             bar.close()
         if args.input != "-":
@@ -784,6 +816,98 @@ def _build(args: argparse.Namespace) -> int:
               f"{', inside --max-tokens' if args.max_tokens is not None else ''}", file=sys.stderr)
     print(f"  backend {BACKEND}, tokenizer {args.tokenizer}, preset {args.preset}", file=sys.stderr)
     return 1 if stop else 0
+
+
+def spec_namespace(spec: dict[str, Any]) -> argparse.Namespace:
+    """The ``build`` arguments of a spec dict (the command line's names, with underscores):
+    the defaults of ``jianmu-fast build``, overridden by ``spec``, checked as the flags are.
+    ``tools_desc`` (text) may stand for ``tools_desc_file``, ``tools`` (a list) for
+    ``tools_file``.
+
+    >>> ns = spec_namespace({"preset": "react", "max_tokens": 800})
+    >>> ns.preset, ns.max_tokens, ns.tokenizer, ns.on_error
+    ('react', 800, 'o200k_base', 'skip')
+    >>> spec_namespace({"max_tokens": 0})
+    Traceback (most recent call last):
+    ...
+    jianmu_fast.cli.UsageError: spec['max_tokens']: expected an int from 1 to 1,000,000,000, got 0
+    """
+    args = _parser().parse_args(["build", "-", "--on-error", "skip"])
+    checks: dict[str, Any] = {
+        "preset": ("chat", "react", "skill"), "format": ("openai", "anthropic"),
+        "max_tokens": (1, MAX_LIMIT), "max_messages": (1, MAX_LIMIT),
+    }
+    for key, value in spec.items():
+        rule = checks.get(key)
+        if isinstance(rule, tuple) and len(rule) == 2 and isinstance(rule[0], int) and value is not None:
+            if isinstance(value, bool) or not isinstance(value, int) or not rule[0] <= value <= rule[1]:
+                raise UsageError(f"spec[{key!r}]: expected an int from {rule[0]:,} to {rule[1]:,}, got {value!r}")
+        elif rule is not None and value not in rule:
+            raise UsageError(f"spec[{key!r}]: expected one of {', '.join(rule)}, got {value!r}")
+        setattr(args, key, value)
+    return args
+
+
+class ConversationResult:
+    """One conversation of :func:`process_conversations`: the prompt (chat-completions dicts, as
+    an output line of ``jianmu-fast build`` holds them) or the reason it failed."""
+
+    __slots__ = ("messages", "prompt_tokens", "dropped", "error", "warnings", "extra")
+
+    def __init__(self, line: _Line) -> None:
+        self.error = line.error
+        self.warnings = list(line.warnings)
+        self.messages: Optional[list[dict[str, Any]]] = None
+        self.prompt_tokens: Optional[int] = None
+        self.dropped: Optional[dict[str, Any]] = None
+        self.extra: dict[str, Any] = {}
+        if line.error is None:
+            obj = json.loads(line.output)
+            self.messages = obj.pop("messages")
+            self.prompt_tokens = obj.pop("prompt_tokens")
+            self.dropped = obj.pop("dropped")
+            self.extra = obj
+
+
+def process_conversations(conversations: Sequence[Any], builder: Any, counter: Any,
+                          tools_schema: Optional[list[dict[str, Any]]] = None,
+                          args: Optional[argparse.Namespace] = None) -> list[ConversationResult]:
+    """What ``jianmu-fast build --on-error skip`` makes of each conversation (a list of
+    chat-completions messages, or a ``{"messages": [...]}`` object), in order: the same
+    persona rule, sanitize warnings, errors with input positions, counts and ``dropped``.
+
+    >>> from jianmu_fast.memory.context import ContextBuilder, SimpleTokenCounter
+    >>> c = SimpleTokenCounter()
+    >>> b = make_builder(spec_namespace({"system_prompt": "Be brief."}), c)
+    >>> [r.messages for r in process_conversations([[{"role": "user", "content": "hi"}]], b, c)]
+    [[{'role': 'system', 'content': 'Be brief.'}, {'role': 'user', 'content': 'hi'}]]
+    """
+    if args is None:
+        args = spec_namespace({})
+    job = _Job(args, builder, counter, None, "<conversations>", tools_schema)  # type: ignore[arg-type]
+    lines: dict[int, _Line] = {}
+    chunk = []
+    for i, conv in enumerate(conversations):
+        obj = conv if isinstance(conv, dict) else {"messages": conv}
+        try:  # the conversation as an input line, so that it is read exactly as the command reads one
+            chunk.append((i + 1, json.dumps(obj, ensure_ascii=False, allow_nan=False).encode("utf-8", "surrogatepass")))
+        except (TypeError, ValueError) as exc:  # not JSON data (an object, NaN): this row's error
+            lines[i + 1] = _Line(i + 1, False)
+            lines[i + 1].error = f"not a conversation: {_reason(exc)}"
+    for line in _process(chunk, job):
+        lines[line.lineno] = line
+    return [ConversationResult(lines[i + 1]) for i in range(len(conversations))]
+
+
+def _check_engine(args: argparse.Namespace) -> None:
+    """Usage errors of ``--engine`` / ``--ray-address``, before any line is read."""
+    if args.ray_address is not None and args.engine != "ray":
+        raise UsageError("--ray-address needs --engine ray")
+    if args.engine == "ray":
+        try:
+            import ray.data  # noqa: F401
+        except ImportError:
+            raise UsageError("--engine ray needs Ray Data: pip install 'jianmu_fast[ray]'") from None
 
 
 def _tools_tokens(args: argparse.Namespace, counter: Any, tools: Optional[list[dict[str, Any]]]) -> int:
@@ -805,10 +929,16 @@ def _tools_tokens(args: argparse.Namespace, counter: Any, tools: Optional[list[d
 
 
 def _run_chunk(chunk: list[tuple[int, bytes]], job: _Job) -> bool:
-    """Build and write one chunk of lines; True when the command must stop (``--on-error raise``).
+    """Build and write one chunk of lines; True when the command must stop (``--on-error raise``)."""
+    return _emit(_process(chunk, job), job)
+
+
+def _process(chunk: list[tuple[int, bytes]], job: _Job) -> list[_Line]:
+    """Parse, build and render one chunk of lines (nothing is written or reported here: the Ray
+    engine runs this on its workers).
 
     Whatever one line's content makes fail (its bytes, its JSON, its messages, its prompt,
-    writing it) is that line's error; under ``raise``, lines after the first bad one are
+    rendering it) is that line's error; under ``raise``, lines after the first bad one are
     neither built nor reported.
     """
     stop_early = job.args.on_error == "raise"
@@ -818,7 +948,7 @@ def _run_chunk(chunk: list[tuple[int, bytes]], job: _Job) -> bool:
         line = _Line(lineno, replace)
         lines.append(line)
         try:
-            line.rest, line.history = _parse_line(_decode(raw, lineno))
+            line.rest, line.history = _parse_line(_decode(raw, lineno), getattr(job.args, "format", "openai"))
             line.persona = len(split_persona(line.history)[0])
             _sanitize(line)
         except Exception as exc:  # MessageValidationError is a ValueError too
@@ -834,6 +964,13 @@ def _run_chunk(chunk: list[tuple[int, bytes]], job: _Job) -> bool:
             _render(job, line, result)
         except Exception as exc:  # e.g. a value that is not strict JSON
             line.error = _reason(exc)
+    return lines
+
+
+def _emit(lines: Sequence[_Line], job: _Job) -> bool:
+    """Write the prompts and report the warnings and errors of processed lines, in order; True
+    when the command must stop (``--on-error raise`` and a bad line)."""
+    stop_early = job.args.on_error == "raise"
     out: list[bytes] = []
     stop = False
     for line in lines:
@@ -956,6 +1093,16 @@ def _input_indices(reason: str, job: _Job, line: _Line) -> str:
     return _MESSAGES_REF.sub(rewrite, reason)
 
 
+def _prompt_body(job: _Job, prompt: list[Any]) -> dict[str, Any]:
+    """The prompt as the output format writes it: chat-completions ``messages``, or with
+    ``--format anthropic`` Anthropic's ``system`` and ``messages`` (``to_anthropic``)."""
+    if getattr(job.args, "format", "openai") == "anthropic":
+        from .integrations.anthropic import to_anthropic
+
+        return to_anthropic(prompt)
+    return {"messages": [m.to_openai() for m in prompt]}
+
+
 def _render(job: _Job, line: _Line, prompt: list[Any]) -> None:
     """Fill ``line.output`` (one strict-JSON UTF-8 line) and its counts."""
     history, counter = line.history, job.counter
@@ -964,7 +1111,7 @@ def _render(job: _Job, line: _Line, prompt: list[Any]) -> None:
     dropped = [i for i in range(first, len(history)) if history[i].id not in kept]
     line.dropped_tokens = sum(counter.count_message(history[i]) for i in dropped)
     line.tokens = int(counter.count_messages(prompt))
-    obj = {**line.rest, "messages": [m.to_openai() for m in prompt], "prompt_tokens": line.tokens,
+    obj = {**line.rest, **_prompt_body(job, prompt), "prompt_tokens": line.tokens,
            "dropped": {"messages": len(dropped), "tokens": line.dropped_tokens, "indices": dropped}}
     if line.replace_persona:
         obj["replaced_system"] = list(range(line.persona))
