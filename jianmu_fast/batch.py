@@ -98,6 +98,14 @@ class BatchReport:
         """True when no state failed."""
         return not self.failures
 
+    def to_html(self, path: Any, counter: Any = None) -> None:
+        """Write a self-contained HTML page of the batch to ``path``: prompt sizes (by
+        ``counter``, default ``SimpleTokenCounter()``), messages per prompt, failures by kind
+        with their state index (``jianmu_fast[report]``)."""
+        from .report_html import batch_report_html, write_html
+
+        write_html(path, batch_report_html(self, counter))
+
 
 # -- public functions -----------------------------------------------------------------------
 

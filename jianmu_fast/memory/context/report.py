@@ -87,6 +87,17 @@ class BuildReport:
     counter: Any = None
     error: Optional[JianmuError] = None
     """With ``strict=False``: the error a filter raised; ``messages`` are what reached it."""
+    provided_messages: list[Message] = field(default_factory=list, repr=False, compare=False)
+    """Every message the providers gave, in order (kept or not)."""
+    provided_sections: list[int] = field(default_factory=list, repr=False, compare=False)
+    """The index of the provider each of ``provided_messages`` came from."""
+
+    def to_html(self, path: Any) -> None:
+        """Write a self-contained HTML page of this prompt to ``path``: every provided message
+        in order, kept or dropped, with its section and token count (``jianmu_fast[report]``)."""
+        from ...report_html import build_report_html, write_html
+
+        write_html(path, build_report_html(self))
 
     @property
     def filters(self) -> list[StageReport]:
@@ -183,6 +194,8 @@ def build_report(
         held.extend(block)
         report.providers.append(ProviderReport(i, name, len(block), sum(count(m) for m in block)))
         messages.extend(block)
+        report.provided_sections.extend([i] * len(block))
+    report.provided_messages = list(messages)
     report.tools_tokens = _tools_tokens(counter, tools_schema)
     report.provided_tokens = int(counter.count_messages(messages)) + report.tools_tokens
 
