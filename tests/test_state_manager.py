@@ -202,3 +202,136 @@ def test_corrupt_message_row_names_key_and_seq(tmp_path):
 def test_sqlite_rejects_bad_synchronous(tmp_path):
     with pytest.raises(ValueError, match="synchronous must be one of"):
         StateManager.sqlite(tmp_path / "s.db", synchronous="OFF")
+
+
+# -- item 11 of issue 12: every SQLite failure is a StateStoreError naming the path and cause ---
+
+ROOT = hasattr(os, "geteuid") and os.geteuid() == 0
+
+
+def _history(path, n=300):
+    from jianmu_fast.message import StateMessageStore
+
+    with StateManager.sqlite(path) as sm:
+        StateMessageStore(sm).extend([human(f"message {i} " + "x" * 400) for i in range(n)])
+
+
+def _corrupt_middle(path):
+    size = os.path.getsize(path)
+    assert size > 16 * 4096, size  # many pages: the header page stays intact
+    with open(path, "r+b") as f:
+        f.seek(4 * 4096)
+        f.write(b"\xa5\x5a" * ((size - 6 * 4096) // 2))
+
+
+def test_corrupted_page_is_a_store_error_naming_path_and_cause(tmp_path):
+    from jianmu_fast.message import StateMessageStore
+
+    path = tmp_path / "state.db"
+    _history(path)
+    _corrupt_middle(path)
+    with pytest.raises(StateStoreError) as ei:
+        with StateManager.sqlite(path) as sm:
+            StateMessageStore(sm).list()
+    msg = str(ei.value)
+    assert msg.startswith(f"{path}:") and "malformed" in msg and "corrupted" in msg
+    assert isinstance(ei.value.__cause__, sqlite3.DatabaseError)
+
+
+def test_read_only_database_append_is_a_store_error_and_changes_nothing(tmp_path):
+    from jianmu_fast.message import StateMessageStore
+
+    path = tmp_path / "state.db"
+    _history(path, n=5)
+    digest = _digest(path)
+    with StateManager.sqlite(path, read_only=True) as sm:
+        store = StateMessageStore(sm)
+        before = store.list()
+        for write in (lambda: store.append(human("new")), lambda: store.extend([human("a"), ai("b")]),
+                      store.clear, lambda: sm.set("k", 1), lambda: sm.delete("messages")):
+            with pytest.raises(StateStoreError) as ei:
+                write()
+            assert str(ei.value).startswith(f"{path}:") and "read-only" in str(ei.value)
+            assert store.list() == before  # the failed write left the store as it was
+    assert _digest(path) == digest
+    with StateManager.sqlite(path) as sm:
+        assert [m.content for m in StateMessageStore(sm).list()] == [m.content for m in before]
+
+
+@pytest.mark.skipif(ROOT, reason="root ignores file permissions; read_only=True covers the same SQLite error")
+def test_read_only_file_append_is_a_store_error(tmp_path):
+    from jianmu_fast.message import StateMessageStore
+
+    path = tmp_path / "state.db"
+    _history(path, n=5)
+    os.chmod(path, 0o444)
+    with StateManager.sqlite(path) as sm:
+        store = StateMessageStore(sm)
+        before = store.list()
+        with pytest.raises(StateStoreError, match="read-only"):
+            store.append(human("new"))
+        assert store.list() == before
+
+
+@pytest.mark.skipif(ROOT, reason="root ignores directory permissions; the -shm test below covers the cause")
+def test_valid_database_in_read_only_directory_is_not_called_invalid(tmp_path):
+    d = tmp_path / "ro"
+    d.mkdir()
+    path = d / "state.db"
+    _history(path, n=5)
+    os.chmod(d, 0o555)
+    try:
+        with pytest.raises(StateStoreError) as ei:
+            with StateManager.sqlite(path) as sm:
+                sm.append_messages("messages", [human("new")])
+        assert "not a valid" not in str(ei.value) and str(ei.value).startswith(f"{path}:")
+    finally:
+        os.chmod(d, 0o755)
+
+
+def test_valid_database_whose_wal_files_cannot_be_created_is_not_called_invalid(tmp_path):
+    path = tmp_path / "state.db"
+    _history(path, n=5)
+    (tmp_path / "state.db-wal").mkdir()  # SQLite cannot create its WAL file, as in a read-only directory
+    digest = _digest(path)
+    with pytest.raises(StateStoreError) as ei:
+        with StateManager.sqlite(path) as sm:
+            sm.get_messages("messages")
+    msg = str(ei.value)
+    assert msg.startswith(f"{path}:") and "not a valid" not in msg and "-wal/-shm" in msg
+    assert _digest(path) == digest
+
+
+@pytest.mark.parametrize("dev", ["/dev/null", "/dev/zero"])
+def test_device_path_is_a_store_error(dev):
+    if not os.path.exists(dev):
+        pytest.skip(f"{dev} does not exist here")
+    with pytest.raises(StateStoreError, match=rf"^{dev}: is a device, not a state database file"):
+        StateManager.sqlite(dev)
+
+
+def test_read_only_refuses_to_create(tmp_path):
+    with pytest.raises(StateStoreError, match="unable to open") as ei:
+        StateManager.sqlite(tmp_path / "new.db", read_only=True)
+    assert str(ei.value).startswith(f"{tmp_path / 'new.db'}:")
+    assert not (tmp_path / "new.db").exists()
+    with pytest.raises(TypeError, match="read_only"):
+        StateManager.sqlite(tmp_path / "x.db", read_only="yes")
+
+
+def test_failed_commit_rolls_back_and_the_next_read_is_from_the_file(tmp_path):
+    """A retention policy that fails inside the append: the transaction is rolled back, the
+    cache dropped, and the store reads as before (on the same and on a new connection)."""
+
+    class Boom:
+        def evict_count(self, messages):
+            raise RuntimeError("boom")
+
+    path = tmp_path / "state.db"
+    with StateManager.sqlite(path) as sm:
+        sm.append_messages("h", [human("a")])
+        with pytest.raises(RuntimeError, match="boom"):
+            sm.append_messages("h", [human("b"), human("c")], retention=Boom())
+        assert [m.content for m in sm.get_messages("h")] == ["a"]
+    with StateManager.sqlite(path) as sm:
+        assert [m.content for m in sm.get_messages("h")] == ["a"]

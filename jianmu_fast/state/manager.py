@@ -165,8 +165,16 @@ class StateManager:
         self._closed = False
 
     @classmethod
-    def sqlite(cls, path: Union[str, "os.PathLike[str]"], *, timeout: float = 30.0, synchronous: str = "FULL") -> "StateManager":
+    def sqlite(
+        cls, path: Union[str, "os.PathLike[str]"], *, timeout: float = 30.0, synchronous: str = "FULL", read_only: bool = False
+    ) -> "StateManager":
         """A StateManager persisted in the SQLite file ``path`` (created when missing).
+
+        ``read_only=True`` opens an existing state database for reading only (SQLite
+        ``mode=ro``): every write raises :class:`~jianmu_fast.errors.StateStoreError`.
+        Any SQLite failure (a corrupted file, a read-only file or directory, a lock held
+        past ``timeout``) is a ``StateStoreError`` naming the file and the cause, and a
+        write that fails leaves the database exactly as it was.
 
         ``synchronous="FULL"`` (the default) makes every returned write survive a power
         loss; ``"NORMAL"`` survives a process crash only and is about 50x faster per
@@ -183,7 +191,7 @@ class StateManager:
         """
         from .sqlite import SQLiteBackend
 
-        return cls(_backend=SQLiteBackend(path, timeout=timeout, synchronous=synchronous))
+        return cls(_backend=SQLiteBackend(path, timeout=timeout, synchronous=synchronous, read_only=read_only))
 
     # -- plumbing ---------------------------------------------------------------------------
 

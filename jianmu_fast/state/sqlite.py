@@ -13,28 +13,82 @@ only grows, so a ``(key, seq)`` pair is never reused and the per-process cache o
 messages stays right even when another process writes the same file: a read fetches the
 ``(head_seq, next_seq)`` row, drops what was evicted from the cache and reads only new rows.
 
-Opening checks before writing anything: a non-empty file must start with the SQLite header
-and carry our application id (or be an SQLite database with no tables at all); otherwise
+Opening checks before writing anything: the path must be a regular file (or not exist), a
+non-empty file must start with the SQLite header and carry our application id (or be an
+SQLite database with no tables at all); otherwise
 :class:`~jianmu_fast.errors.StateStoreError` is raised and the file is left as it was.
+
+Every SQLite failure, at any call, is a :class:`~jianmu_fast.errors.StateStoreError` that
+names the file, the operation, SQLite's message and what it means (a corrupted file, a
+read-only file or directory, a lock held too long, ...); the ``sqlite3`` error is chained.
+A write that fails is rolled back whole (the store is exactly as it was) and the
+per-process cache is dropped, so the next read comes from the file.
 """
 
 from __future__ import annotations
 
+import functools
 import os
 import sqlite3
-from typing import Any, Optional
+import stat
+from typing import Any, Callable, Optional, TypeVar
+from urllib.parse import quote
 
 from ..errors import StateStoreError
 from ..message.model import Message
 from ._codec import decode_message, decode_value, encode_message, encode_value
 from .manager import _MISSING, _check_evict, _is_message_list
 
-__all__ = ["SQLiteBackend", "APPLICATION_ID", "SCHEMA_VERSION"]
+__all__ = ["SQLiteBackend", "APPLICATION_ID", "SCHEMA_VERSION", "store_error"]
 
 APPLICATION_ID = 0x4A4D4653
 SCHEMA_VERSION = 1
 _HEADER = b"SQLite format 3\x00"
 _SYNC = ("FULL", "NORMAL", "EXTRA")
+_F = TypeVar("_F", bound=Callable[..., Any])
+
+#: (part of SQLite's message, what it means for the user), first match wins
+_CAUSES = (
+    ("malformed", "the file is corrupted; restore it from a backup, or use a new path"),
+    ("not a database", "the file is not an SQLite database, or is corrupted"),
+    ("readonly", "the database is read-only: check the permissions of the file and of its directory "
+                 "(SQLite writes -wal/-shm files beside it), or open it read_only=True to read"),
+    ("unable to open", "SQLite cannot open the file or create its -wal/-shm files beside it: "
+                       "check that the file and its directory exist and are writable"),
+    ("locked", "another connection held the lock longer than the timeout; retry, or raise timeout="),
+    ("busy", "another connection held the lock longer than the timeout; retry, or raise timeout="),
+    ("disk i/o", "an I/O error reading or writing the file or its -wal/-shm files"),
+    ("full", "the disk is full"),
+)
+
+
+def store_error(path: Optional[str], op: str, exc: BaseException) -> StateStoreError:
+    """The :class:`StateStoreError` for an ``sqlite3`` error ``exc`` raised by ``op``.
+
+    >>> str(store_error("/s.db", "reading", sqlite3.DatabaseError("database disk image is malformed")))
+    '/s.db: reading failed: database disk image is malformed (the file is corrupted; restore it from a backup, or use a new path)'
+    """
+    text = str(exc) or type(exc).__name__
+    low = text.lower()
+    hint = next((h for needle, h in _CAUSES if needle in low), None)
+    return StateStoreError(f"{path}: {op} failed: {text}" + (f" ({hint})" if hint else ""))
+
+
+def _guarded(op: str) -> Callable[[_F], _F]:
+    """Turn an ``sqlite3.Error`` of the wrapped backend method into a StateStoreError."""
+
+    def deco(fn: _F) -> _F:
+        @functools.wraps(fn)
+        def wrapper(self: "SQLiteBackend", *args: Any, **kwargs: Any) -> Any:
+            try:
+                return fn(self, *args, **kwargs)
+            except sqlite3.Error as exc:
+                self._cache.clear()
+                raise store_error(self.path, op, exc) from exc
+
+        return wrapper  # type: ignore[return-value]
+
+    return deco
 
 _SCHEMA = """
 CREATE TABLE state_values (
@@ -67,8 +121,19 @@ class _Cache:
 
 
 def _check_file(path: str) -> None:
-    if os.path.isdir(path):
+    try:
+        st = os.stat(path)
+    except FileNotFoundError:
+        return
+    except OSError as exc:
+        raise StateStoreError(f"{path}: cannot be opened ({exc.strerror or exc})") from exc
+    if stat.S_ISDIR(st.st_mode):
         raise StateStoreError(f"{path}: is a directory, not a state database file; pass a file path")
+    if not stat.S_ISREG(st.st_mode):
+        kind = "a device" if stat.S_ISCHR(st.st_mode) or stat.S_ISBLK(st.st_mode) else "not a regular file"
+        raise StateStoreError(
+            f"{path}: is {kind}, not a state database file; pass the path of a regular file (or a new path)"
+        )
     try:
         with open(path, "rb") as fh:
             head = fh.read(len(_HEADER))
@@ -88,33 +153,49 @@ class SQLiteBackend:
 
     name = "sqlite"
 
-    def __init__(self, path: Any, *, timeout: float = 30.0, synchronous: str = "FULL") -> None:
+    def __init__(self, path: Any, *, timeout: float = 30.0, synchronous: str = "FULL", read_only: bool = False) -> None:
         self.path: Optional[str] = os.fspath(path)
         sync = str(synchronous).upper()
         if sync not in _SYNC:
             raise ValueError(f"synchronous must be one of {_SYNC}, got {synchronous!r}")
+        if not isinstance(read_only, bool):
+            raise TypeError(f"read_only: expected a bool, got {type(read_only).__name__}")
+        self.read_only = read_only
+        self._cache: dict[str, _Cache] = {}
         _check_file(self.path)
         try:
-            self._conn = sqlite3.connect(self.path, timeout=timeout, isolation_level=None, check_same_thread=False)
+            if read_only:
+                uri = "file:" + quote(os.path.abspath(self.path)) + "?mode=ro"
+                self._conn = sqlite3.connect(uri, uri=True, timeout=timeout, isolation_level=None, check_same_thread=False)
+            else:
+                self._conn = sqlite3.connect(self.path, timeout=timeout, isolation_level=None, check_same_thread=False)
         except sqlite3.Error as exc:
-            raise StateStoreError(f"{self.path}: cannot open as an SQLite database ({exc})") from exc
+            raise store_error(self.path, "opening", exc) from exc
         try:
             self._open_schema()
-            self._conn.execute("PRAGMA journal_mode=WAL")
-            self._conn.execute(f"PRAGMA synchronous={sync}")
+            if not read_only:
+                self._conn.execute("PRAGMA journal_mode=WAL")
+                self._conn.execute(f"PRAGMA synchronous={sync}")
         except StateStoreError:
             self._conn.close()
             raise
-        except sqlite3.DatabaseError as exc:
+        except sqlite3.Error as exc:
             self._conn.close()
-            raise StateStoreError(
-                f"{self.path}: is not a valid jianmu_fast state database ({exc}); it was left untouched."
-            ) from exc
-        self._cache: dict[str, _Cache] = {}
+            low = str(exc).lower()
+            if "not a database" in low or "malformed" in low:
+                raise StateStoreError(
+                    f"{self.path}: is not a valid jianmu_fast state database ({exc}); it was left untouched."
+                ) from exc
+            raise store_error(self.path, "opening", exc) from exc
 
     def _open_schema(self) -> None:
         c = self._conn
         app = c.execute("PRAGMA application_id").fetchone()[0]
+        if app == 0 and self.read_only:
+            raise StateStoreError(
+                f"{self.path}: is not a jianmu_fast state database (no state marker), and read_only=True "
+                "cannot create one; open it without read_only, or pass the path of a state database."
+            )
         if app == 0:
             c.execute("BEGIN IMMEDIATE")
             try:
@@ -128,7 +209,7 @@ class SQLiteBackend:
                     c.execute(f"PRAGMA user_version={SCHEMA_VERSION}")
                 c.execute("COMMIT")
             except BaseException:
-                c.execute("ROLLBACK")
+                _rollback(c)
                 raise
             if app == 0 and n_tables:
                 raise StateStoreError(
@@ -159,8 +240,7 @@ class SQLiteBackend:
             out = fn(*args)
             c.execute("COMMIT")
         except BaseException:
-            if c.in_transaction:
-                c.execute("ROLLBACK")
+            _rollback(c)
             self._cache.clear()  # tentative cache changes are gone; reload on the next read
             raise
         return out
@@ -208,6 +288,7 @@ class SQLiteBackend:
 
     # -- operations ---------------------------------------------------------------------------
 
+    @_guarded("reading")
     def get(self, key: str) -> Any:
         row = self._row(key)
         if row is None:
@@ -217,6 +298,7 @@ class SQLiteBackend:
             return list(self._sync(key, head, nxt).msgs)
         return self._decode_value(key, value)
 
+    @_guarded("writing")
     def set_many(self, items: list[tuple[str, Any]]) -> None:
         encoded: list[tuple[str, Any, Any]] = []
         for key, value in items:
@@ -252,6 +334,7 @@ class SQLiteBackend:
                 )
                 self._cache[key] = _Cache(nxt, msgs)
 
+    @_guarded("deleting")
     def delete(self, key: str) -> bool:
         def run() -> bool:
             self._conn.execute("DELETE FROM state_messages WHERE key=?", (key,))
@@ -260,9 +343,11 @@ class SQLiteBackend:
         self._cache.pop(key, None)
         return self._write(run)
 
+    @_guarded("listing the keys")
     def keys(self) -> list[str]:
         return [r[0] for r in self._conn.execute("SELECT key FROM state_values ORDER BY rowid")]
 
+    @_guarded("reading")
     def snapshot(self) -> dict[str, Any]:
         out = {}
         for key in self.keys():
@@ -289,6 +374,7 @@ class SQLiteBackend:
             return nxt, nxt
         return head, nxt
 
+    @_guarded("appending messages")
     def append_messages(self, key: str, messages: list[Message], retention: Any) -> int:
         data = [encode_message(m, f"messages[{i}]") for i, m in enumerate(messages)]
         return self._write(self._append, key, messages, data, retention)
@@ -314,6 +400,7 @@ class SQLiteBackend:
         c.execute("UPDATE state_values SET head_seq=?, next_seq=? WHERE key=?", (head, nxt, key))
         return evicted
 
+    @_guarded("reading messages")
     def get_messages(self, key: str) -> list[Message]:
         row = self._row(key)
         if row is None:
@@ -326,6 +413,7 @@ class SQLiteBackend:
             raise TypeError(f"state[{key!r}] holds a {type(v).__name__}, not a message list")
         return list(self._sync(key, head, nxt).msgs)
 
+    @_guarded("clearing messages")
     def clear_messages(self, key: str) -> int:
         def run() -> int:
             row = self._row(key)
@@ -341,4 +429,16 @@ class SQLiteBackend:
 
     def close(self) -> None:
         self._cache.clear()
-        self._conn.close()
+        try:
+            self._conn.close()
+        except sqlite3.Error as exc:
+            raise store_error(self.path, "closing", exc) from exc
+
+
+def _rollback(c: sqlite3.Connection) -> None:
+    """Roll back the open transaction, if SQLite has not already done so."""
+    try:
+        if c.in_transaction:
+            c.execute("ROLLBACK")
+    except sqlite3.Error:
+        pass  # SQLite rolled back on its own (an I/O error, a full disk); nothing was committed
