@@ -9,7 +9,7 @@
       ├─ ConfigError(JianmuError, ValueError)              a malformed jianmu.yaml or SKILL.md
       ├─ TokenizerLoadError(JianmuError, OSError)          an encoding or tokenizer.json cannot load
       ├─ BatchError(JianmuError, ValueError)               a state of a batch failed (index, cause)
-      ├─ StateStoreError(JianmuError, OSError)             a file that is not a valid state database
+      ├─ StateStoreError(JianmuError, OSError)             a state database cannot be opened, read or written
       ├─ ModelCallError(JianmuError, RuntimeError)         a model call failed (status, body excerpt)
       └─ MaxStepsExceededError(JianmuError, RuntimeError)  an agent still calls tools after max_steps
 
@@ -106,9 +106,11 @@ def _rebuild_batch_error(message: str, index: int, error: BaseException | None) 
 
 
 class StateStoreError(JianmuError, OSError):
-    """A state database cannot be opened or read: not a jianmu_fast state file (random bytes,
-    another application's SQLite database), a newer schema version, or a corrupt record; the
-    text names the file (and the key), and the file is never overwritten."""
+    """A state database cannot be opened, read or written: not a jianmu_fast state file (random
+    bytes, a device, another application's SQLite database), a newer schema version, a corrupt
+    record or page, a read-only file or directory, a lock held too long. The text names the
+    file (and the key), the operation and the cause; the ``sqlite3`` error, if any, is chained.
+    The file is never overwritten, and a write that fails leaves it exactly as it was."""
 
 
 class ModelCallError(JianmuError, RuntimeError):
