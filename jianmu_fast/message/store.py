@@ -258,6 +258,22 @@ class StateMessageStore:
     def __repr__(self) -> str:
         return f"StateMessageStore(key={self.key!r}, backend={self.state_manager.backend!r}, retention={self.retention!r})"
 
+    def __getstate__(self) -> dict[str, Any]:
+        """Pickling (batch workers under ``spawn``): the lock is recreated; the state manager
+        pickles as it does (SQLite: reopened by path); subscribers go along and must pickle.
+
+        >>> import pickle
+        >>> s = StateMessageStore(max_messages=3); _ = s.append({"role": "user", "content": "hi"})
+        >>> [m.content for m in pickle.loads(pickle.dumps(s)).list()]
+        ['hi']
+        """
+        with self._lock:
+            return {k: v for k, v in self.__dict__.items() if k != "_lock"}
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.__dict__.update(state)
+        self._lock = threading.Lock()
+
     # -- writes -----------------------------------------------------------------------------
 
     def append(self, message: Any) -> Message:

@@ -164,6 +164,23 @@ class StateManager:
         self._lock = threading.RLock()
         self._closed = False
 
+    def __getstate__(self) -> dict[str, Any]:
+        """Pickling (batch workers under ``spawn``): the lock is recreated; an SQLite manager
+        reopens its file by path (the copy shares the database); a memory manager is copied.
+
+        >>> import pickle
+        >>> sm = StateManager(); sm.set("a", 1)
+        >>> pickle.loads(pickle.dumps(sm)).get("a")
+        1
+        """
+        with self._lock:
+            return {"_backend": self._backend, "_closed": self._closed}
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self._backend = state["_backend"]
+        self._closed = state["_closed"]
+        self._lock = threading.RLock()
+
     @classmethod
     def sqlite(
         cls, path: Union[str, "os.PathLike[str]"], *, timeout: float = 30.0, synchronous: str = "FULL", read_only: bool = False

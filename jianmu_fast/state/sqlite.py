@@ -161,6 +161,9 @@ class SQLiteBackend:
         if not isinstance(read_only, bool):
             raise TypeError(f"read_only: expected a bool, got {type(read_only).__name__}")
         self.read_only = read_only
+        self._timeout = timeout
+        self._sync_mode = sync
+        self._closed = False
         self._cache: dict[str, _Cache] = {}
         _check_file(self.path)
         try:
@@ -187,6 +190,20 @@ class SQLiteBackend:
                     f"{self.path}: is not a valid jianmu_fast state database ({exc}); it was left untouched."
                 ) from exc
             raise store_error(self.path, "opening", exc) from exc
+
+    def __getstate__(self) -> dict[str, Any]:
+        """Pickled by path: the copy reopens the file (the database is shared, the cache is not)."""
+        return {"path": self.path, "timeout": self._timeout, "synchronous": self._sync_mode,
+                "read_only": self.read_only, "closed": self._closed}
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        if state["closed"]:
+            self.path, self.read_only, self._timeout, self._sync_mode = (
+                state["path"], state["read_only"], state["timeout"], state["synchronous"])
+            self._closed, self._cache = True, {}
+            return
+        self.__init__(state["path"], timeout=state["timeout"], synchronous=state["synchronous"],  # type: ignore[misc]
+                      read_only=state["read_only"])
 
     def _open_schema(self) -> None:
         c = self._conn
@@ -429,6 +446,7 @@ class SQLiteBackend:
 
     def close(self) -> None:
         self._cache.clear()
+        self._closed = True
         try:
             self._conn.close()
         except sqlite3.Error as exc:

@@ -174,6 +174,9 @@ class StateHistoryProvider:
         self.messages_key = messages_key
         self.working_memory = working_memory
         self.annotate = bool(annotate)
+        self._fresh_caches()
+
+    def _fresh_caches(self) -> None:
         self._lock = threading.Lock()
         self._ann: dict[int, tuple[Message, Any, Message]] = {}
         self._coerced: dict[int, tuple[Any, Any, Message]] = {}
@@ -181,6 +184,23 @@ class StateHistoryProvider:
         self._semantics: Optional[Message] = None
         self._n_annotated = 0
         self._n_reused = 0
+
+    _CACHE_ATTRS = ("_lock", "_ann", "_coerced", "_prev", "_semantics", "_n_annotated", "_n_reused")
+
+    def __getstate__(self) -> dict[str, Any]:
+        """The configuration only: the lock and the caches (keyed by object ids, which mean
+        nothing in another process) are recreated empty on unpickling (batch workers, spawn).
+
+        >>> import pickle
+        >>> p = pickle.loads(pickle.dumps(StateHistoryProvider("h", annotate=False)))
+        >>> p.messages_key, p.annotate, p.cache_info()
+        ('h', False, HistoryCacheInfo(annotated=0, reused=0, size=0))
+        """
+        return {k: v for k, v in self.__dict__.items() if k not in self._CACHE_ATTRS}
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.__dict__.update(state)
+        self._fresh_caches()
 
     def __repr__(self) -> str:
         return f"StateHistoryProvider(messages_key={self.messages_key!r}, annotate={self.annotate})"
