@@ -50,7 +50,8 @@ extensions = [
         ["csrc/_filter_core.pyx"],
         extra_compile_args=compile_args,
         extra_link_args=link_args,
-    )
+    ),
+    Extension("jianmu_fast._editing_core", ["csrc/_editing_core.pyx"], extra_compile_args=compile_args, extra_link_args=link_args),
 ]
 
 setup(

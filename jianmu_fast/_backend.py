@@ -12,12 +12,18 @@ from typing import Literal
 BACKEND: Literal["cython", "python"]
 
 if os.environ.get("JIANMU_FAST_PURE_PYTHON") == "1":
-    from ._filter_core_py import MAX_VALUE, select_window, select_windows
+    from ._filter_core_py import (  # noqa: F401
+        MAX_VALUE, ROLE_CODES, plan_window, plan_windows, sanitize_window, sanitize_windows, select_window, select_windows,
+    )
+    from ._editing_core_py import plan_clearing
 
     BACKEND = "python"
 else:
     try:
-        from ._filter_core import MAX_VALUE, select_window, select_windows
+        from ._filter_core import (  # noqa: F401
+            MAX_VALUE, ROLE_CODES, plan_window, plan_windows, sanitize_window, sanitize_windows, select_window, select_windows,
+        )
+        from ._editing_core import plan_clearing
     except ImportError as exc:  # pragma: no cover - exercised by a subprocess test
         raise ImportError(
             "jianmu_fast._filter_core is not compiled: run `pip install -e .` (or `make install`) "
@@ -25,4 +31,4 @@ else:
         ) from exc
     BACKEND = "cython"
 
-__all__ = ["BACKEND", "MAX_VALUE", "select_window", "select_windows"]
+__all__ = ["BACKEND", "MAX_VALUE", "plan_clearing", "select_window", "select_windows"]
