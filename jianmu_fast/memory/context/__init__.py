@@ -12,6 +12,7 @@ from .builder import ContextBuilder
 from .counters import HFTokenCounter, SimpleTokenCounter, TiktokenTokenCounter
 from .chat_template import ChatTemplateTokenCounter
 from .filters import MaxMessagesFilter, TokenBudgetFilter
+from .editing import ClearToolResultsFilter, SummarizingBudgetFilter, ToolResultCapFilter, summarizer_from_client
 from .providers import StaticPromptProvider, ToolsDescProvider
 from .providers import BootstrapFilesProvider, SkillSetPromptProvider
 from .providers import StateHistoryProvider
@@ -29,6 +30,10 @@ __all__ = [
     "ToolsDescProvider",
     "MaxMessagesFilter",
     "TokenBudgetFilter",
+    "ToolResultCapFilter",
+    "ClearToolResultsFilter",
+    "SummarizingBudgetFilter",
+    "summarizer_from_client",
     "SimpleTokenCounter",
     "TiktokenTokenCounter",
     "HFTokenCounter",

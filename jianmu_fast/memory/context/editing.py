@@ -1,0 +1,963 @@
+"""Context editing: cap oversized tool results, clear old ones, summarize what the budget drops.
+
+Three filters, usable alone, in any ``ContextBuilder`` and in ``ContextBuilder.for_react``:
+
+- :class:`ToolResultCapFilter` cuts a tool result over ``max_tokens`` to its head and tail
+  around a marker saying how many tokens were left out;
+- :class:`ClearToolResultsFilter` replaces the content of old tool results by a placeholder
+  once the prompt is over a trigger, in steps, monotonically along a growing history;
+- :class:`SummarizingBudgetFilter` is a token budget that puts one summary of what it drops
+  right after the pinned prefix.
+
+They edit content, never roles or ids, so tool-call pairing stays valid. An edited message is a
+new ``Message`` (the caller's object is untouched) with the same ``id`` and a
+``metadata["context_edit"]`` entry saying what was done (``{"kind": "cut" | "cleared" |
+"inputs_cleared" | "summary", ...}``); :func:`describe_edits` turns those into the line
+``build_report`` shows. Edits are computed once per distinct message and cached, so a hot loop
+returns the same objects turn after turn (the next stage's caches hit, and a prompt that
+extends the previous one still does).
+
+Run them before the budget filter, in this order: cap, clear, budget (``for_react`` does).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures
+import hashlib
+import inspect
+import json
+import logging
+import warnings
+import weakref
+from typing import Any, Callable, Iterable, Optional, Sequence
+
+import numpy as np
+
+from ... import _backend
+from ...errors import ContextBudgetError, JianmuError, TrimmingError
+from ...message import Message
+from .counters import SimpleTokenCounter
+from .filters import TokenBudgetFilter
+
+__all__ = [
+    "ToolResultCapFilter",
+    "ClearToolResultsFilter",
+    "SummarizingBudgetFilter",
+    "SummaryFailedWarning",
+    "summarizer_from_client",
+    "describe_edits",
+    "DEFAULT_CUT_MARKER",
+    "DEFAULT_SUMMARY_PROMPT",
+    "SUMMARY_HEADER",
+]
+
+logger = logging.getLogger("jianmu_fast.context")
+
+MAX_VALUE = 1 << 53
+EDIT_KEY = "context_edit"
+DEFAULT_CUT_MARKER = "\n[... {omitted} tokens omitted ...]\n"
+SUMMARY_HEADER = "Summary of the earlier conversation:\n"
+DEFAULT_SUMMARY_PROMPT = (
+    "You condense the earlier part of a conversation between a user, an assistant and its tools, "
+    "so that the assistant can continue without it. Keep every fact, decision, identifier, number, "
+    "file name and open question the rest of the conversation may need; drop greetings and "
+    "repetition. If a previous summary is given, extend it with the new messages. Answer with "
+    "the summary only, in short plain sentences."
+)
+_CACHE_SIZE = 8192
+
+
+def _check_int(name: str, value: Any, lo: int) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or value < lo or value > MAX_VALUE:
+        raise ValueError(f"{name} must be an int between {lo} and 2**53, got {value!r}")
+    return value
+
+
+def _check_counter(counter: Any) -> Any:
+    counter = SimpleTokenCounter() if counter is None else counter
+    if not (callable(getattr(counter, "count_message", None)) and callable(getattr(counter, "count_messages", None))):
+        raise TypeError(
+            "counter: expected a TokenCounterProtocol (count_message(m), count_messages(ms)), "
+            f"got {type(counter).__name__}"
+        )
+    return counter
+
+
+def _edited(m: Message, update: dict[str, Any], edit: dict[str, Any]) -> Message:
+    meta = dict(m.metadata)
+    meta[EDIT_KEY] = edit
+    update = dict(update)
+    update["metadata"] = meta
+    return m.model_copy(update=update)
+
+
+class _ObjectCache:
+    """Values keyed by a Message object (its identity, held weakly), at most ``size`` of them."""
+
+    def __init__(self, size: int = _CACHE_SIZE) -> None:
+        self._d: dict[int, tuple[Any, Any]] = {}
+        self._size = size
+
+    def get(self, m: Any) -> Any:
+        e = self._d.get(id(m))
+        if e is not None and e[0]() is m:
+            return e[1]
+        return None
+
+    def put(self, m: Any, value: Any) -> None:
+        d = self._d
+        d[id(m)] = (weakref.ref(m), value)
+        if len(d) > self._size:
+            for key in list(d)[: len(d) - (self._size * 3) // 4]:
+                del d[key]
+
+
+def _counts(counter: Any, messages: Sequence[Message]) -> np.ndarray:
+    fn = getattr(counter, "count_array", None)
+    if fn is not None:
+        arr = np.asarray(fn(messages), dtype=np.int64)
+    else:
+        arr = np.array([int(counter.count_message(m)) for m in messages], dtype=np.int64)
+    if len(arr) and (int(arr.min()) < 0 or int(arr.max()) > MAX_VALUE):
+        raise TrimmingError(f"counter {counter!r} returned a count outside [0, 2**53]")
+    return np.ascontiguousarray(arr)
+
+
+# -- cutting text on token boundaries -------------------------------------------------------
+
+
+class _Cutter:
+    """Head and tail pieces of a text on the counter's token boundaries (never inside a
+    UTF-8 character): tiktoken tokens for ``TiktokenTokenCounter``, the tokenizer's offsets
+    for ``HFTokenCounter``, characters (by binary search on ``count_text``) otherwise."""
+
+    def __init__(self, counter: Any) -> None:
+        self.counter = counter
+        enc = getattr(counter, "_enc", None)
+        self._enc = enc if callable(getattr(enc, "encode_ordinary", None)) and callable(getattr(enc, "decode_bytes", None)) else None
+        tok = getattr(counter, "_tok", None)
+        self._tok = tok if self._enc is None and callable(getattr(tok, "encode", None)) else None
+        ct = getattr(counter, "count_text", None)
+        if not callable(ct):
+            raise TypeError(f"counter {counter!r} has no count_text(text): the cut needs one to count text pieces")
+        self.count_text = ct
+
+    def pieces(self, text: str, head: int, tail: int) -> tuple[str, str]:
+        """The longest prefix of ``text`` of at most ``head`` tokens and suffix of at most
+        ``tail`` tokens (of the text's own tokenization), not overlapping."""
+        head, tail = max(0, head), max(0, tail)
+        if self._enc is not None:
+            toks = self._enc.encode_ordinary(text)
+            n = len(toks)
+            tail = min(tail, n - min(head, n))
+            raw = text.encode("utf-8")
+            h = len(self._enc.decode_bytes(toks[:head])) if head else 0
+            while 0 < h < len(raw) and (raw[h] & 0xC0) == 0x80:
+                h -= 1
+            t = len(raw) - len(self._enc.decode_bytes(toks[n - tail:])) if tail else len(raw)
+            while h < t < len(raw) and (raw[t] & 0xC0) == 0x80:
+                t += 1
+            t = max(t, h)
+            return raw[:h].decode("utf-8"), raw[t:].decode("utf-8")
+        if self._tok is not None:
+            offsets = self._tok.encode(text, add_special_tokens=False).offsets
+            n = len(offsets)
+            head = min(head, n)
+            tail = min(tail, n - head)
+            h = offsets[head - 1][1] if head else 0
+            t = offsets[n - tail][0] if tail else len(text)
+            t = max(t, h)
+            return text[:h], text[t:]
+        h = self._longest(text, head, from_end=False)
+        t = len(text) - self._longest(text[h:], tail, from_end=True)
+        return text[:h], text[t:]
+
+    def _longest(self, text: str, budget: int, from_end: bool) -> int:
+        lo, hi = 0, len(text)
+        while lo < hi:
+            mid = (lo + hi + 1) // 2
+            piece = text[len(text) - mid:] if from_end else text[:mid]
+            if self.count_text(piece) <= budget:
+                lo = mid
+            else:
+                hi = mid - 1
+        return lo
+
+    def cut(self, text: str, max_tokens: int, marker: str) -> Optional[tuple[str, int]]:
+        """``text`` cut to head + marker + tail within ``max_tokens`` (by ``count_text``), and
+        the tokens left out; ``None`` when ``text`` fits already."""
+        n = self.count_text(text)
+        if n <= max_tokens:
+            return None
+        budget = max_tokens - self.count_text(marker.format(omitted=n))
+        for _ in range(16):
+            if budget <= 0:
+                break
+            head, tail = self.pieces(text, (budget + 1) // 2, budget // 2)
+            omitted = max(0, n - self.count_text(head) - self.count_text(tail))
+            out = head + marker.format(omitted=omitted) + tail
+            got = self.count_text(out)
+            if got <= max_tokens:
+                return out, omitted
+            budget -= max(1, got - max_tokens)
+        for out in (marker.format(omitted=n), "[...]", ""):
+            if self.count_text(out) <= max_tokens:
+                return out, n
+        return "", n  # pragma: no cover - count_text("") is 0 for every counter
+
+
+# -- ToolResultCapFilter ----------------------------------------------------------------------
+
+
+class ToolResultCapFilter:
+    """Cut every tool result whose content counts more than ``max_tokens`` to its head and
+    tail around ``marker`` (``{omitted}`` is replaced by the number of tokens left out).
+
+    The content of a cut result counts at most ``max_tokens`` by ``counter.count_text``
+    (default ``SimpleTokenCounter()``); results under the cap, and every other message, are
+    returned unchanged (the same objects). Cuts fall on the counter's token boundaries and never
+    split a UTF-8 character. Structured content is cut in its text blocks: whole blocks from the
+    start and from the end are kept while they fit, the block where the cut falls keeps its head
+    (or tail), text blocks in between are left out, other blocks stay. The cut of a message is
+    computed once and cached.
+
+    >>> from jianmu_fast.message import human, tool
+    >>> f = ToolResultCapFilter(20)
+    >>> out = f.apply([human("q"), tool("0123456789" * 40, tool_call_id="c1")])
+    >>> out[1].content
+    '012345678901234567890123\\n[... 88 tokens omitted ...]\\n678901234567890123456789'
+    >>> SimpleTokenCounter().count_text(out[1].content) <= 20, out[1].metadata["context_edit"]["kind"]
+    (True, 'cut')
+    """
+
+    def __init__(self, max_tokens: int, counter: Any = None, *, marker: str = DEFAULT_CUT_MARKER) -> None:
+        self.max_tokens = _check_int("max_tokens", max_tokens, 1)
+        if not isinstance(marker, str):
+            raise TypeError(f"marker: expected a str, got {type(marker).__name__}")
+        try:
+            marker.format(omitted=0)
+        except (KeyError, IndexError, ValueError) as exc:
+            raise ValueError(f"marker: a format string whose only field is {{omitted}}, got {marker!r} ({exc})") from None
+        self.marker = marker
+        self.counter = _check_counter(counter)
+        self._cutter = _Cutter(self.counter)
+        self._cache = _ObjectCache()
+        self._last: Optional[tuple[list[Message], list[Message]]] = None
+
+    def __repr__(self) -> str:
+        return f"ToolResultCapFilter(max_tokens={self.max_tokens}, counter={self.counter!r})"
+
+    def __getstate__(self) -> dict[str, Any]:
+        state = self.__dict__.copy()
+        state["_cache"] = None
+        state["_last"] = None
+        return state
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.__dict__.update(state)
+        self._cache = _ObjectCache()
+
+    def cap(self, message: Message) -> Message:
+        """``message`` cut to the cap (a tool result over it), else ``message`` itself.
+
+        >>> from jianmu_fast.message import tool
+        >>> m = tool("short", tool_call_id="c1")
+        >>> ToolResultCapFilter(20).cap(m) is m
+        True
+        """
+        if message.role != "tool":
+            return message
+        out = self._cache.get(message)
+        if out is None:
+            out = self._cap(message)
+            self._cache.put(message, out)
+        return out
+
+    def _cap(self, m: Message) -> Message:
+        content = m.content
+        if isinstance(content, str):
+            got = self._cutter.cut(content, self.max_tokens, self.marker)
+            if got is None:
+                return m
+            before = self._cutter.count_text(content)
+            return _edited(m, {"content": got[0]}, {"kind": "cut", "tokens_before": before,
+                                                   "tokens_after": self._cutter.count_text(got[0]), "omitted": got[1]})
+        if not content:
+            return m
+        return self._cap_blocks(m, list(content))
+
+    def _block_cost(self, block: Any) -> int:
+        if block.get("type") == "text":
+            return self._cutter.count_text(block["text"])
+        return int(getattr(self.counter, "image_tokens", SimpleTokenCounter.PER_NON_TEXT_BLOCK))
+
+    def _cap_blocks(self, m: Message, blocks: list[Any]) -> Message:
+        costs = [self._block_cost(b) for b in blocks]
+        before = sum(costs)
+        if before <= self.max_tokens:
+            return m
+        text_idx = [i for i, b in enumerate(blocks) if b.get("type") == "text"]
+        fixed = before - sum(costs[i] for i in text_idx)
+        omitted_guess = before - self.max_tokens
+        allowance = self.max_tokens - fixed - self._cutter.count_text(self.marker.format(omitted=omitted_guess))
+        for _ in range(16):
+            new = self._cut_text_blocks(blocks, costs, text_idx, allowance, before - fixed)
+            if new is not None:
+                after = sum(self._block_cost(b) for b in new[0])
+                if after <= self.max_tokens:
+                    return _edited(m, {"content": new[0]}, {"kind": "cut", "tokens_before": before,
+                                                             "tokens_after": after, "omitted": new[1]})
+                allowance -= max(1, after - self.max_tokens)
+            else:
+                break
+        # nothing of the text fits: the non-text blocks and the marker alone (or nothing)
+        keep = [b for b in blocks if b.get("type") != "text"]
+        text_total = before - fixed
+        for marker in (self.marker.format(omitted=text_total), "[...]"):
+            trial = keep + [{"type": "text", "text": marker}]
+            if sum(self._block_cost(b) for b in trial) <= self.max_tokens:
+                return _edited(m, {"content": trial}, {"kind": "cut", "tokens_before": before,
+                                                       "tokens_after": sum(self._block_cost(b) for b in trial),
+                                                       "omitted": text_total})
+        return _edited(m, {"content": ""}, {"kind": "cut", "tokens_before": before, "tokens_after": 0, "omitted": before})
+
+    def _cut_text_blocks(self, blocks, costs, text_idx, allowance, text_total):
+        if allowance <= 0 or not text_idx:
+            return None
+        head_left, tail_left = (allowance + 1) // 2, allowance // 2
+        i_pos = 0
+        while i_pos < len(text_idx) and costs[text_idx[i_pos]] <= head_left:
+            head_left -= costs[text_idx[i_pos]]
+            i_pos += 1
+        j_pos = len(text_idx) - 1
+        while j_pos > i_pos and costs[text_idx[j_pos]] <= tail_left:
+            tail_left -= costs[text_idx[j_pos]]
+            j_pos -= 1
+        if i_pos >= len(text_idx):
+            return None  # pragma: no cover - the text blocks do not fit the allowance
+        i, j = text_idx[i_pos], text_idx[j_pos]
+        out: list[Any] = []
+        kept = 0
+        for k, b in enumerate(blocks):
+            if b.get("type") != "text" or k < i or k > j:
+                out.append(dict(b))
+                if b.get("type") == "text":
+                    kept += costs[k]
+                continue
+            if k == i == j:
+                head, tail = self._cutter.pieces(b["text"], head_left, tail_left)
+                kept += self._cutter.count_text(head) + self._cutter.count_text(tail)
+                out.append({**b, "text": head + "\0MARK\0" + tail})
+            elif k == i:
+                head, _ = self._cutter.pieces(b["text"], head_left, 0)
+                kept += self._cutter.count_text(head)
+                out.append({**b, "text": head + "\0MARK\0"})
+            elif k == j:
+                _, tail = self._cutter.pieces(b["text"], 0, tail_left)
+                kept += self._cutter.count_text(tail)
+                out.append({**b, "text": tail})
+        omitted = max(0, text_total - kept)
+        for b in out:
+            if b.get("type") == "text" and "\0MARK\0" in b["text"]:
+                b["text"] = b["text"].replace("\0MARK\0", self.marker.format(omitted=omitted))
+        return out, omitted
+
+    def apply(self, messages: Sequence[Message], local_state: Any = None, global_state: Any = None,
+              ctx: Any = None, **kwargs: Any) -> list[Message]:
+        """``messages`` with every tool result over the cap cut (a new list; the input is untouched).
+
+        A history that extends the previous call's (the agent loop) costs only its new messages."""
+        msgs = messages if isinstance(messages, list) else list(messages)
+        last = self._last
+        if last is not None:
+            ref, out_ref = last
+            k = len(ref)
+            if len(msgs) >= k and msgs[:k] == ref:
+                out = out_ref + [self.cap(m) for m in msgs[k:]]
+                self._last = (msgs[:], out)
+                return list(out)
+        out = [self.cap(m) for m in msgs]
+        self._last = (msgs[:], out)
+        return list(out)
+
+
+# -- ClearToolResultsFilter -------------------------------------------------------------------
+
+
+class _ClearRecords:
+    """Per-message records of a history for the clearing decision, extended as it grows."""
+
+    __slots__ = ("messages", "counts", "kinds", "savings", "results", "calls", "owner")
+
+    def __init__(self) -> None:
+        self.messages: list[Message] = []
+        self.counts = np.zeros(0, dtype=np.int64)
+        self.kinds = np.zeros(0, dtype=np.int8)
+        self.savings = np.zeros(0, dtype=np.int64)
+        self.results: list[int] = []          # indices of tool results, in order
+        self.calls: dict[str, tuple[int, int]] = {}  # call id -> (assistant index, position in its calls)
+        self.owner: dict[int, tuple[int, int]] = {}  # result index -> (assistant index, call position)
+
+
+class ClearToolResultsFilter:
+    """Replace the content of old tool results by ``placeholder`` once the prompt is over
+    ``trigger_tokens``.
+
+    The prompt is counted as ``TokenBudgetFilter`` counts it: the messages with their chat
+    overhead, the request's fixed cost and the request's tools (``apply(..., tools_schema=)``).
+    Never cleared: the ``keep`` newest tool results (of any tool) and results of tools named in
+    ``exclude_tools``. With ``clear_tool_inputs=True`` the arguments of the calls whose results
+    were cleared become ``{}``. Every message keeps its role and ids.
+
+    The decision is a pure function of the messages and settings, made by the compiled core
+    (``plan_clearing``, see ``jianmu_fast/_editing_core_py.py``) in one pass over per-message
+    records: a scan over the growing history where a *step* clears every eligible result at
+    once. With ``clear_at_least=0`` a step is taken whenever the prompt is over the trigger
+    (all but the ``keep`` newest results are cleared). With ``clear_at_least=C > 0`` a step is
+    taken when the prompt, as cleared so far, grows past ``trigger_tokens + j*C`` for some ``j``
+    and clears at least ``C`` tokens: exactly where
+    ``TokenBudgetFilter(trigger_tokens, eviction="chunked", chunk=C)`` moves its cut anyway, so
+    with those settings a step costs no extra prompt-cache miss. The decision is monotone: as a
+    conversation grows, a result once cleared stays cleared, so between two steps each prompt
+    extends the previous one. (It depends on the messages before it, the pinned system prompt
+    and the tools included: change those and the steps move.)
+
+    >>> from jianmu_fast.message import human, ai, tool
+    >>> def call(i):
+    ...     return ai(None, tool_calls=[{"id": f"c{i}", "type": "function",
+    ...                                  "function": {"name": "search", "arguments": "{}"}}])
+    >>> history = [human("find it")]
+    >>> for i in range(5):
+    ...     history += [call(i), tool("result " * 100, tool_call_id=f"c{i}")]
+    >>> out = ClearToolResultsFilter(500, keep=2).apply(history)
+    >>> [m.content[:6] for m in out if m.role == "tool"]
+    ['[clear', '[clear', '[clear', 'result', 'result']
+    >>> [m.id for m in out] == [m.id for m in history]
+    True
+    """
+
+    def __init__(
+        self,
+        trigger_tokens: int,
+        counter: Any = None,
+        *,
+        keep: int = 3,
+        clear_at_least: int = 0,
+        exclude_tools: Iterable[str] = (),
+        clear_tool_inputs: bool = False,
+        placeholder: str = "[cleared]",
+    ) -> None:
+        self.trigger_tokens = _check_int("trigger_tokens", trigger_tokens, 0)
+        self.keep = _check_int("keep", keep, 0)
+        self.clear_at_least = _check_int("clear_at_least", clear_at_least, 0)
+        if isinstance(exclude_tools, (str, bytes)):
+            raise TypeError(f"exclude_tools must be a collection of tool names, not a string ({exclude_tools!r})")
+        names = tuple(exclude_tools)
+        for i, name in enumerate(names):
+            if not isinstance(name, str):
+                raise TypeError(f"exclude_tools[{i}]: expected a tool name (str), got {type(name).__name__}")
+        self.exclude_tools = frozenset(names)
+        if not isinstance(clear_tool_inputs, bool):
+            raise TypeError(f"clear_tool_inputs: expected a bool, got {type(clear_tool_inputs).__name__}")
+        self.clear_tool_inputs = clear_tool_inputs
+        if not isinstance(placeholder, str):
+            raise TypeError(f"placeholder: expected a str, got {type(placeholder).__name__}")
+        self.placeholder = placeholder
+        self.counter = _check_counter(counter)
+        self._tools = TokenBudgetFilter(MAX_VALUE, self.counter)  # its cached tools_cost
+        self._reset()
+
+    def _reset(self) -> None:
+        self._rec = _ClearRecords()
+        self._cleared_cache = _ObjectCache()
+        self._last: Optional[tuple[list[Message], list[Message], list[int]]] = None
+
+    def __repr__(self) -> str:
+        opts = f", keep={self.keep}, clear_at_least={self.clear_at_least}"
+        if self.exclude_tools:
+            opts += f", exclude_tools={tuple(sorted(self.exclude_tools))!r}"
+        if self.clear_tool_inputs:
+            opts += ", clear_tool_inputs=True"
+        return f"ClearToolResultsFilter(trigger_tokens={self.trigger_tokens}, counter={self.counter!r}{opts})"
+
+    def __getstate__(self) -> dict[str, Any]:
+        state = self.__dict__.copy()
+        for k in ("_rec", "_cleared_cache", "_last"):
+            state.pop(k, None)
+        return state
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.__dict__.update(state)
+        self._reset()
+
+    # -- records ---------------------------------------------------------------------------
+
+    def _cleared_result(self, m: Message) -> Message:
+        out = self._cleared_cache.get(m)
+        if out is None:
+            saved = int(self.counter.count_message(m))
+            out = _edited(m, {"content": self.placeholder}, {"kind": "cleared"})
+            saved -= int(self.counter.count_message(out))
+            meta = dict(out.metadata)
+            meta[EDIT_KEY] = {"kind": "cleared", "tokens_saved": max(0, saved)}
+            out = out.model_copy(update={"metadata": meta})
+            self._cleared_cache.put(m, out)
+        return out
+
+    def _without_inputs(self, a: Message, positions: frozenset[int]) -> Message:
+        calls = [dict(c) for c in a.tool_calls or ()]
+        ids = []
+        for p in sorted(positions):
+            fn = dict(calls[p]["function"])
+            fn["arguments"] = "{}"
+            calls[p]["function"] = fn
+            ids.append(calls[p].get("id"))
+        return _edited(a, {"tool_calls": calls}, {"kind": "inputs_cleared", "calls": ids})
+
+    def _records(self, msgs: list[Message]) -> _ClearRecords:
+        rec = self._rec
+        k = len(rec.messages)
+        if not (k and len(msgs) >= k and msgs[:k] == rec.messages):
+            rec = self._rec = _ClearRecords()
+            k = 0
+        if len(msgs) == k:
+            return rec
+        new = msgs[k:]
+        counts = _counts(self.counter, new)
+        kinds = np.zeros(len(new), dtype=np.int8)
+        savings = np.zeros(len(new), dtype=np.int64)
+        for j, m in enumerate(new):
+            i = k + j
+            if m.role == "assistant" and m.tool_calls:
+                for p, c in enumerate(m.tool_calls):
+                    cid = c.get("id")
+                    if cid:
+                        rec.calls[cid] = (i, p)
+            elif m.role == "tool":
+                rec.results.append(i)
+                owner = rec.calls.get(m.tool_call_id) if m.tool_call_id else None
+                if owner is None:
+                    a = i - 1
+                    while a >= 0 and msgs[a].role == "tool":
+                        a -= 1
+                    if a >= 0 and msgs[a].role == "assistant" and len(msgs[a].tool_calls or ()) == 1:
+                        owner = (a, 0)
+                name = m.name
+                if owner is not None:
+                    rec.owner[i] = owner
+                    name = msgs[owner[0]].tool_calls[owner[1]]["function"]["name"]
+                if name in self.exclude_tools:
+                    kinds[j] = 1
+                    continue
+                kinds[j] = 2
+                saved = int(counts[j]) - int(self.counter.count_message(self._cleared_result(m)))
+                if self.clear_tool_inputs and owner is not None:
+                    a = msgs[owner[0]]
+                    saved += int(self.counter.count_message(a)) - int(
+                        self.counter.count_message(self._without_inputs(a, frozenset((owner[1],)))))
+                savings[j] = min(max(0, saved), int(counts[j]))
+        rec.messages = msgs[:]
+        rec.counts = np.concatenate((rec.counts, counts)) if k else counts
+        rec.kinds = np.concatenate((rec.kinds, kinds)) if k else kinds
+        rec.savings = np.concatenate((rec.savings, savings)) if k else savings
+        return rec
+
+    # -- the filter --------------------------------------------------------------------------
+
+    def cleared_results(self, messages: Sequence[Message], tools_schema: Any = None) -> list[int]:
+        """Indices of the tool results of ``messages`` that ``apply`` clears.
+
+        >>> from jianmu_fast.message import human
+        >>> ClearToolResultsFilter(10).cleared_results([human("hi")])
+        []
+        """
+        msgs = messages if isinstance(messages, list) else list(messages)
+        rec = self._records(msgs)
+        base = int(self.counter.count_messages([])) + self._tools.tools_cost(tools_schema)
+        cleared, _ = _backend.plan_clearing(rec.counts, rec.kinds, rec.savings, base, self.trigger_tokens,
+                                            self.clear_at_least, self.keep)
+        kinds = rec.kinds
+        return [i for i in rec.results[:cleared] if kinds[i] == 2]
+
+    def apply(self, messages: Sequence[Message], local_state: Any = None, global_state: Any = None,
+              ctx: Any = None, *, tools_schema: Optional[Sequence[dict[str, Any]]] = None,
+              **kwargs: Any) -> list[Message]:
+        """``messages`` with the old tool results cleared (a new list; the input is untouched)."""
+        try:
+            return self._apply(messages, tools_schema)
+        except JianmuError:
+            raise
+        except Exception as exc:
+            raise TrimmingError(f"{type(self).__name__}: could not clear tool results ({type(exc).__name__}: {exc})") from exc
+
+    def _apply(self, messages: Sequence[Message], tools_schema: Any) -> list[Message]:
+        msgs = messages if isinstance(messages, list) else list(messages)
+        todo = self.cleared_results(msgs, tools_schema)
+        last = self._last
+        if last is not None:
+            ref, out_ref, done = last
+            k = len(ref)
+            # the history grew and the clearing only went further (monotone): edit only what is new
+            if len(msgs) >= k and len(todo) >= len(done) and todo[:len(done)] == done and msgs[:k] == ref:
+                out = out_ref + msgs[k:]
+                self._edit(out, msgs, todo[len(done):], todo)
+                self._last = (msgs[:], out, todo)
+                return list(out)
+        out = list(msgs)
+        self._edit(out, msgs, todo, todo)
+        self._last = (msgs[:], out, todo)
+        return list(out)
+
+    def _edit(self, out: list[Message], msgs: list[Message], new: list[int], todo: list[int]) -> None:
+        for i in new:
+            out[i] = self._cleared_result(msgs[i])
+        if self.clear_tool_inputs and new:
+            owner = self._rec.owner
+            cleared_calls: dict[int, set[int]] = {}
+            touched = {owner[i][0] for i in new if i in owner}
+            for i in todo:
+                o = owner.get(i)
+                if o is not None and o[0] in touched:
+                    cleared_calls.setdefault(o[0], set()).add(o[1])
+            for a, positions in cleared_calls.items():
+                out[a] = self._without_inputs(msgs[a], frozenset(positions))
+
+
+# -- SummarizingBudgetFilter ------------------------------------------------------------------
+
+
+class SummaryFailedWarning(UserWarning):
+    """``summarize`` raised, timed out or returned something else than a str: the prompt is
+    the plain budget filter's."""
+
+
+_EXECUTOR: Optional[concurrent.futures.ThreadPoolExecutor] = None
+
+
+def _executor() -> concurrent.futures.ThreadPoolExecutor:
+    global _EXECUTOR
+    if _EXECUTOR is None:
+        _EXECUTOR = concurrent.futures.ThreadPoolExecutor(max_workers=4, thread_name_prefix="jianmu-summarize")
+    return _EXECUTOR
+
+
+def _run_summarize(fn: Callable[[list[Message]], Any], messages: list[Message]) -> Any:
+    out = fn(messages)
+    if inspect.isawaitable(out):
+        async def wait() -> Any:
+            return await out
+
+        out = asyncio.run(wait())
+    return out
+
+
+def _render(messages: Sequence[Message]) -> str:
+    lines = []
+    for m in messages:
+        content = m.content
+        if isinstance(content, list):
+            content = " ".join(b.get("text", f"[{b.get('type')}]") for b in content)
+        if m.role == "assistant" and m.tool_calls:
+            calls = "; ".join(f"{c['function']['name']}({c['function'].get('arguments') or ''})" for c in m.tool_calls)
+            lines.append(f"assistant calls: {calls}" + (f" ({content})" if content else ""))
+        elif m.role == "tool":
+            lines.append(f"tool result{f' ({m.name})' if m.name else ''}: {content}")
+        else:
+            lines.append(f"{m.role}: {content or ''}")
+    return "\n".join(lines)
+
+
+def summarizer_from_client(client: Any, *, prompt: str = DEFAULT_SUMMARY_PROMPT,
+                           config: Optional[dict[str, Any]] = None) -> Callable[[list[Message]], str]:
+    """A ``summarize`` callable for :class:`SummarizingBudgetFilter` that asks a
+    ``jianmu_fast.model.ModelClient`` (``invoke(messages, tools=None, config=None)``):
+    ``prompt`` as the system message, the messages to condense as one transcript.
+
+    >>> from jianmu_fast.message import ai, human
+    >>> class Echo:
+    ...     def invoke(self, messages, *, tools=None, config=None):
+    ...         return ai(f"{len(messages[1].content.splitlines())} lines condensed")
+    >>> summarizer_from_client(Echo())([human("hi"), ai("hello")])
+    '2 lines condensed'
+    """
+    if not callable(getattr(client, "invoke", None)):
+        raise TypeError(f"client: expected a ModelClient (invoke(messages, tools=None, config=None)), got {type(client).__name__}")
+    from ...message import human, system
+
+    def summarize(messages: list[Message]) -> str:
+        reply = client.invoke([system(prompt), human(_render(messages))], config=config)
+        content = reply.content
+        if isinstance(content, list):
+            content = "".join(b.get("text", "") for b in content if b.get("type") == "text")
+        return content or ""
+
+    summarize.__qualname__ = f"summarizer_from_client({type(client).__name__})"
+    return summarize
+
+
+class SummarizingBudgetFilter:
+    """A token budget that, instead of only dropping the oldest units, puts one summary of
+    them right after the pinned prefix.
+
+    ``summarize(messages) -> str`` (sync, or async returning an awaitable) condenses what the
+    budget drops; a ``ModelClient`` is accepted too (see :func:`summarizer_from_client`). The
+    budget ``max_tokens`` holds for the whole request: pinned prefix, summary, kept units and
+    tools (``apply(..., tools_schema=)``). ``summary_max_tokens`` of it are set aside for the
+    summary message when something is dropped (its text is cut to fit); ``keep_tokens``, when
+    given, bounds the newest history kept verbatim (the rest is summarized). ``eviction`` and
+    ``chunk`` are ``TokenBudgetFilter``'s: with ``eviction="chunked"`` the cut, and so the span
+    to summarize, moves once per chunk, and a hot loop calls ``summarize`` about once per move.
+
+    The summary message is a ``system`` message (text after :data:`SUMMARY_HEADER`, its
+    metadata ``{"context_edit": {"kind": "summary", "messages": N, "units": U}}``): right after
+    the pinned system prompt it joins the leading system run, so providers that take one system
+    block (Anthropic) accept it, later trimming stages keep it pinned, and the model never reads
+    it as something the user said.
+
+    Summaries are cached by the content of the dropped span; when the span grows (a longer
+    history drops more), the previous summary is extended from the newly dropped units
+    (``summarize([previous summary, *new messages])``), a rolling summary. If ``summarize``
+    raises, times out (``timeout`` seconds) or returns something else than a str, the result
+    is the plain ``TokenBudgetFilter``'s, with a :class:`SummaryFailedWarning`: never over the
+    budget, never a failed build.
+
+    >>> from jianmu_fast.message import system, human, ai
+    >>> f = SummarizingBudgetFilter(70, summarize=lambda ms: f"{len(ms)} earlier messages", summary_max_tokens=25)
+    >>> msgs = [system("Be brief.")] + [human("x" * 40), ai("y" * 40)] * 3 + [human("and now?")]
+    >>> out = f.apply(msgs)
+    >>> [m.role for m in out], out[1].content
+    (['system', 'system', 'user', 'assistant', 'user'], 'Summary of the earlier conversation:\\n4 earlier messages')
+    """
+
+    def __init__(
+        self,
+        max_tokens: int,
+        counter: Any = None,
+        *,
+        summarize: Any,
+        summary_max_tokens: int = 512,
+        keep_tokens: Optional[int] = None,
+        eviction: str = "exact",
+        chunk: Optional[int] = None,
+        pinned_roles: Iterable[str] = ("system",),
+        timeout: Optional[float] = 60.0,
+    ) -> None:
+        if not callable(summarize):
+            if callable(getattr(summarize, "invoke", None)):
+                summarize = summarizer_from_client(summarize)
+            else:
+                raise TypeError(f"summarize: expected a callable (messages) -> str or a ModelClient, got {type(summarize).__name__}")
+        self.summarize = summarize
+        self.max_tokens = _check_int("max_tokens", max_tokens, 1)
+        self.summary_max_tokens = _check_int("summary_max_tokens", summary_max_tokens, 1)
+        if self.summary_max_tokens >= self.max_tokens:
+            raise ValueError(f"summary_max_tokens ({summary_max_tokens}) must be below max_tokens ({max_tokens})")
+        self.keep_tokens = None if keep_tokens is None else _check_int("keep_tokens", keep_tokens, 1)
+        if timeout is not None and (isinstance(timeout, bool) or not isinstance(timeout, (int, float)) or not timeout > 0):
+            raise ValueError(f"timeout must be a positive number of seconds or None, got {timeout!r}")
+        self.timeout = timeout
+        self.counter = _check_counter(counter)
+        self.eviction = eviction
+        self.chunk = chunk
+        self.pinned_roles = tuple(pinned_roles)
+        self._plain = TokenBudgetFilter(max_tokens, self.counter, pinned_roles=self.pinned_roles,
+                                        eviction=eviction, chunk=chunk)  # validates the rest
+        self._cutter = _Cutter(self.counter)
+        self._reset()
+
+    def _reset(self) -> None:
+        self._inner: dict[int, TokenBudgetFilter] = {}
+        self._last_span: Optional[tuple[list[Message], str]] = None
+        self._by_content: dict[str, str] = {}
+        self._messages: dict[str, Message] = {}
+        self.calls = 0
+        """How many times ``summarize`` was called (successful or not)."""
+
+    def __repr__(self) -> str:
+        return (f"SummarizingBudgetFilter(max_tokens={self.max_tokens}, counter={self.counter!r}, "
+                f"summarize={getattr(self.summarize, '__qualname__', self.summarize)!s}, "
+                f"summary_max_tokens={self.summary_max_tokens})")
+
+    def __getstate__(self) -> dict[str, Any]:
+        state = self.__dict__.copy()
+        for k in ("_inner", "_last_span", "_by_content", "_messages"):
+            state.pop(k, None)
+        return state
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.__dict__.update(state)
+        calls = state.get("calls", 0)
+        self._reset()
+        self.calls = calls
+
+    def _inner_filter(self, limit: int) -> TokenBudgetFilter:
+        f = self._inner.get(limit)
+        if f is None:
+            if len(self._inner) >= 8:
+                self._inner.pop(next(iter(self._inner)))
+            f = self._inner[limit] = TokenBudgetFilter(limit, self.counter, pinned_roles=self.pinned_roles,
+                                                       eviction=self.eviction, chunk=self.chunk)
+        return f
+
+    def apply(self, messages: Sequence[Message], local_state: Any = None, global_state: Any = None,
+              ctx: Any = None, *, tools_schema: Optional[Sequence[dict[str, Any]]] = None,
+              **kwargs: Any) -> list[Message]:
+        """Trim ``messages`` to the budget, with a summary of what was dropped."""
+        try:
+            return self._apply(messages, tools_schema)
+        except JianmuError:
+            raise
+        except Exception as exc:  # a budget stage never lets an untrimmed prompt through
+            raise TrimmingError(f"{type(self).__name__}: could not trim the prompt ({type(exc).__name__}: {exc})") from exc
+
+    def _apply(self, messages: Sequence[Message], tools_schema: Any) -> list[Message]:
+        msgs = messages if isinstance(messages, list) else list(messages)
+        plain = self._plain.apply(msgs, tools_schema=tools_schema)
+        if len(plain) == len(msgs):
+            return plain
+        n_pinned = 0
+        while n_pinned < len(msgs) and msgs[n_pinned].role in self.pinned_roles:
+            n_pinned += 1
+        limit = self.max_tokens - self.summary_max_tokens
+        if self.keep_tokens is not None:
+            fixed = int(self.counter.count_messages(msgs[:n_pinned])) + self._plain.tools_cost(tools_schema)
+            limit = min(limit, fixed + self.keep_tokens)
+        try:
+            kept = self._inner_filter(max(1, limit)).apply(msgs, tools_schema=tools_schema)
+        except ContextBudgetError:
+            return plain  # the newest unit leaves no room for a summary
+        cut = len(msgs) - (len(kept) - n_pinned)
+        span = msgs[n_pinned:cut]
+        if not span:
+            return plain
+        text = self._summary_text(span)
+        if text is None:
+            return plain
+        summary = self._summary_message(text, span)
+        out = kept[:n_pinned] + [summary] + kept[n_pinned:]
+        if int(self.counter.count_messages(out)) + self._plain.tools_cost(tools_schema) > self.max_tokens:
+            return plain  # pragma: no cover - the summary is capped to what was set aside
+        return out
+
+    def _key(self, span: Sequence[Message]) -> str:
+        h = hashlib.sha256()
+        for m in span:
+            h.update(json.dumps(m.to_openai(), sort_keys=True, ensure_ascii=False, default=repr).encode("utf-8"))
+            h.update(b"\0")
+        return h.hexdigest()
+
+    def _summary_text(self, span: list[Message]) -> Optional[str]:
+        last = self._last_span
+        if last is not None:
+            ref, text = last
+            k = len(ref)
+            if len(span) == k and span == ref:
+                return text
+            if 0 < k < len(span) and span[:k] == ref:
+                from ...message import system
+
+                text = self._call([system(SUMMARY_HEADER + text), *span[k:]])
+                if text is None:
+                    return None
+                self._remember(span, text, None)
+                return text
+        key = self._key(span)
+        text = self._by_content.get(key)
+        if text is None:
+            text = self._call(span)
+            if text is None:
+                return None
+        self._remember(span, text, key)
+        return text
+
+    def _remember(self, span: list[Message], text: str, key: Optional[str]) -> None:
+        self._last_span = (span[:], text)
+        key = key if key is not None else self._key(span)
+        if len(self._by_content) >= 256:
+            self._by_content.pop(next(iter(self._by_content)))
+        self._by_content[key] = text
+
+    def _call(self, messages: list[Message]) -> Optional[str]:
+        self.calls += 1
+        try:
+            fut = _executor().submit(_run_summarize, self.summarize, list(messages))
+            text = fut.result(timeout=self.timeout)
+        except concurrent.futures.TimeoutError:
+            self._warn(f"summarize did not answer within {self.timeout} s")
+            return None
+        except Exception as exc:
+            self._warn(f"summarize raised {type(exc).__name__}: {exc}")
+            return None
+        if not isinstance(text, str):
+            self._warn(f"summarize returned {type(text).__name__}, not a str")
+            return None
+        return text
+
+    def _warn(self, why: str) -> None:
+        logger.warning("SummarizingBudgetFilter: %s; the prompt is the plain budget filter's", why)
+        warnings.warn(f"SummarizingBudgetFilter: {why}; the prompt is the plain budget filter's (no summary)",
+                      SummaryFailedWarning, stacklevel=4)
+
+    def _summary_message(self, text: str, span: list[Message]) -> Message:
+        units = sum(1 for m in span if m.role != "tool")
+        key = f"{len(span)}\0{units}\0{text}"
+        m = self._messages.get(key)
+        if m is not None:
+            return m
+        from ...message import system
+
+        edit = {"kind": "summary", "messages": len(span), "units": units}
+        m = system(SUMMARY_HEADER + text, metadata={EDIT_KEY: edit})
+        room = self.summary_max_tokens
+        if int(self.counter.count_message(m)) > room:
+            overhead = int(self.counter.count_message(m)) - self._cutter.count_text(m.content)
+            got = self._cutter.cut(m.content, max(0, room - overhead), DEFAULT_CUT_MARKER)
+            m = system(got[0] if got else "", metadata={EDIT_KEY: {**edit, "cut": True}})
+        if len(self._messages) >= 64:
+            self._messages.pop(next(iter(self._messages)))
+        self._messages[key] = m
+        return m
+
+
+# -- reporting --------------------------------------------------------------------------------
+
+
+def describe_edits(before: Sequence[Message], after: Sequence[Message], counter: Any = None) -> str:
+    """What a stage edited, from the ``context_edit`` metadata of the messages it made (those
+    of ``after`` that are not objects of ``before``); ``""`` when nothing.
+
+    >>> from jianmu_fast.message import tool
+    >>> m = tool("x" * 400, tool_call_id="c1")
+    >>> describe_edits([m], ToolResultCapFilter(20).apply([m]))
+    'cut 1 result(s) (-80 tokens)'
+    """
+    seen = {id(m) for m in before}
+    cut = cut_tokens = cleared = cleared_tokens = inputs = 0
+    summaries: list[str] = []
+    for m in after:
+        if id(m) in seen:
+            continue
+        edit = m.metadata.get(EDIT_KEY) if m.metadata else None
+        if not edit:
+            continue
+        kind = edit.get("kind")
+        if kind == "cut":
+            cut += 1
+            cut_tokens += int(edit.get("tokens_before", 0)) - int(edit.get("tokens_after", 0))
+        elif kind == "cleared":
+            cleared += 1
+            cleared_tokens += int(edit.get("tokens_saved", 0))
+        elif kind == "inputs_cleared":
+            inputs += 1
+        elif kind == "summary":
+            summaries.append(f"summary of {edit.get('messages')} message(s) ({edit.get('units')} unit(s))")
+    parts = []
+    if cut:
+        parts.append(f"cut {cut} result(s) (-{cut_tokens} tokens)")
+    if cleared:
+        parts.append(f"cleared {cleared} result(s) (-{cleared_tokens} tokens)")
+    if inputs:
+        parts.append(f"cleared the inputs of {inputs} call message(s)")
+    parts.extend(summaries)
+    return ", ".join(parts)
