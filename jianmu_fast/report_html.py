@@ -289,7 +289,7 @@ def run_report_html(stats: Any) -> str:
             fig.add_annotation(x=st.budget, y=1, yref="paper", text=f"budget {st.budget}", showarrow=False,
                                xanchor="left", yanchor="top", font=dict(color="#E45756"))
         s_b, s_a = sorted(st.before), sorted(st.after)
-        rows = [(edges[k], edges[k + 1] - 1, c_before[k], c_after[k]) for k in range(len(c_before))]
+        rows: list[Any] = [(edges[k], edges[k + 1] - 1, c_before[k], c_after[k]) for k in range(len(c_before))]
         quant = _table(["", "p5", "p50", "p95", "max", "mean"], [
             ("before trimming", *(round(_quantile(s_b, p)) for p in (.05, .5, .95)), s_b[-1],
              round(sum(s_b) / len(s_b), 1)),
@@ -308,9 +308,10 @@ def run_report_html(stats: Any) -> str:
     sections = {k: v for k, v in st.sections.items() if v and any(v)}
     if st.prompts and sections:
         n = st.prompts
-        fig = go.Figure([go.Bar(y=["mean prompt"], x=[sum(v) / n], name=k, orientation="h")
+        fig = go.Figure([go.Bar(y=["mean prompt"], x=[sum(v) / n], name=k, orientation="h", width=0.5)
                          for k, v in sections.items()])
-        fig.update_layout(barmode="stack", xaxis=_axis("mean tokens per prompt (tokens)"), height=260)
+        fig.update_layout(barmode="stack", xaxis=_axis("mean tokens per prompt (tokens)"),
+                          yaxis=_axis("all prompts"), height=260)
         total = sum(sum(v) for v in sections.values()) / n
         rows = []
         for k, v in sections.items():
