@@ -12,6 +12,7 @@ The callable itself needs no Ray instance and is tested here directly, on both b
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import subprocess
@@ -54,3 +55,76 @@ def test_ray_engine_in_loopback_namespace():
     )
     shutil.rmtree(short, ignore_errors=True)
     assert proc.returncode == 0, proc.stdout[-6000:] + proc.stderr[-3000:]
+
+
+EXAMPLES = ROOT / "examples" / "conversations.jsonl"
+FLAGS = ["--preset", "react", "--max-tokens", "4000", "--tools-desc-file", str(ROOT / "examples" / "tools_desc.txt")]
+
+
+def test_parquet_input_reads_as_its_jsonl(tmp_path, capsys):
+    """A .parquet INPUT (as Arrow stores conversations: message structs with null fields) gives
+    the output of the JSONL it was written from, row numbers standing for line numbers."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    from jianmu_fast.cli import main
+
+    lines = [l for l in EXAMPLES.read_text(encoding="utf-8").splitlines() if l.strip()][:40]
+    rows = [json.loads(l) for l in lines]
+    pq.write_table(pa.Table.from_pylist(rows), tmp_path / "in.parquet")
+    (tmp_path / "in.jsonl").write_text("\n".join(lines) + "\n", encoding="utf-8")
+    assert main(["build", str(tmp_path / "in.jsonl"), "-o", str(tmp_path / "a.jsonl"), *FLAGS]) == 0
+    assert main(["build", str(tmp_path / "in.parquet"), "-o", str(tmp_path / "b.jsonl"), *FLAGS]) == 0
+    assert (tmp_path / "a.jsonl").read_text() == (tmp_path / "b.jsonl").read_text()
+    capsys.readouterr()
+
+
+def test_build_prompts_batch_formats_agree():
+    """pyarrow, pandas and dict batches give the same prompts, other columns carried through."""
+    import pandas as pd
+    import pyarrow as pa
+
+    from jianmu_fast.integrations.ray import BuildPrompts
+
+    rows = [json.loads(l) for l in EXAMPLES.read_text(encoding="utf-8").splitlines()[:12]]
+    convs = [r["messages"] if isinstance(r, dict) else r for r in rows]
+    spec = {"preset": "react", "max_tokens": 4000, "tokenizer": "o200k_base"}
+    fn = BuildPrompts(spec)
+    as_dict = fn({"k": list(range(12)), "messages": convs})
+    as_pandas = fn(pd.DataFrame({"k": list(range(12)), "messages": convs}))
+    as_arrow = fn(pa.Table.from_pylist([{"k": i, "messages": c} for i, c in enumerate(convs)]))
+    assert list(as_pandas["k"]) == as_dict["k"] == list(as_arrow["k"]) == list(range(12))
+    assert list(as_pandas["messages"]) == as_dict["messages"] == list(as_arrow["messages"])
+    assert as_dict["prompt_tokens"] == list(as_arrow["prompt_tokens"])
+    assert all(e is None for e in as_dict["error"])
+
+
+def test_build_prompts_errors():
+    from jianmu_fast.errors import BatchError
+    from jianmu_fast.integrations.ray import BuildPrompts
+
+    broken = [{"role": "user", "content": "q"},
+              {"role": "assistant", "tool_calls": [{"id": "c1", "type": "function",
+                                                    "function": {"name": "f", "arguments": "{}"}}]}]
+    good = [{"role": "user", "content": "hi"}]
+    skip = BuildPrompts({"tokenizer": "simple"}, on_error="skip", id_column="id")
+    out = skip({"id": ["a", "b"], "messages": [good, broken]})
+    assert out["error"][0] is None and out["messages"][1] is None
+    assert out["error"][1].startswith("ToolCallHistoryError")
+    with pytest.raises(BatchError, match="id='b'"):
+        BuildPrompts({"tokenizer": "simple"}, id_column="id")({"id": ["a", "b"], "messages": [good, broken]})
+    with pytest.raises(KeyError, match="no 'messages' column"):
+        skip({"id": [1], "msgs": [good]})
+    with pytest.raises(ValueError, match="unknown key 'max_token'"):
+        BuildPrompts({"max_token": 10})
+    import pickle
+
+    clone = pickle.loads(pickle.dumps(BuildPrompts({"tokenizer": "simple", "max_tokens": 50})))
+    assert clone({"messages": [good]})["prompt_tokens"] == [BuildPrompts({"tokenizer": "simple"})({"messages": [good]})["prompt_tokens"][0]]
+
+
+def test_engine_flag_errors(capsys):
+    from jianmu_fast.cli import main
+
+    assert main(["build", str(EXAMPLES), "--ray-address", "127.0.0.1:1"]) == 2
+    assert "--ray-address needs --engine ray" in capsys.readouterr().err

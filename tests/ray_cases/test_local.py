@@ -17,7 +17,7 @@ from jianmu_fast.message import coerce_messages
 
 ROOT = Path(__file__).resolve().parents[2]
 EXAMPLES = ROOT / "examples" / "conversations.jsonl"
-SPEC = {"preset": "react", "max_tokens": 600, "tokenizer": "o200k_base",
+SPEC = {"preset": "react", "max_tokens": 4000, "tokenizer": "o200k_base",
         "tools_desc_file": str(ROOT / "examples" / "tools_desc.txt")}
 
 
@@ -105,7 +105,7 @@ def test_cli_engine_ray_equals_local(tmp_path, capsys):
     lines.insert(10, "{not json")
     lines.insert(30, json.dumps({"messages": BROKEN}))
     src.write_text("\n".join(lines) + "\n", encoding="utf-8")
-    flags = ["--preset", "react", "--max-tokens", "600", "--tools-desc-file", SPEC["tools_desc_file"],
+    flags = ["--preset", "react", "--max-tokens", "4000", "--tools-desc-file", SPEC["tools_desc_file"],
              "--on-error", "skip"]
     assert main(["build", str(src), "-o", str(tmp_path / "local.jsonl"), *flags]) == 0
     err_local = capsys.readouterr().err
@@ -119,3 +119,18 @@ def test_cli_engine_ray_equals_local(tmp_path, capsys):
     assert main(["build", str(src), "-o", str(tmp_path / "r2.jsonl"), "--engine", "ray", *flags[:-2]]) == 1
     assert (tmp_path / "r1.jsonl").read_text() == (tmp_path / "r2.jsonl").read_text()
     assert len((tmp_path / "r1.jsonl").read_text().splitlines()) == 10
+
+
+def test_cli_engine_ray_reads_parquet_through_ray_data(tmp_path, capsys):
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    lines = [l for l in EXAMPLES.read_text(encoding="utf-8").splitlines() if l.strip()][:50]
+    pq.write_table(pa.Table.from_pylist([json.loads(l) for l in lines]), tmp_path / "in.parquet")
+    (tmp_path / "in.jsonl").write_text("\n".join(lines) + "\n", encoding="utf-8")
+    flags = ["--preset", "react", "--max-tokens", "4000", "--tools-desc-file", SPEC["tools_desc_file"]]
+    assert main(["build", str(tmp_path / "in.jsonl"), "-o", str(tmp_path / "a.jsonl"), *flags]) == 0
+    assert main(["build", str(tmp_path / "in.parquet"), "-o", str(tmp_path / "b.jsonl"), "--engine", "ray",
+                 "--workers", "2", *flags]) == 0
+    assert (tmp_path / "a.jsonl").read_text() == (tmp_path / "b.jsonl").read_text()
+    capsys.readouterr()

@@ -33,7 +33,7 @@ def cluster(tmp_path_factory):
 
 def test_cli_reaches_cluster_by_address(cluster, tmp_path):
     src = ROOT / "examples" / "conversations.jsonl"
-    flags = ["--preset", "react", "--max-tokens", "600", "--tools-desc-file", str(ROOT / "examples" / "tools_desc.txt")]
+    flags = ["--preset", "react", "--max-tokens", "4000", "--tools-desc-file", str(ROOT / "examples" / "tools_desc.txt")]
     cli = [sys.executable, "-m", "jianmu_fast"]
     local = subprocess.run([*cli, "build", str(src), *flags], capture_output=True, text=True, timeout=300)
     assert local.returncode == 0, local.stderr
