@@ -290,5 +290,5 @@ def test_race_swapping_a_directory_for_an_outside_symlink_never_leaks(ws, tmp_pa
         stop.set()
         t.join()
         logging.getLogger("jianmu_fast.context").disabled = False
-    assert swaps[0] > 100 and reads > 100
+    assert swaps[0] > 10 and reads > 10
     assert inside > 0  # the inside file was read too: the test exercised real reads

@@ -321,3 +321,13 @@ def test_cli_exits_2_on_a_bad_config(tmp_path, capsys, kind):
     assert cli.main(["build", str(src), "-o", str(tmp_path / "out.jsonl"), "--max-tokens", "100"]) == 2
     err = capsys.readouterr().err
     assert f"ConfigError: {p}:" in err and "Traceback" not in err
+
+
+def test_oversized_config_file_is_a_config_error_naming_it(tmp_path):
+    from jianmu_fast.config.loader import MAX_CONFIG_BYTES
+
+    p = write(tmp_path / "jianmu.yaml", "prompt:\n  persona_default_prompt: x\n")
+    with open(p, "r+b") as fh:
+        fh.truncate(MAX_CONFIG_BYTES + 1)  # sparse: never written, must never be read whole
+    with pytest.raises(ConfigError, match=rf"^{p}: the configuration file is {MAX_CONFIG_BYTES + 1} bytes"):
+        load_config()

@@ -41,6 +41,7 @@ from ..errors import ConfigError
 from .prompts import PROMPT_FIELDS
 
 __all__ = [
+    "MAX_CONFIG_BYTES",
     "MAX_YAML_DEPTH",
     "MAX_YAML_NODES",
     "safe_yaml_compose",
@@ -63,6 +64,8 @@ _CONSTRAINT_KEYS = ("max_messages",)
 
 _EMPTY: Mapping[str, Any] = MappingProxyType({})
 
+#: the largest configuration file read (bytes)
+MAX_CONFIG_BYTES = 1 << 20
 #: deepest nesting of collections a YAML document may have (``jianmu.yaml``, ``SKILL.md``)
 MAX_YAML_DEPTH = 64
 #: most nodes a YAML document may have once every alias is expanded (stops "billion laughs")
@@ -320,7 +323,15 @@ def _parse_file(path: Path) -> JianmuConfig:
     import yaml  # type: ignore[import-untyped]  # lazy: importing jianmu_fast does not load pyyaml
 
     try:
-        text = path.read_text(encoding="utf-8")
+        with open(path, "rb") as fh:
+            size = os.fstat(fh.fileno()).st_size
+            data = b"" if size > MAX_CONFIG_BYTES else fh.read(MAX_CONFIG_BYTES + 1)
+        if size > MAX_CONFIG_BYTES or len(data) > MAX_CONFIG_BYTES:
+            raise ConfigError(
+                f"{path}: the configuration file is {max(size, len(data))} bytes, over the "
+                f"{MAX_CONFIG_BYTES}-byte limit; is it the right file?"
+            )
+        text = data.decode("utf-8")
     except UnicodeDecodeError as exc:
         raise ConfigError(f"{path}: not valid UTF-8 at byte {exc.start}; save the file as UTF-8") from exc
     except OSError as exc:
