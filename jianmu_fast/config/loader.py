@@ -196,12 +196,22 @@ def _bounded_loader() -> Any:
         return _loader_cls
     import yaml  # type: ignore[import-untyped]
     from yaml.composer import ComposerError  # type: ignore[import-untyped]
+    from yaml.scanner import ScannerError  # type: ignore[import-untyped]
 
     class BoundedSafeLoader(yaml.SafeLoader):  # type: ignore[misc]
         def __init__(self, stream: Any) -> None:
             super().__init__(stream)
             self._depth = 0
             self._sizes: dict[int, int] = {}
+
+        def fetch_flow_collection_start(self, token_class: Any) -> None:
+            # the scanner looks ahead over every open '[' / '{': stop deep flow nesting here,
+            # before that look-ahead turns quadratic
+            if self.flow_level >= MAX_YAML_DEPTH:
+                raise ScannerError(
+                    None, None, f"collections nested deeper than {MAX_YAML_DEPTH} levels", self.get_mark()
+                )
+            super().fetch_flow_collection_start(token_class)
 
         def compose_node(self, parent: Any, index: Any) -> Any:
             if self._depth >= MAX_YAML_DEPTH:
