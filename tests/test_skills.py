@@ -241,3 +241,39 @@ def test_skill_md_that_is_a_fifo_or_hard_link_is_refused(tmp_path, outside_skill
         load_skill(root / "pipe" / "SKILL.md")
     with pytest.raises(ConfigError, match="hard link"):
         load_skill(root / "linked" / "SKILL.md")
+
+
+def test_race_swapping_a_skill_dir_for_an_outside_symlink_never_loads_it(tmp_path, outside_skill):
+    """A thread swaps skills/greet (a real skill) for a symlink to an outside skill and back
+    while the catalog is loaded in a loop: the outside instructions never appear."""
+    import os
+    import threading
+    import time
+
+    root = tmp_path / "skills"
+    make_skill(root, "greet", body="inside instructions")
+    d, parked = root / "greet", tmp_path / "parked"
+    stop = threading.Event()
+
+    def swapper() -> None:
+        while not stop.is_set():
+            os.rename(d, parked)
+            os.symlink(outside_skill, d)
+            os.unlink(d)
+            os.rename(parked, d)
+
+    logging.getLogger("jianmu_fast.skills").disabled = True
+    t = threading.Thread(target=swapper)
+    t.start()
+    loaded = 0
+    try:
+        deadline = time.monotonic() + 0.5
+        while time.monotonic() < deadline:
+            for s in SkillsCatalog.from_dir(root):
+                assert "EXFILTRATE" not in s.instructions
+                loaded += 1
+    finally:
+        stop.set()
+        t.join()
+        logging.getLogger("jianmu_fast.skills").disabled = False
+    assert loaded > 0
