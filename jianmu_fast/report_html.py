@@ -336,6 +336,8 @@ def run_report_html(stats: Any) -> str:
         page.chart("How the sections vary across prompts", fig,
                    ["section", "p5", "p25", "median", "p75", "p95"], rows,
                    note="Boxes span the 25th to 75th percentile; whiskers the 5th and 95th (tokens per prompt).")
+    else:
+        page.section("Mean tokens per section", "<p>No prompt was written: nothing to show.</p>")
 
     # dropped messages
     if st.prompts:

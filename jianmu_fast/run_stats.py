@@ -197,8 +197,8 @@ class RunCollector:
 
     ``builder`` and ``counter`` are the run's; ``tools`` the request's tool schemas (their
     cost is a section of every prompt); ``src_name`` is the ``FILE`` of ``FILE:LINE``.
-    The command line calls :meth:`lap` at the end of each phase, :meth:`count` before a
-    chunk is built and :meth:`add_lines` after it is written.
+    The command line calls :meth:`count` before a chunk is built, :meth:`built` after, and
+    :meth:`add_lines` once it is written; each ends a phase (:meth:`lap`).
     """
 
     def __init__(self, builder: Any, counter: Any, *, src_name: str, tools: Optional[Sequence[Any]] = None,
@@ -223,6 +223,7 @@ class RunCollector:
             self.stats.sections["request's tools"] = []
         self._heap: list[MessageEntry] = []
         self._provided: dict[int, tuple[list[Any], list[int], Any]] = {}
+        self._prompts: dict[int, list[Any]] = {}
         self._t = time.perf_counter()
 
     @staticmethod
@@ -283,9 +284,17 @@ class RunCollector:
             return [int(x) for x in array(messages)]
         return [int(self.counter.count_message(m)) for m in messages]
 
-    def add_lines(self, lines: Sequence[Any], prompts: dict[int, list[Any]], stop_early: bool) -> None:
-        """After a chunk is written: each line's figures (``prompts`` by line number), in
-        the order the command reports them (under ``stop_early``, up to the first failure)."""
+    def built(self, lines: Sequence[Any], results: Sequence[Any]) -> None:
+        """After a chunk is built: keep each line's prompt (``results``: a prompt, or the
+        exception its build raised) until :meth:`add_lines`. Ends the trimming phase."""
+        self.lap("trimming")
+        for line, result in zip(lines, results):
+            if not isinstance(result, BaseException):
+                self._prompts[line.lineno] = result
+
+    def add_lines(self, lines: Sequence[Any], stop_early: bool) -> None:
+        """After a chunk is written: each line's figures, in the order the command reports
+        them (under ``stop_early``, up to the first failure). Ends the writing phase."""
         self.lap("writing")
         for line in lines:
             if line.error is not None:
@@ -293,8 +302,9 @@ class RunCollector:
                 if stop_early:
                     break
                 continue
-            self._success(line, prompts.get(line.lineno) or [])
+            self._success(line, self._prompts.get(line.lineno) or [])
         self._provided.clear()
+        self._prompts.clear()
         self.lap("report")
 
     def failure(self, lineno: int, reason: str) -> None:
