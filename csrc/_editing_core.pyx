@@ -31,12 +31,21 @@ cdef inline int64_t _level(int64_t total, int64_t trigger, int64_t step, int64_t
     return prev + 1
 
 
+cdef inline int64_t _room(int64_t total, int64_t trigger, int64_t step) noexcept nogil:
+    if step == 0:
+        return 0
+    if total <= trigger:
+        return trigger - total + step
+    return trigger + (total - trigger + step - 1) // step * step - total
+
+
 def plan_clearing(const int64_t[::1] counts, const int8_t[::1] kinds, const int64_t[::1] savings,
                   int64_t base, int64_t trigger, int64_t step, int64_t keep):
     """Which tool results to clear: ``(cleared, total)``; see ``_editing_core_py``."""
     cdef Py_ssize_t n = counts.shape[0]
     cdef Py_ssize_t i
-    cdef int64_t k, s, total, pending, n_results, cleared, need, level, level_prev
+    cdef int64_t k, s, total, n_results, cleared, need, level, level_prev
+    cdef int64_t eligible, best_k, best_room, best_saved, saved, room
     cdef int64_t *positions
     if kinds.shape[0] != n or savings.shape[0] != n:
         raise ValueError(
@@ -63,7 +72,6 @@ def plan_clearing(const int64_t[::1] counts, const int8_t[::1] kinds, const int6
     if positions == NULL:
         raise MemoryError()
     total = base
-    pending = 0
     n_results = 0
     cleared = 0
     need = step if step > 0 else 1
@@ -75,14 +83,25 @@ def plan_clearing(const int64_t[::1] counts, const int8_t[::1] kinds, const int6
                 if kinds[i]:
                     positions[n_results] = i
                     n_results += 1
-                    if n_results > keep:
-                        pending += savings[positions[n_results - 1 - keep]]
                 level = _level(total, trigger, step, level_prev)
-                if level > level_prev and pending >= need:
-                    total -= pending
-                    pending = 0
-                    cleared = n_results - keep
-                    level = _level(total, trigger, step, level)
+                eligible = n_results - keep
+                if level > level_prev and eligible > cleared:
+                    best_k = -1
+                    best_room = -1
+                    best_saved = 0
+                    saved = 0
+                    for k in range(cleared, eligible):
+                        saved += savings[positions[k]]
+                        if saved >= need:
+                            room = _room(total - saved, trigger, step)
+                            if room >= best_room:
+                                best_k = k + 1
+                                best_room = room
+                                best_saved = saved
+                    if best_k >= 0:
+                        total -= best_saved
+                        cleared = best_k
+                        level = _level(total, trigger, step, level)
                 level_prev = level
     finally:
         free(positions)

@@ -26,14 +26,15 @@ is a function of the messages only and never moves back as the history grows:
 - ``total`` is the cost of the prefix as cleared so far (``base`` plus the counts, minus
   what was cleared); a result becomes *eligible* once ``keep`` newer results follow it;
   ``pending`` is what clearing every eligible, not yet cleared result would save.
-- With ``step == 0``: whenever ``total > trigger`` and ``pending > 0``, every eligible result
-  is cleared (a step).
+- With ``step == 0``: whenever ``total > trigger``, every eligible result is cleared (a step).
 - With ``step > 0``: the level of ``total`` is ``0`` up to ``trigger``, then
-  ``ceil((total - trigger) / step)``. A step (clear every eligible result) is taken when a
-  message raises the level and ``pending >= step``. These are exactly the moments when
-  ``TokenBudgetFilter(trigger, eviction="chunked", chunk=step)`` moves its cut, so with those
-  settings a step never costs a prompt-cache miss of its own. After a step the level falls
-  and the scan goes on.
+  ``ceil((total - trigger) / step)``. A step is taken when a message raises the level and the
+  eligible results not yet cleared would save at least ``step``. These are exactly the
+  moments when ``TokenBudgetFilter(trigger, eviction="chunked", chunk=step)`` moves its cut,
+  so with those settings a step costs no prompt-cache miss of its own. A step clears the
+  oldest of those results, as many as leave ``total`` with the most room below the next
+  level boundary (the longest such run on ties), saving at least ``step``: the next cut move
+  is then as far away as it can be.
 
 Result: ``(cleared, total)``: the results (in order, counting every tool result, kinds 1
 and 2 alike) whose clearable ones are cleared are the first ``cleared``; ``total`` is the
@@ -52,6 +53,22 @@ MAX_SUM = 1 << 62
 def _check(name, value):
     if value < 0 or value > MAX_VALUE:
         raise ValueError(f"{name} must be between 0 and 2**53, got {value}")
+
+
+def _level(total, trigger, step, prev):
+    if total <= trigger:
+        return 0
+    if step > 0:
+        return (total - trigger + step - 1) // step
+    return prev + 1
+
+
+def _room(total, trigger, step):
+    if step == 0:
+        return 0
+    if total <= trigger:
+        return trigger - total + step
+    return trigger + (total - trigger + step - 1) // step * step - total
 
 
 def plan_clearing(counts, kinds, savings, base, trigger, step, keep):
@@ -89,7 +106,6 @@ def plan_clearing(counts, kinds, savings, base, trigger, step, keep):
         if s < 0 or s > counts[i] or (k != 2 and s != 0):
             raise ValueError(f"savings[{i}] must be between 0 and counts[{i}], and 0 unless kinds[{i}] == 2, got {s}")
     total = int(base)
-    pending = 0
     n_results = 0
     cleared = 0
     positions = []
@@ -100,19 +116,19 @@ def plan_clearing(counts, kinds, savings, base, trigger, step, keep):
         if kinds[i]:
             positions.append(i)
             n_results += 1
-            if n_results > keep:
-                pending += int(savings[positions[n_results - 1 - keep]])
-        if total > trigger:
-            level = (total - trigger + step - 1) // step if step > 0 else level_prev + 1
-        else:
-            level = 0
-        if level > level_prev and pending >= need:
-            total -= pending
-            pending = 0
-            cleared = n_results - keep
-            if total > trigger:
-                level = (total - trigger + step - 1) // step if step > 0 else level
-            else:
-                level = 0
+        level = _level(total, trigger, step, level_prev)
+        eligible = n_results - keep
+        if level > level_prev and eligible > cleared:
+            best_k, best_room, best_saved, saved = -1, -1, 0, 0
+            for k in range(cleared, eligible):
+                saved += int(savings[positions[k]])
+                if saved >= need:
+                    room = _room(total - saved, trigger, step)
+                    if room >= best_room:
+                        best_k, best_room, best_saved = k + 1, room, saved
+            if best_k >= 0:
+                total -= best_saved
+                cleared = best_k
+                level = _level(total, trigger, step, level)
         level_prev = level
     return (cleared, total)
