@@ -51,10 +51,17 @@ $(BENCH_STAMP): $(STAMP)
 	$(PY) -m pip install --quiet --disable-pip-version-check -e ".[bench]"
 	touch $(BENCH_STAMP)
 
+# make bench: issue 13's targets table (benchmarks/test_regimes.py, ~3 min on 2 cores);
+# make bench BENCH_MODULES="$$(ls benchmarks/test_*.py)": every benchmark. One pytest process
+# and one JSON file per module, so a module that fails costs only its own rows.
+BENCH_MODULES ?= benchmarks/test_regimes.py
+
 bench: $(BENCH_STAMP)
-	mkdir -p out
-	$(PY) -m pytest benchmarks --benchmark-disable-gc -q --benchmark-json=out/bench.json; status=$$?; \
-	$(PY) benchmarks/report.py out/bench.json benchmarks/RESULTS.md; exit $$status
+	rm -rf out/bench && mkdir -p out/bench
+	status=0; for m in $(BENCH_MODULES); do \
+		$(PY) -m pytest $$m --benchmark-disable-gc -q --benchmark-json=out/bench/$$(basename $$m .py).json || status=1; \
+	done; \
+	$(PY) benchmarks/report.py out/bench/*.json benchmarks/RESULTS.md; exit $$status
 
 # An sdist and a manylinux wheel in dist/ (auditwheel repair: pip-installable with no compiler
 # on any Linux with this glibc or newer). Tools go into a throwaway venv, not .venv.
