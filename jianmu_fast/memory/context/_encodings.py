@@ -405,7 +405,7 @@ def load_fastokens(name: str) -> Any:
 def import_fastokens() -> Any:
     """The ``fastokens`` module, or ``ImportError`` naming the extra that installs it."""
     try:
-        import fastokens
+        import fastokens  # type: ignore[import-untyped]
     except ImportError as exc:
         raise ImportError(
             "TiktokenTokenCounter(engine='fastokens') needs the optional fastokens package: "
