@@ -273,6 +273,7 @@ def test_race_swapping_a_directory_for_an_outside_symlink_never_leaks(ws, tmp_pa
             os.unlink(sub)
             os.rename(parked, sub)
             swaps[0] += 1
+            time.sleep(0.0002)  # leave the real directory in place now and then
 
     logging.getLogger("jianmu_fast.context").disabled = True
     t = threading.Thread(target=swapper)

@@ -261,6 +261,7 @@ def test_race_swapping_a_skill_dir_for_an_outside_symlink_never_loads_it(tmp_pat
             os.symlink(outside_skill, d)
             os.unlink(d)
             os.rename(parked, d)
+            time.sleep(0.0002)  # leave the real directory in place now and then
 
     logging.getLogger("jianmu_fast.skills").disabled = True
     t = threading.Thread(target=swapper)

@@ -153,6 +153,8 @@ class SkillsCatalog:
                     pass  # load_skill_in names the file and the reason
                 try:
                     skills.append(load_skill_in(root_handle.fd, root_real, entry, root, max_bytes))
+                except (FileNotFoundError, NotADirectoryError):
+                    logger.debug("skill directory %s vanished while it was loaded", root / entry)
                 except ConfigError as exc:
                     logger.warning("skill %s skipped: %s", root / entry / SKILL_FILE, exc)
         return cls(skills, root=root)

@@ -230,6 +230,10 @@ def load_skill_in(root_fd: int, root_real: str, entry: str, root: Path, max_byte
         d = open_beneath(root_fd, [entry], root_real)
     except UnsafePathError as exc:
         raise ConfigError(f"{root / entry}: skill directory refused: {exc.reason}") from None
+    except (FileNotFoundError, NotADirectoryError):
+        raise  # gone, or not a directory: not a skill (the caller decides)
+    except OSError as exc:
+        raise ConfigError(f"{root / entry}: cannot open the skill directory: {exc.strerror or exc}") from exc
     with d:
         if not stat.S_ISDIR(d.st.st_mode):
             raise ConfigError(f"{root / entry}: not a directory")
