@@ -105,8 +105,6 @@ def test_message_round_trip_is_lossless(ms):
     back = from_langchain(to_langchain(ms))
     assert back == ms
     assert [m.to_openai() for m in back] == [m.to_openai() for m in ms]
-    assert [m.model_fields_set for m in back] == [m.model_fields_set for m in ms] or all(
-        a.to_openai() == b.to_openai() for a, b in zip(back, ms))
 
 
 def test_edge_fields_survive_both_ways():
@@ -289,7 +287,8 @@ def test_hook_returns_the_state_objects_for_kept_messages():
         pre_model_hook(object())
 
 
-def test_hook_arguments_json_are_what_langchain_sends():
+def test_arguments_are_json_of_the_args():
     m = from_langchain([AIMessage("", tool_calls=[{"name": "f", "args": {"é": 1}, "id": "c"}])])[0]
+    assert m.tool_calls[0]["function"]["arguments"] == '{"é": 1}'
     assert json.loads(m.tool_calls[0]["function"]["arguments"]) == {"é": 1}
-    assert ai(None).role == human("x").role.replace("user", "assistant")
+    assert from_langchain(to_langchain([ai(None, tool_calls=m.tool_calls), human("x")]))[0].content is None

@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 
 import pytest
-from hypothesis import assume, given, settings
+from hypothesis import given, settings
 from hypothesis import strategies as st
 from openai.types.responses import ResponseInputItemParam
 from pydantic import TypeAdapter
@@ -83,8 +83,11 @@ def test_items_round_trip_is_lossless(items):
 def test_messages_round_trip_through_items(ms):
     # The one thing items cannot say: a text-only assistant message followed by one that only
     # calls tools reads as a single model turn (tested below), so such pairs are left out here.
-    assume(not any(a.role == "assistant" and not a.tool_calls and b.role == "assistant" and b.tool_calls
-                   and b.content is None for a, b in zip(ms, ms[1:])))
+    def merges(a, b):
+        return a.role == "assistant" and not a.tool_calls and b.role == "assistant" and b.tool_calls and b.content is None
+
+    while any(merges(a, b) for a, b in zip(ms, ms[1:])):
+        ms = [m for k, m in enumerate(ms) if not (k + 1 < len(ms) and merges(m, ms[k + 1]))]
     items = to_responses(ms)
     ITEMS.validate_python(items)
     back = from_responses(items)

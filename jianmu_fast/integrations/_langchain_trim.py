@@ -93,14 +93,14 @@ def _has_calls(m: Any) -> bool:
 
 
 def _check(calls: list[dict[str, Any]], results: Sequence[Any]) -> Optional[str]:
-    ids = [c.get("id") for c in calls]
-    rids = [r.tool_call_id for r in results]
+    ids: list[Any] = [c.get("id") for c in calls]
+    rids: list[Any] = [r.tool_call_id for r in results]
     if not all(ids):
         return "a call has no id"
     if len(set(ids)) != len(ids):
-        return f"calls share ids {sorted(ids)}"
+        return f"calls share ids {sorted(map(str, ids))}"
     if len(set(rids)) != len(rids):
-        return f"duplicated results for {sorted(rids)}"
+        return f"duplicated results for {sorted(map(str, rids))}"
     if set(ids) == set(rids):
         return None
     parts = []

@@ -87,7 +87,8 @@ def call_model_input_filter(builder: Any) -> Callable[[Any], Any]:
         except ImportError as exc:  # pragma: no cover - the extra is installed in CI
             raise ImportError(f"jianmu_fast.integrations.openai_agents needs openai-agents: {_EXTRA_HINT}") from exc
         md = data.model_data
-        return ModelInputData(input=trim_items(builder, md.input, getattr(data, "context", None), converter),
+        items: Any = trim_items(builder, md.input, getattr(data, "context", None), converter)
+        return ModelInputData(input=items,
                               instructions=md.instructions)
 
     return _filter

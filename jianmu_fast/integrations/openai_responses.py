@@ -41,7 +41,7 @@ True
 from __future__ import annotations
 
 import json
-from typing import Any, Iterable, Mapping, Optional
+from typing import Any, Iterable, Mapping, Optional, Sequence
 
 from ..errors import MessageValidationError
 from ..message import Message, coerce_message
@@ -110,7 +110,7 @@ def _call(item: Mapping[str, Any]) -> Optional[dict[str, Any]]:
     return {"id": item["call_id"], "type": "function", "function": {"name": name, "arguments": str(args)}}
 
 
-def _assistant_fields(items: list[Mapping[str, Any]], where: str) -> dict[str, Any]:
+def _assistant_fields(items: Sequence[Mapping[str, Any]], where: str) -> dict[str, Any]:
     texts: list[Any] = []
     calls = []
     for k, it in enumerate(items):
@@ -133,7 +133,7 @@ def _assistant_fields(items: list[Mapping[str, Any]], where: str) -> dict[str, A
     return fields
 
 
-def _fields(kind: str, items: list[Mapping[str, Any]], where: str) -> dict[str, Any]:
+def _fields(kind: str, items: Sequence[Mapping[str, Any]], where: str) -> dict[str, Any]:
     if kind == "assistant":
         return _assistant_fields(items, where)
     it = items[0]
