@@ -715,19 +715,23 @@ class SummarizingBudgetFilter:
     block (Anthropic) accept it, later trimming stages keep it pinned, and the model never reads
     it as something the user said.
 
-    Summaries are cached by the content of the dropped span; when the span grows (a longer
-    history drops more), the previous summary is extended from the newly dropped units
-    (``summarize([previous summary, *new messages])``), a rolling summary. If ``summarize``
+    The summary is a pure function of the dropped span's content (``build_batch`` equals
+    per-state ``build``), and a rolling one: the span is folded at the first unit start past
+    each multiple of ``chunk`` tokens (``max_tokens // 4`` with exact eviction), the first
+    piece summarized alone and each next one as ``summarize([summary so far, *piece])``; every
+    step is cached by the content of the span up to it. Chunked eviction moves its cut to
+    exactly those points, so a longer history extends the previous summary from the newly
+    dropped units with one call per move instead of summarizing everything again. If ``summarize``
     raises, times out (``timeout`` seconds) or returns something else than a str, the result
     is the plain ``TokenBudgetFilter``'s, with a :class:`SummaryFailedWarning`: never over the
     budget, never a failed build.
 
     >>> from jianmu_fast.message import system, human, ai
-    >>> f = SummarizingBudgetFilter(70, summarize=lambda ms: f"{len(ms)} earlier messages", summary_max_tokens=25)
+    >>> f = SummarizingBudgetFilter(70, summarize=lambda ms: "they talked", summary_max_tokens=25)
     >>> msgs = [system("Be brief.")] + [human("x" * 40), ai("y" * 40)] * 3 + [human("and now?")]
     >>> out = f.apply(msgs)
     >>> [m.role for m in out], out[1].content
-    (['system', 'system', 'user', 'assistant', 'user'], 'Summary of the earlier conversation:\\n4 earlier messages')
+    (['system', 'system', 'user', 'assistant', 'user'], 'Summary of the earlier conversation:\\nthey talked')
     """
 
     def __init__(
@@ -764,12 +768,14 @@ class SummarizingBudgetFilter:
         self._plain = TokenBudgetFilter(max_tokens, self.counter, pinned_roles=self.pinned_roles,
                                         eviction=eviction, chunk=chunk)  # validates the rest
         self._cutter = _Cutter(self.counter)
+        self._fold = chunk if eviction == "chunked" and chunk else max(1, self.max_tokens // 4)
         self._reset()
 
     def _reset(self) -> None:
         self._inner: dict[int, TokenBudgetFilter] = {}
         self._last_span: Optional[tuple[list[Message], str]] = None
-        self._by_content: dict[str, str] = {}
+        self._by_content: dict[bytes, str] = {}
+        self._digests = _ObjectCache()
         self._messages: dict[str, Message] = {}
         self.calls = 0
         """How many times ``summarize`` was called (successful or not)."""
@@ -781,7 +787,7 @@ class SummarizingBudgetFilter:
 
     def __getstate__(self) -> dict[str, Any]:
         state = self.__dict__.copy()
-        for k in ("_inner", "_last_span", "_by_content", "_messages"):
+        for k in ("_inner", "_last_span", "_by_content", "_messages", "_digests"):
             state.pop(k, None)
         return state
 
@@ -840,43 +846,54 @@ class SummarizingBudgetFilter:
             return plain  # pragma: no cover - the summary is capped to what was set aside
         return out
 
-    def _key(self, span: Sequence[Message]) -> str:
-        h = hashlib.sha256()
-        for m in span:
-            h.update(json.dumps(m.to_openai(), sort_keys=True, ensure_ascii=False, default=repr).encode("utf-8"))
-            h.update(b"\0")
-        return h.hexdigest()
+    def _digest(self, m: Message) -> bytes:
+        d = self._digests.get(m)
+        if d is None:
+            d = hashlib.sha256(json.dumps(m.to_openai(), sort_keys=True, ensure_ascii=False,
+                                          default=repr).encode("utf-8")).digest()
+            self._digests.put(m, d)
+        return d
+
+    def _folds(self, span: list[Message]) -> list[int]:
+        """Where the rolling summary of ``span`` folds: the first unit start at or past each
+        multiple of ``fold`` tokens (cumulative from the span's start), then the span's end."""
+        counts = _counts(self.counter, span)
+        starts = np.array([i for i, m in enumerate(span) if m.role != "tool"] or [0], dtype=np.int64)
+        before = np.concatenate(([0], np.cumsum(counts)))[starts]
+        levels = np.arange(1, int(before[-1]) // self._fold + 1, dtype=np.int64) * self._fold
+        ends = sorted({int(starts[j]) for j in np.searchsorted(before, levels, side="left") if j < len(starts)} - {0})
+        return ends + [len(span)] if not ends or ends[-1] != len(span) else ends
 
     def _summary_text(self, span: list[Message]) -> Optional[str]:
+        """The summary of ``span``, a pure function of its content: a fold over the pieces
+        between ``_folds`` (each step ``summarize([summary so far, *piece])``), every step
+        cached by the content of the span up to it. With chunked eviction the cut moves to
+        those fold points, so a move costs one call."""
         last = self._last_span
-        if last is not None:
-            ref, text = last
-            k = len(ref)
-            if len(span) == k and span == ref:
-                return text
-            if 0 < k < len(span) and span[:k] == ref:
-                from ...message import system
+        if last is not None and len(span) == len(last[0]) and span == last[0]:
+            return last[1]
+        from ...message import system
 
-                text = self._call([system(SUMMARY_HEADER + text), *span[k:]])
-                if text is None:
+        text: Optional[str] = None
+        key = b""
+        lo = 0
+        for hi in self._folds(span):
+            h = hashlib.sha256(key)
+            for m in span[lo:hi]:
+                h.update(self._digest(m))
+            key = h.digest()
+            got = self._by_content.get(key)
+            if got is None:
+                piece = span[lo:hi]
+                got = self._call(piece if text is None else [system(SUMMARY_HEADER + text), *piece])
+                if got is None:
                     return None
-                self._remember(span, text, None)
-                return text
-        key = self._key(span)
-        text = self._by_content.get(key)
-        if text is None:
-            text = self._call(span)
-            if text is None:
-                return None
-        self._remember(span, text, key)
+                if len(self._by_content) >= 1024:
+                    self._by_content.pop(next(iter(self._by_content)))
+                self._by_content[key] = got
+            text, lo = got, hi
+        self._last_span = (span[:], text or "")
         return text
-
-    def _remember(self, span: list[Message], text: str, key: Optional[str]) -> None:
-        self._last_span = (span[:], text)
-        key = key if key is not None else self._key(span)
-        if len(self._by_content) >= 256:
-            self._by_content.pop(next(iter(self._by_content)))
-        self._by_content[key] = text
 
     def _call(self, messages: list[Message]) -> Optional[str]:
         self.calls += 1

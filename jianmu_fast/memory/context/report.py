@@ -64,6 +64,9 @@ class StageReport:
     dropped_messages: int
     dropped_tokens: int
     failed: bool = False
+    detail: str = ""
+    """What a context-editing stage did (``editing.describe_edits``): results cut or cleared,
+    tokens saved, messages summarized; ``""`` for a stage that only keeps or drops."""
 
 
 @dataclass
@@ -84,6 +87,9 @@ class BuildReport:
     total_tokens: int = 0
     tools_tokens: int = 0
     """What the request's tools cost (``counter.count_tools(tools_schema)``; 0 without tools)."""
+    overhead_tokens: int = 0
+    """What the request's framing costs beyond its messages and tools: ``total_tokens`` minus
+    both (the chat template's fixed text and generation prompt, for ``ChatTemplateTokenCounter``)."""
     counter: Any = None
     error: Optional[JianmuError] = None
     """With ``strict=False``: the error a filter raised; ``messages`` are what reached it."""
@@ -116,7 +122,8 @@ class BuildReport:
         for s in self.stages:
             label = f"filters[{s.index}] {s.name}" if s.index >= 0 else s.name
             rows.append(f"{label + (' (failed)' if s.failed else ''):<44} {'-' + str(s.dropped_messages):>6} "
-                        f"{'-' + str(s.dropped_tokens):>8}")
+                        f"{'-' + str(s.dropped_tokens):>8}" + (f"  {s.detail}" if s.detail else ""))
+        rows.append(f"{'request overhead (template)':<44} {'':>6} {self.overhead_tokens:>8}")
         rows.append(f"{'sent':<44} {len(self.messages):>6} {self.total_tokens:>8}")
         if self.error is not None:
             rows.append(f"error: {self.error}")
@@ -202,9 +209,11 @@ def build_report(
     def stage(index: int, name: str, before: list[Message], after: list[Message], failed: bool = False) -> None:
         held.extend(after)
         n, t = _dropped(before, after, count)
+        from .editing import describe_edits
+
         report.stages.append(StageReport(
             index, name, len(before), len(after), sum(count(m) for m in before),
-            sum(count(m) for m in after), n, t, failed,
+            sum(count(m) for m in after), n, t, failed, describe_edits(before, after),
         ))
 
     for i, flt in enumerate(builder.filters):
@@ -226,6 +235,7 @@ def build_report(
         messages = out
     report.messages = messages
     report.total_tokens = int(counter.count_messages(messages)) + report.tools_tokens
+    report.overhead_tokens = report.total_tokens - report.tools_tokens - sum(count(m) for m in messages)
     return report
 
 

@@ -1,0 +1,412 @@
+"""Context-editing stages (issue 19): ToolResultCapFilter, ClearToolResultsFilter,
+SummarizingBudgetFilter. Run on both backends (JIANMU_FAST_PURE_PYTHON=1 for the twin)."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+from pathlib import Path
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from invariants import assert_valid_transactions
+from jianmu_fast.batch import build_batch
+from jianmu_fast.errors import ContextBudgetError
+from jianmu_fast.memory.context import (
+    ClearToolResultsFilter,
+    ContextBuilder,
+    HFTokenCounter,
+    SimpleTokenCounter,
+    StateHistoryProvider,
+    StaticPromptProvider,
+    SummarizingBudgetFilter,
+    TiktokenTokenCounter,
+    TokenBudgetFilter,
+    ToolResultCapFilter,
+    summarizer_from_client,
+)
+from jianmu_fast.memory.context.editing import SummaryFailedWarning, describe_edits
+from jianmu_fast.message import Message, ai, human, system, tool
+from jianmu_fast.prefix_cache import turn_ends
+
+TIKTOKEN = TiktokenTokenCounter("o200k_base")
+SIMPLE = SimpleTokenCounter()
+HF = HFTokenCounter(Path(__file__).parent / "data" / "all-MiniLM-L6-v2.tokenizer.json")
+TOOLS = [{"type": "function", "function": {"name": f"tool_{i}", "description": "does a thing " * 20,
+                                           "parameters": {"type": "object", "properties": {"q": {"type": "string"}}}}}
+         for i in range(4)]
+FAST = settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+
+_text = st.text(alphabet=st.sampled_from(list("abcdefgh ij{}\":,.é中文🙂\n0123456789")), min_size=0, max_size=400)
+
+
+def _call(cid: str, name: str = "search", args: str = '{"q": "x"}') -> dict:
+    return {"id": cid, "type": "function", "function": {"name": name, "arguments": args}}
+
+
+@st.composite
+def histories(draw, max_units: int = 25):
+    """A valid agent history: a system prompt, then users, answers and tool rounds (parallel
+    calls too) whose results are 0 to ~400 characters."""
+    msgs: list[Message] = [system("You are an agent. " * draw(st.integers(1, 20)))]
+    n = 0
+    for _ in range(draw(st.integers(0, max_units))):
+        kind = draw(st.sampled_from(["user", "assistant", "tools", "tools", "tools"]))
+        if kind == "user":
+            msgs.append(human(draw(_text) or "q"))
+        elif kind == "assistant":
+            msgs.append(ai(draw(_text) or "a"))
+        else:
+            calls = []
+            for _ in range(draw(st.integers(1, 2))):
+                n += 1
+                calls.append(_call(f"c{n}", draw(st.sampled_from(["search", "read_file", "memory"])),
+                                   json.dumps({"q": draw(_text)[:40]})))
+            msgs.append(ai(None, tool_calls=calls))
+            for c in calls:
+                msgs.append(tool(draw(_text) * draw(st.integers(1, 6)), tool_call_id=c["id"]))
+    return msgs
+
+
+def _tool_name(msgs, i):
+    j = i
+    while msgs[j].role == "tool":
+        j -= 1
+    for c in msgs[j].tool_calls:
+        if c["id"] == msgs[i].tool_call_id:
+            return c["function"]["name"]
+    raise AssertionError(i)
+
+
+# -- ToolResultCapFilter ----------------------------------------------------------------------
+
+
+def _check_cut(original: str, out: str, cap: int, counter) -> None:
+    assert counter.count_text(out) <= cap
+    head, sep, rest = out.partition("\n[... ")
+    assert sep, out
+    omitted, sep2, tail = rest.partition(" tokens omitted ...]\n")
+    assert sep2 and omitted.isdigit()
+    assert original.startswith(head) and original.endswith(tail)
+    assert len(head) + len(tail) < len(original)
+    if cap >= 60:
+        assert head and tail
+
+
+@pytest.mark.parametrize("counter", [TIKTOKEN, SIMPLE, HF], ids=["tiktoken", "simple", "hf"])
+@FAST
+@given(text=_text, reps=st.integers(1, 30), cap=st.integers(20, 300))
+def test_cap_cuts_within_cap_keeping_head_and_tail(counter, text, reps, cap):
+    original = text * reps
+    m = tool(original, tool_call_id="c1")
+    f = ToolResultCapFilter(cap, counter)
+    out = f.apply([human("q"), ai(None, tool_calls=[_call("c1")]), m])
+    if counter.count_text(original) <= cap:
+        assert out[2] is m
+        return
+    cut = out[2]
+    _check_cut(original, cut.content, cap, counter)
+    assert (cut.id, cut.role, cut.tool_call_id) == (m.id, m.role, m.tool_call_id)
+    assert cut.metadata["context_edit"]["kind"] == "cut"
+    assert m.content == original  # the caller's message is untouched
+    assert f.apply([m])[0] is cut  # cached per message
+
+
+def test_cap_never_splits_utf8_on_tiktoken_tokens():
+    original = "🙂中文é" * 500
+    for cap in range(20, 120, 7):
+        out = ToolResultCapFilter(cap, TIKTOKEN).cap(tool(original, tool_call_id="c"))
+        _check_cut(original, out.content, cap, TIKTOKEN)
+        out.content.encode("utf-8")  # a valid str: no lone surrogate, no split character
+
+
+def test_cap_leaves_other_messages_and_small_results_alone():
+    msgs = [system("s" * 5000), human("u" * 5000), ai("a" * 5000), tool("small", tool_call_id="c")]
+    out = ToolResultCapFilter(50).apply(msgs)
+    assert all(a is b for a, b in zip(out, msgs)) and out is not msgs
+
+
+@pytest.mark.parametrize("counter", [TIKTOKEN, SIMPLE], ids=["tiktoken", "simple"])
+def test_cap_cuts_structured_content_in_its_text_blocks(counter):
+    blocks = [{"type": "text", "text": "alpha " * 300}, {"type": "image_url", "image_url": {"url": "data:x"}},
+              {"type": "text", "text": "beta " * 300}, {"type": "text", "text": "gamma " * 300}]
+    m = tool(blocks, tool_call_id="c")
+    out = ToolResultCapFilter(200, counter).cap(m)
+    cost = sum(counter.count_text(b["text"]) if b["type"] == "text" else counter.image_tokens
+               if hasattr(counter, "image_tokens") else 85 for b in out.content)
+    assert cost <= 200
+    assert out.content[0]["text"].startswith("alpha alpha") and "tokens omitted" in out.content[0]["text"]
+    assert out.content[-1]["text"].endswith("gamma gamma ")
+    assert any(b["type"] == "image_url" for b in out.content)
+    assert not any(b.get("text", "").startswith("beta") for b in out.content)
+
+
+def test_cap_rejects_bad_arguments():
+    with pytest.raises(ValueError, match="max_tokens must be an int between 1 and 2\\*\\*53, got 0"):
+        ToolResultCapFilter(0)
+    with pytest.raises(ValueError, match="marker: a format string whose only field is"):
+        ToolResultCapFilter(10, marker="{n} left out")
+    with pytest.raises(TypeError, match="counter: expected a TokenCounterProtocol"):
+        ToolResultCapFilter(10, counter=object())
+
+
+# -- ClearToolResultsFilter -------------------------------------------------------------------
+
+
+@FAST
+@given(msgs=histories(), trigger=st.integers(0, 3000), keep=st.integers(0, 4),
+       step=st.sampled_from([0, 50, 400]), inputs=st.booleans(), with_tools=st.booleans())
+def test_clearing_keeps_ids_roles_newest_and_excluded(msgs, trigger, keep, step, inputs, with_tools):
+    f = ClearToolResultsFilter(trigger, TIKTOKEN, keep=keep, clear_at_least=step, exclude_tools=("memory",),
+                               clear_tool_inputs=inputs)
+    tools = TOOLS if with_tools else None
+    out = f.apply(msgs, tools_schema=tools)
+    assert [(m.id, m.role, m.tool_call_id) for m in out] == [(m.id, m.role, m.tool_call_id) for m in msgs]
+    assert [[c["id"] for c in m.tool_calls or ()] for m in out] == [[c["id"] for c in m.tool_calls or ()] for m in msgs]
+    assert_valid_transactions(out)
+    results = [i for i, m in enumerate(msgs) if m.role == "tool"]
+    newest = set(results[len(results) - keep:]) if keep else set()
+    cleared = set(f.cleared_results(msgs, tools))
+    for i in results:
+        if i in newest or _tool_name(msgs, i) == "memory":
+            assert out[i] is msgs[i] and i not in cleared
+        if i in cleared:
+            assert out[i].content == "[cleared]" and out[i].metadata["context_edit"]["kind"] == "cleared"
+        else:
+            assert out[i] is msgs[i]
+    total = TIKTOKEN.count_messages(msgs) + TIKTOKEN.count_tools(tools)
+    if total <= trigger:
+        assert not cleared and all(a is b for a, b in zip(out, msgs))
+    for i, m in enumerate(out):
+        if m.role == "assistant" and m.tool_calls:
+            for c, c0 in zip(m.tool_calls, msgs[i].tool_calls):
+                answered = next(j for j in results if j > i and msgs[j].tool_call_id == c["id"])
+                expect = "{}" if inputs and answered in cleared else c0["function"]["arguments"]
+                assert c["function"]["arguments"] == expect
+    # deterministic, no hidden state: a fresh filter, and the same filter after another history
+    g = ClearToolResultsFilter(trigger, TIKTOKEN, keep=keep, clear_at_least=step, exclude_tools=("memory",),
+                               clear_tool_inputs=inputs)
+    assert [m.to_openai() for m in g.apply(msgs, tools_schema=tools)] == [m.to_openai() for m in out]
+    f.apply(msgs[:3])
+    assert [m.to_openai() for m in f.apply(msgs, tools_schema=tools)] == [m.to_openai() for m in out]
+
+
+@FAST
+@given(msgs=histories(max_units=40), trigger=st.integers(0, 3000), keep=st.integers(0, 4),
+       step=st.sampled_from([0, 50, 400, 2000]), data=st.data())
+def test_clearing_is_monotone_along_a_growing_history(msgs, trigger, keep, step, data):
+    f = ClearToolResultsFilter(trigger, TIKTOKEN, keep=keep, clear_at_least=step)
+    cuts = sorted(data.draw(st.lists(st.integers(1, len(msgs)), max_size=6)) + [len(msgs)])
+    before: set[int] = set()
+    prev = None
+    for n in cuts:
+        now = set(f.cleared_results(msgs[:n]))
+        assert before <= now, (n, sorted(before - now))
+        out = f.apply(msgs[:n])
+        if prev is not None and now == before:  # between two steps each prompt extends the previous one
+            assert [m.to_openai() for m in out[:len(prev)]] == [m.to_openai() for m in prev]
+        before, prev = now, out
+
+
+def test_clearing_counts_the_tools_in_the_trigger():
+    msgs = [system("s"), human("q")]
+    for i in range(6):
+        msgs += [ai(None, tool_calls=[_call(f"c{i}")]), tool("r " * 200, tool_call_id=f"c{i}")]
+    total = TIKTOKEN.count_messages(msgs)
+    f = ClearToolResultsFilter(total + 10, TIKTOKEN, keep=2)
+    assert f.cleared_results(msgs) == []
+    assert f.cleared_results(msgs, TOOLS) == [3, 5, 7]  # then the prompt, as cleared, is under the trigger
+
+
+def test_clear_at_least_makes_steps():
+    f = ClearToolResultsFilter(100, SIMPLE, keep=1, clear_at_least=300)
+    msgs = [system("s"), human("q")]
+    seen = []
+    for i in range(12):
+        msgs += [ai(None, tool_calls=[_call(f"c{i}")]), tool("r" * 400, tool_call_id=f"c{i}")]
+        seen.append(len(f.cleared_results(msgs)))
+    assert seen == sorted(seen) and seen[-1] >= 8
+    jumps = [b - a for a, b in zip(seen, seen[1:]) if b != a]
+    # every step clears at least clear_at_least tokens: results save ~100 tokens each here
+    assert all(j >= 3 for j in jumps[1:]) and len(jumps) < 8
+
+
+def test_clear_rejects_bad_arguments():
+    with pytest.raises(ValueError, match="keep must be an int between 0 and 2\\*\\*53, got -1"):
+        ClearToolResultsFilter(10, keep=-1)
+    with pytest.raises(TypeError, match="exclude_tools must be a collection of tool names, not a string"):
+        ClearToolResultsFilter(10, exclude_tools="memory")
+    with pytest.raises(TypeError, match="exclude_tools\\[1\\]: expected a tool name"):
+        ClearToolResultsFilter(10, exclude_tools=["a", 3])
+
+
+@FAST
+@given(msgs=histories(), budget=st.integers(600, 4000), keep=st.integers(0, 3), with_tools=st.booleans())
+def test_clear_then_budget_is_within_budget_with_valid_pairing(msgs, budget, keep, with_tools):
+    tools = TOOLS if with_tools else None
+    b = ContextBuilder(filters=[ToolResultCapFilter(150, TIKTOKEN), ClearToolResultsFilter(budget, TIKTOKEN, keep=keep),
+                                TokenBudgetFilter(budget, TIKTOKEN)])
+    try:
+        out = b.transform(msgs, tools_schema=tools)
+    except ContextBudgetError:
+        return
+    assert TIKTOKEN.count_messages(out) + TIKTOKEN.count_tools(tools) <= budget
+    assert_valid_transactions(out)
+
+
+# -- SummarizingBudgetFilter ------------------------------------------------------------------
+
+
+class Recorder:
+    def __init__(self):
+        self.calls: list[list[Message]] = []
+
+    def __call__(self, messages):
+        self.calls.append(list(messages))
+        return f"{len(messages)} messages about " + ", ".join(sorted({m.role for m in messages}))
+
+
+@FAST
+@given(msgs=histories(max_units=30), budget=st.integers(700, 4000), with_tools=st.booleans(),
+       eviction=st.sampled_from(["exact", "chunked"]))
+def test_summarizing_budget_is_within_budget(msgs, budget, with_tools, eviction):
+    tools = TOOLS if with_tools else None
+    chunk = budget // 4 if eviction == "chunked" else None
+    f = SummarizingBudgetFilter(budget, TIKTOKEN, summarize=Recorder(), summary_max_tokens=150,
+                                eviction=eviction, chunk=chunk)
+    plain = TokenBudgetFilter(budget, TIKTOKEN, eviction=eviction, chunk=chunk)
+    try:
+        expect = plain.apply(msgs, tools_schema=tools)
+    except ContextBudgetError:
+        with pytest.raises(ContextBudgetError):
+            f.apply(msgs, tools_schema=tools)
+        return
+    out = f.apply(msgs, tools_schema=tools)
+    assert TIKTOKEN.count_messages(out) + TIKTOKEN.count_tools(tools) <= budget
+    assert_valid_transactions(out)
+    summaries = [i for i, m in enumerate(out) if m.metadata.get("context_edit", {}).get("kind") == "summary"]
+    if len(expect) == len(msgs):
+        assert out == expect and not summaries
+        return
+    if summaries:
+        (i,) = summaries
+        assert i == 1 and out[i].role == "system"  # right after the pinned system prompt
+        kept = out[2:]
+        assert kept == msgs[len(msgs) - len(kept):]  # a contiguous run of the newest messages
+        n = out[i].metadata["context_edit"]["messages"]
+        assert msgs[1:1 + n] + kept == msgs[1:]
+    else:
+        assert out == expect
+
+
+def _long_history(n_rounds=30):
+    msgs = [system("You help.")]
+    for i in range(n_rounds):
+        msgs += [human(f"question {i} " * 10), ai(None, tool_calls=[_call(f"c{i}")]),
+                 tool(f"result {i} " * 60, tool_call_id=f"c{i}"), ai(f"answer {i} " * 10)]
+    return msgs
+
+
+@pytest.mark.parametrize("failure", ["raise", "timeout", "not-a-str"])
+def test_summarizer_failure_gives_the_plain_budget_result(failure):
+    def bad(messages):
+        if failure == "raise":
+            raise RuntimeError("model down")
+        if failure == "timeout":
+            time.sleep(1.0)
+            return "late"
+        return 42
+
+    msgs = _long_history()
+    f = SummarizingBudgetFilter(1500, TIKTOKEN, summarize=bad, summary_max_tokens=200, timeout=0.2)
+    with pytest.warns(SummaryFailedWarning, match="the prompt is the plain budget filter's"):
+        out = f.apply(msgs, tools_schema=TOOLS)
+    assert out == TokenBudgetFilter(1500, TIKTOKEN).apply(msgs, tools_schema=TOOLS)
+
+
+def test_summaries_roll_and_are_cached_by_content():
+    rec = Recorder()
+    f = SummarizingBudgetFilter(2500, TIKTOKEN, summarize=rec, summary_max_tokens=200, eviction="chunked", chunk=600)
+    msgs = _long_history(40)
+    prompts = [f.apply(msgs[:n]) for n in range(5, len(msgs) + 1, 4)]
+    moves = len({p[2].id for p in prompts if p[1].metadata.get("context_edit")})
+    assert 0 < len(rec.calls) <= moves + 1
+    rolled = [c for c in rec.calls if c[0].content.startswith("Summary of the earlier conversation:")]
+    assert rolled, "a longer history extends the previous summary"
+    # the same span in equal, new Message objects: no new call
+    n = len(rec.calls)
+    copies = [Message(**m.model_dump()) for m in msgs]
+    again = f.apply(copies)
+    assert len(rec.calls) == n and again[1].content == f.apply(msgs)[1].content
+
+
+def test_async_summarizer_and_model_client_adapter():
+    async def summarize(messages):
+        await asyncio.sleep(0)
+        return "async summary"
+
+    f = SummarizingBudgetFilter(1500, TIKTOKEN, summarize=summarize, summary_max_tokens=200)
+    out = f.apply(_long_history())
+    assert out[1].content.endswith("async summary")
+
+    class Client:  # a ModelClient: invoke(messages, *, tools=None, config=None) -> Message
+        def __init__(self):
+            self.seen = []
+
+        def invoke(self, messages, *, tools=None, config=None):
+            self.seen.append(messages)
+            return ai("They asked 30 questions.")
+
+    client = Client()
+    f = SummarizingBudgetFilter(1500, TIKTOKEN, summarize=client, summary_max_tokens=200)
+    out = f.apply(_long_history())
+    assert out[1].content.endswith("They asked 30 questions.")
+    assert client.seen[0][0].role == "system" and "user: question 0" in client.seen[0][1].content
+    assert callable(summarizer_from_client(client))
+    with pytest.raises(TypeError, match="client: expected a ModelClient"):
+        summarizer_from_client(object())
+
+
+def test_summary_is_capped():
+    f = SummarizingBudgetFilter(1500, TIKTOKEN, summarize=lambda ms: "word " * 5000, summary_max_tokens=100)
+    out = f.apply(_long_history())
+    assert TIKTOKEN.count_message(out[1]) <= 100 and TIKTOKEN.count_messages(out) <= 1500
+
+
+# -- in builders, batches and reports ---------------------------------------------------------
+
+
+def _builder(summarize=None):
+    filters = [ToolResultCapFilter(120, TIKTOKEN), ClearToolResultsFilter(1800, TIKTOKEN, keep=2, clear_at_least=300)]
+    if summarize:
+        filters.append(SummarizingBudgetFilter(1800, TIKTOKEN, summarize=summarize, summary_max_tokens=150))
+    else:
+        filters.append(TokenBudgetFilter(1800, TIKTOKEN))
+    return ContextBuilder(providers=[StaticPromptProvider("You help."), StateHistoryProvider()], filters=filters)
+
+
+@pytest.mark.parametrize("summarize", [None, Recorder()], ids=["budget", "summarizing"])
+def test_build_batch_equals_per_state_build(summarize):
+    history = _long_history(25)[1:]
+    states = [{"messages": history[:n]} for n in turn_ends(history)]
+    states += states[::-1]
+    batch = build_batch(_builder(summarize), states, tools_schema=TOOLS)
+    fresh = [_builder(summarize).build(s, tools_schema=TOOLS) for s in states]
+    assert [[m.to_openai() for m in p] for p in batch] == [[m.to_openai() for m in p] for p in fresh]
+
+
+def test_build_report_shows_each_stage_effect():
+    r = _builder(Recorder()).build_report({"messages": _long_history(25)[1:]}, tools_schema=TOOLS)
+    details = {s.name: s.detail for s in r.filters}
+    assert details["ToolResultCapFilter"].startswith("cut 25 result(s) (-")
+    assert details["ClearToolResultsFilter"].startswith("cleared ")
+    assert details["SummarizingBudgetFilter"].startswith("summary of ")
+    assert "cut 25 result(s)" in str(r)
+
+
+def test_describe_edits_is_empty_without_edits():
+    msgs = [human("a")]
+    assert describe_edits(msgs, msgs) == ""
