@@ -52,6 +52,10 @@ message and the rest in two counter     max_tokens`` holds for the whole output
 calls (overhead twice)
 ======================================  ====================================================
 
+With a jianmu_fast counter (or a name) each message is converted for counting, so it must be a
+``SystemMessage``, ``HumanMessage``, ``AIMessage`` or ``ToolMessage`` (another type raises
+``MessageValidationError`` naming its index); LangChain's own counters take any message.
+
 Like LangChain, a unit that does not fit ends the run (the output is contiguous), and when
 nothing fits the result is empty (or only the system message) rather than an error: that is
 ``trim_messages``'s contract. ``TokenBudgetFilter`` raises instead.

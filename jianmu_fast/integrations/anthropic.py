@@ -1,8 +1,9 @@
 """Anthropic Messages format <-> :class:`~jianmu_fast.message.Message`, and an approximate
 Claude token counter.
 
-``pip install 'jianmu_fast[anthropic]'`` is needed only to validate against the SDK's types
-(the conversion works on plain dicts and imports nothing).
+``pip install 'jianmu_fast[anthropic]'`` is needed only by :func:`validate_anthropic`, which
+checks a request against the SDK's types (the conversion works on plain dicts and imports
+nothing).
 
 :func:`from_anthropic` maps a request's ``system`` to a ``system`` Message, an assistant
 turn to one assistant Message whose ``tool_use`` blocks become OpenAI-shape tool calls (the
@@ -46,7 +47,8 @@ from ..memory.context.counters import SimpleTokenCounter
 from ..message import Message, coerce_message
 from ..message.model import thaw
 
-__all__ = ["from_anthropic", "to_anthropic", "build_anthropic", "AnthropicConverter", "ApproxClaudeTokenCounter"]
+__all__ = ["from_anthropic", "to_anthropic", "build_anthropic", "validate_anthropic", "AnthropicConverter",
+           "ApproxClaudeTokenCounter"]
 
 _KEY = "anthropic"
 
@@ -327,6 +329,49 @@ def build_anthropic(builder: Any, messages: Iterable[Mapping[str, Any]], system:
     else:
         out = builder.transform(msgs)
     return to_anthropic(out)
+
+
+_ADAPTERS: dict[str, Any] = {}
+
+
+def validate_anthropic(request: Mapping[str, Any]) -> dict[str, Any]:
+    """Check ``{"system": ..., "messages": [...]}`` against the installed ``anthropic``
+    package's types (``MessageParam``, ``TextBlockParam``) and return it.
+
+    Needs ``pip install 'jianmu_fast[anthropic]'`` (imported here, lazily). A request the
+    types refuse raises :class:`MessageValidationError` naming the path.
+
+    >>> validate_anthropic({"messages": [{"role": "user", "content": "hi"}]})["messages"][0]["role"]
+    'user'
+    >>> validate_anthropic({"messages": [{"role": "robot", "content": "hi"}]})  # doctest: +ELLIPSIS
+    Traceback (most recent call last):
+    ...
+    jianmu_fast.errors.MessageValidationError: messages[0].role: ...
+    """
+    try:
+        from anthropic.types import MessageParam, TextBlockParam
+    except ImportError as exc:  # pragma: no cover - the extra is installed in CI
+        raise ImportError("validate_anthropic needs the anthropic package: pip install 'jianmu_fast[anthropic]'") from exc
+    from typing import Iterable as _Iterable, Union
+
+    from pydantic import TypeAdapter, ValidationError
+
+    if not _ADAPTERS:
+        _ADAPTERS["messages"] = TypeAdapter(list[MessageParam])
+        _ADAPTERS["system"] = TypeAdapter(Union[str, _Iterable[TextBlockParam]])
+    for key in ("system", "messages"):
+        if key not in request:
+            if key == "messages":
+                raise MessageValidationError("messages: field required")
+            continue
+        try:
+            _ADAPTERS[key].validate_python(request[key])
+        except ValidationError as exc:
+            e = exc.errors(include_url=False)[0]
+            loc = "".join(f"[{x}]" if isinstance(x, int) else f".{x}" for x in e["loc"]
+                          if not (isinstance(x, str) and ("[" in x or x[:1].isupper() or x == "str")))
+            raise MessageValidationError(f"{key}{loc}: {e['msg']}") from None
+    return dict(request)
 
 
 class ApproxClaudeTokenCounter(SimpleTokenCounter):
