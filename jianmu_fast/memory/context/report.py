@@ -90,9 +90,6 @@ class BuildReport:
     overhead_tokens: int = 0
     """What the request's framing costs beyond its messages and tools: ``total_tokens`` minus
     both (the chat template's fixed text and generation prompt, for ``ChatTemplateTokenCounter``)."""
-    overhead_tokens: int = 0
-    """What the request's framing costs beyond its messages and tools: ``total_tokens`` minus
-    both (the chat template's fixed text and generation prompt, for ``ChatTemplateTokenCounter``)."""
     counter: Any = None
     error: Optional[JianmuError] = None
     """With ``strict=False``: the error a filter raised; ``messages`` are what reached it."""
@@ -126,7 +123,6 @@ class BuildReport:
             label = f"filters[{s.index}] {s.name}" if s.index >= 0 else s.name
             rows.append(f"{label + (' (failed)' if s.failed else ''):<44} {'-' + str(s.dropped_messages):>6} "
                         f"{'-' + str(s.dropped_tokens):>8}" + (f"  {s.detail}" if s.detail else ""))
-        rows.append(f"{'request overhead (template)':<44} {'':>6} {self.overhead_tokens:>8}")
         rows.append(f"{'request overhead (template)':<44} {'':>6} {self.overhead_tokens:>8}")
         rows.append(f"{'sent':<44} {len(self.messages):>6} {self.total_tokens:>8}")
         if self.error is not None:
@@ -239,7 +235,6 @@ def build_report(
         messages = out
     report.messages = messages
     report.total_tokens = int(counter.count_messages(messages)) + report.tools_tokens
-    report.overhead_tokens = report.total_tokens - report.tools_tokens - sum(count(m) for m in messages)
     report.overhead_tokens = report.total_tokens - report.tools_tokens - sum(count(m) for m in messages)
     return report
 
