@@ -94,6 +94,8 @@ TOKENIZER_FORMS: list[tuple[str, str]] = [
     ("an encoding or model name", "a tiktoken encoding such as o200k_base or cl100k_base, or a model name such "
      "as gpt-4o or gpt-4"),
     ("a path to a tokenizer.json", "a HuggingFace tokenizer file, e.g. models/qwen/tokenizer.json"),
+    ("a model directory", "a local folder with tokenizer.json and a chat template (tokenizer_config.json or "
+     "chat_template.jinja): the exact count of the model's chat template, e.g. models/qwen"),
 ]
 
 
@@ -117,6 +119,10 @@ def make_counter(spec: str) -> Any:
     try:
         if spec == "simple":
             return SimpleTokenCounter()
+        if os.path.isdir(spec):
+            from .memory.context import ChatTemplateTokenCounter
+
+            return ChatTemplateTokenCounter(spec)
         if spec.endswith(".json") or os.sep in spec or os.path.exists(spec):
             if not os.path.isfile(spec):
                 raise _tokenizer_error(spec, "no such tokenizer.json file")
