@@ -72,7 +72,7 @@ from ...errors import MessageValidationError, TokenizerLoadError
 from ...message import Message
 from ...message.model import coerce_message
 
-__all__ = ["ChatTemplateTokenCounter", "message_to_template_dict"]
+__all__ = ["ChatTemplateTokenCounter", "has_chat_template", "message_to_template_dict"]
 
 _REASONING_FIELDS = ("reasoning_content", "thinking", "reasoning")
 _SPECIAL_KEYS = ("bos_token", "eos_token", "unk_token", "pad_token")
@@ -243,6 +243,23 @@ def _token_text(value: Any) -> Optional[str]:
     return None
 
 
+def has_chat_template(path: Any) -> bool:
+    """Whether the model folder ``path`` holds a chat template (``chat_template.jinja``, or a
+    ``chat_template`` in ``tokenizer_config.json``).
+
+    >>> has_chat_template("/nonexistent")
+    False
+    """
+    path = os.fspath(path)
+    if os.path.isfile(os.path.join(path, "chat_template.jinja")):
+        return True
+    try:
+        with open(os.path.join(path, "tokenizer_config.json"), encoding="utf-8") as f:
+            return bool(json.load(f).get("chat_template"))
+    except (OSError, ValueError, AttributeError):
+        return False
+
+
 def _load_dir(path: str) -> tuple[Any, str, dict[str, str]]:
     from tokenizers import Tokenizer
 
@@ -371,6 +388,8 @@ class ChatTemplateTokenCounter:
         self.template_kwargs: dict[str, Any] = dict(template_kwargs or {})
         self._template = _compile(template)
         self._lock = threading.Lock()
+        self._pieces: dict[str, int] = {}  # text between added tokens -> tokens
+        self._split = self._piecewise_splitter()
         self._memo: dict[int, tuple[Any, ...]] = {}  # id(message) -> (weakref, snapshot, dict, key)
         self._texts: dict[Any, int] = {}  # key of a rendered conversation -> tokens
         self._units: dict[Any, Any] = {}  # (unit keys, pred, succ) -> per-message costs
@@ -381,6 +400,10 @@ class ChatTemplateTokenCounter:
         ends = [e for e in (self._end_cost("user"), self._end_cost("tool")) if e is not None]
         self._empty = max(ends) if ends else self._fixed_cost()
         self.additive: bool = self._self_check()
+        for k in range(1, 4):  # probe the usual unit patterns once, not in the hot loop
+            self._is_local([{"role": "assistant", "tool_calls": [{}] * k}] + [{"role": "tool"}] * k)
+        for role in ("system", "user", "assistant"):
+            self._is_local([{"role": role}])
 
     def __repr__(self) -> str:
         return f"ChatTemplateTokenCounter({self.path!r})" if self.path else "ChatTemplateTokenCounter(<tokenizers.Tokenizer>)"
@@ -400,10 +423,9 @@ class ChatTemplateTokenCounter:
         import jinja2
 
         kwargs = {**self.special_tokens, **self.template_kwargs}
-        try:
+        try:  # the immutable sandbox cannot change the dicts: no copies needed
             return self._template.render(
-                messages=copy.deepcopy(dicts), tools=copy.deepcopy(tools) if tools is not None else None,
-                documents=None, add_generation_prompt=agp, **kwargs,
+                messages=dicts, tools=tools, documents=None, add_generation_prompt=agp, **kwargs,
             )
         except jinja2.exceptions.TemplateError as exc:
             raise _Refused(str(exc.message if getattr(exc, "message", None) else exc)) from exc
@@ -411,7 +433,60 @@ class ChatTemplateTokenCounter:
             raise _Refused(f"{type(exc).__name__}: {exc}") from exc
 
     def _count(self, text: str) -> int:
-        return len(self._tok.encode(text, add_special_tokens=False).ids)
+        """Tokens of a rendering, as ``tokenizer.encode(text, add_special_tokens=False)``
+        counts them; piece by piece between added tokens where that is exact (cached)."""
+        split = self._split
+        if split is None:
+            return len(self._tok.encode(text, add_special_tokens=False).ids)
+        parts = split(text)
+        pieces = self._pieces
+        total = len(parts) // 2  # the added tokens between the pieces
+        missing: dict[str, None] = {}
+        for piece in parts[::2]:
+            if piece:
+                n = pieces.get(piece)
+                if n is None:
+                    missing[piece] = None
+                else:
+                    total += n
+        if missing:
+            new = list(missing)
+            if len(new) == 1:
+                counts = [len(self._tok.encode(new[0], add_special_tokens=False).ids)]
+            else:
+                counts = [len(e.ids) for e in self._tok.encode_batch(new, add_special_tokens=False)]
+            found = dict(zip(new, counts))
+            with self._lock:
+                if len(pieces) >= self.cache_size:
+                    for k in list(pieces)[: self.cache_size // 4]:
+                        del pieces[k]
+                pieces.update(found)
+            for piece in parts[::2]:
+                if piece in found:
+                    total += found[piece]
+        return total
+
+    def _piecewise_splitter(self) -> Any:
+        """A function splitting text around the tokenizer's added tokens, when counting the
+        pieces apart is exact: the tokenizer extracts added tokens first and encodes what lies
+        between them independently -- unless an added token strips whitespace or matches
+        normalized text, or a Metaspace/Prepend step treats the start of the text specially.
+        ``None`` otherwise (then each rendering is encoded whole)."""
+        import re
+
+        spec = json.loads(self._tok.to_str())
+        steps = json.dumps([spec.get("normalizer"), spec.get("pre_tokenizer")])
+        if "Metaspace" in steps or "Prepend" in steps:
+            return None
+        contents = []
+        for t in spec.get("added_tokens") or ():
+            if t.get("lstrip") or t.get("rstrip") or t.get("single_word") or (t.get("normalized") and not t.get("special")):
+                return None
+            contents.append(t["content"])
+        if not contents:
+            return None
+        pattern = re.compile("(" + "|".join(re.escape(c) for c in sorted(contents, key=len, reverse=True)) + ")")
+        return pattern.split
 
     def _tokens(self, keys: tuple[Any, ...], dicts: Optional[list[dict[str, Any]]] = None, tools_key: Any = None,
                 tools: Any = None) -> int:
@@ -519,7 +594,8 @@ class ChatTemplateTokenCounter:
 
     def _is_local(self, dicts: Sequence[dict[str, Any]]) -> bool:
         """Whether a unit with this role pattern costs the same whatever stands around it,
-        probed once with stand-in messages of the same pattern."""
+        probed once with stand-in messages of the same pattern (its total cost before every
+        neighbour it may have, and before every role that may follow it)."""
         pat = self._pattern(dicts)
         local = self._local.get(pat)
         if local is None:
@@ -541,11 +617,13 @@ class ChatTemplateTokenCounter:
             keys = tuple(json.dumps(d) for d in canon)
             seen = set()
             for pred in self._preds(pat[0][0], None):
+                pre = tuple(json.dumps(d) for d in _PRE[pred])
                 for succ in ("user", "assistant", "system"):
                     if pred == "first" and succ == "system":  # the stand-in would open the chat
                         continue
+                    post = tuple(json.dumps(d) for d in _POST[succ])
                     try:
-                        seen.add(tuple(self._unit_cost(keys, pred, succ)))
+                        seen.add(self._tokens(pre + keys + post) - self._tokens(pre + post))
                     except _Refused:
                         continue
             local = len(seen) <= 1
@@ -565,10 +643,17 @@ class ChatTemplateTokenCounter:
             return list(dict.fromkeys([true_pred, "first", "system"]))
         return base
 
+    @staticmethod
+    def _canonical(first_role: str) -> str:
+        """The neighbour before a unit whose cost does not depend on its neighbours."""
+        return "call" if first_role == "tool" else ("assistant" if first_role == "user" else "user")
+
     def _upper_costs(self, keys: tuple[str, ...], dicts: Sequence[dict[str, Any]], preds: list[str],
                      succs: list[str], exact: tuple[str, str], caller: Optional[str] = None) -> list[int]:
         """The most each message of a unit costs over the neighbours ``preds`` x ``succs``;
         the ``exact`` pair must render (a refusal there is the conversation's own)."""
+        if self._is_local(dicts):
+            exact = (self._canonical(dicts[0]["role"]), "user")
         try:
             best = list(self._unit_cost(keys, *exact, caller=caller))
         except _Refused as exc:
@@ -658,8 +743,11 @@ class ChatTemplateTokenCounter:
         for u in range(reuse, len(starts)):
             a = starts[u]
             b = starts[u + 1] if u + 1 < len(starts) else n
-            pred = "first" if a == 0 else self._role_of(dicts[a - 1])
-            succ = "end" if b == n else dicts[b]["role"]
+            if self._is_local(dicts[a:b]):  # any neighbours will do: share the cache entry
+                pred, succ = self._canonical(dicts[a]["role"]), "user"
+            else:
+                pred = "first" if a == 0 else self._role_of(dicts[a - 1])
+                succ = "end" if b == n else dicts[b]["role"]
             costs.append(sum(self._unit_cost(tuple(keys[a:b]), pred, succ)))
         self._last = (keys, starts, costs)
         end = self._end_cost(dicts[-1]["role"])
