@@ -121,8 +121,9 @@ def make_counter(spec: str) -> Any:
             return SimpleTokenCounter()
         if os.path.isdir(spec):
             from .memory.context import ChatTemplateTokenCounter
+            from .memory.context.chat_template import has_chat_template
 
-            return ChatTemplateTokenCounter(spec)
+            return ChatTemplateTokenCounter(spec) if has_chat_template(spec) else HFTokenCounter(spec)
         if spec.endswith(".json") or os.sep in spec or os.path.exists(spec):
             if not os.path.isfile(spec):
                 raise _tokenizer_error(spec, "no such tokenizer.json file")
