@@ -242,6 +242,10 @@ def make_builder(args: argparse.Namespace, counter: Any) -> Any:
     >>> b = make_builder(ns, make_counter("simple"))
     >>> [type(p).__name__ for p in b.providers], [type(f).__name__ for f in b.filters]
     (['InputPersonaProvider', 'StaticPromptProvider', 'StateHistoryProvider'], ['TokenBudgetFilter'])
+    >>> ns = _parser().parse_args(["build", "-", "--max-tokens", "8000", "--tool-result-max-tokens", "2000",
+    ...                            "--clear-tool-results", "3"])
+    >>> [type(f).__name__ for f in make_builder(ns, make_counter("simple")).filters]
+    ['ToolResultCapFilter', 'ClearToolResultsFilter', 'TokenBudgetFilter']
     """
     from .memory.context import ContextBuilder, PromptRuntimeContext
 
@@ -267,15 +271,24 @@ def make_builder(args: argparse.Namespace, counter: Any) -> Any:
         )
     common = dict(system_prompt=system_prompt, max_messages=args.max_messages, max_tokens=args.max_tokens,
                   runtime_prompt=runtime, token_counter=counter)
+    editing = dict(tool_result_max_tokens=getattr(args, "tool_result_max_tokens", None),
+                   clear_tool_results=getattr(args, "clear_tool_results", None))
+    if editing["clear_tool_results"] is not None and args.max_tokens is None:
+        raise UsageError("--clear-tool-results clears once a prompt is over --max-tokens: pass --max-tokens too")
     if args.preset == "chat":
         preset = ContextBuilder.for_chat(**common)
     elif args.preset == "react":
-        preset = ContextBuilder.for_react(**common, tools_desc=tools_desc)
+        preset = ContextBuilder.for_react(**common, tools_desc=tools_desc, **editing)
     else:
         preset = ContextBuilder.for_skill(**common, tools_desc=tools_desc)
+    filters = preset.filters
+    if args.preset != "react":  # the react preset adds the context-editing stages itself
+        from .memory.context.presets import _editing_filters
+
+        filters = _editing_filters(filters, args.max_tokens, counter, summarize=None, **editing)
     # every preset starts with its persona provider; the input's own persona takes its place
     providers = [InputPersonaProvider(preset.providers[0]), *preset.providers[1:]]
-    return ContextBuilder(providers=providers, filters=preset.filters, sanitize=preset.sanitize)
+    return ContextBuilder(providers=providers, filters=filters, sanitize=preset.sanitize)
 
 
 MAX_LIMIT = 1_000_000_000  # the largest --max-tokens / --max-messages: far beyond any context window
@@ -383,6 +396,11 @@ def _add_build_arguments(b: argparse.ArgumentParser) -> None:
                    help="keep at most N non-pinned messages (1 to 1,000,000,000)")
     b.add_argument("--max-tokens", type=_int_in(1, MAX_LIMIT), metavar="N",
                    help="token budget of each prompt (1 to 1,000,000,000)")
+    b.add_argument("--tool-result-max-tokens", type=_int_in(1, MAX_LIMIT), metavar="N",
+                   help="cut each tool result over N tokens to its head and tail around a marker (ToolResultCapFilter)")
+    b.add_argument("--clear-tool-results", type=_int_in(0, MAX_LIMIT), metavar="KEEP",
+                   help="over --max-tokens, replace old tool results by '[cleared]', all but the KEEP newest "
+                        "(ClearToolResultsFilter; needs --max-tokens)")
     b.add_argument("--tokenizer", default="o200k_base", metavar="NAME",
                    help=f"how tokens are counted (default o200k_base): {_tokenizer_help()}")
     b.add_argument("--workers", type=_int_in(1, MAX_WORKERS), default=1, metavar="N",

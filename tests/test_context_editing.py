@@ -410,3 +410,58 @@ def test_build_report_shows_each_stage_effect():
 def test_describe_edits_is_empty_without_edits():
     msgs = [human("a")]
     assert describe_edits(msgs, msgs) == ""
+
+
+# -- presets, config, command line ------------------------------------------------------------
+
+
+def test_for_react_adds_the_editing_stages():
+    b = ContextBuilder.for_react(max_tokens=8000, token_counter=TIKTOKEN, tool_result_max_tokens=2000,
+                                 clear_tool_results=3, summarize=lambda ms: "s")
+    assert [type(f).__name__ for f in b.filters] == ["ToolResultCapFilter", "ClearToolResultsFilter",
+                                                     "SummarizingBudgetFilter"]
+    assert b.filters[1].keep == 3 and b.filters[1].trigger_tokens == 8000 and b.filters[0].max_tokens == 2000
+    b = ContextBuilder.for_react(max_tokens=8000, clear_tool_results={"keep": 1, "clear_at_least": 2000})
+    assert (b.filters[0].keep, b.filters[0].clear_at_least) == (1, 2000)
+    assert [type(f).__name__ for f in ContextBuilder.for_react(max_tokens=800).filters] == ["TokenBudgetFilter"]
+    with pytest.raises(ValueError, match="clear_tool_results needs max_tokens="):
+        ContextBuilder.for_react(clear_tool_results=3)
+    with pytest.raises(ValueError, match="summarize= summarizes what the token budget drops"):
+        ContextBuilder.for_react(summarize=lambda ms: "s")
+
+
+def test_jianmu_yaml_constraints_configure_the_preset(tmp_path, monkeypatch):
+    cfg = tmp_path / "jianmu.yaml"
+    cfg.write_text("constraints:\n  tool_result_max_tokens: 500\n  clear_tool_results: 0\n", encoding="utf-8")
+    monkeypatch.setenv("JIANMU_CONFIG", str(cfg))
+    b = ContextBuilder.for_react(max_tokens=4000)
+    assert [type(f).__name__ for f in b.filters] == ["ToolResultCapFilter", "ClearToolResultsFilter", "TokenBudgetFilter"]
+    assert b.filters[0].max_tokens == 500 and b.filters[1].keep == 0
+    cfg.write_text("constraints:\n  clear_tool_results: -1\n", encoding="utf-8")
+    from jianmu_fast.errors import ConfigError
+
+    with pytest.raises(ConfigError, match="clear_tool_results"):
+        ContextBuilder.for_react(max_tokens=4000)
+
+
+def test_cli_flags(tmp_path):
+    import subprocess
+    import sys
+
+    history = [{"role": "system", "content": "sys"}, {"role": "user", "content": "q"}]
+    for i in range(8):
+        history += [{"role": "assistant", "content": None, "tool_calls": [_call(f"c{i}")]},
+                    {"role": "tool", "tool_call_id": f"c{i}", "content": f"result {i} " * 300}]
+    src = tmp_path / "in.jsonl"
+    src.write_text(json.dumps({"messages": history}) + "\n", encoding="utf-8")
+    dst = tmp_path / "out.jsonl"
+    cmd = [sys.executable, "-m", "jianmu_fast.cli", "build", str(src), "-o", str(dst), "--preset", "react",
+           "--max-tokens", "3000", "--tool-result-max-tokens", "400", "--clear-tool-results", "2"]
+    subprocess.run(cmd, check=True, capture_output=True)
+    out = json.loads(dst.read_text(encoding="utf-8"))
+    msgs = out["messages"] if isinstance(out, dict) else out
+    results = [m["content"] for m in msgs if m["role"] == "tool"]
+    assert results[-2:] and all("tokens omitted" in r for r in results[-2:])
+    assert results[0] == "[cleared]" and all(r == "[cleared]" or "tokens omitted" in r for r in results)
+    bad = subprocess.run(cmd[:-6] + ["--clear-tool-results", "2"], capture_output=True, text=True)
+    assert bad.returncode == 2 and "--clear-tool-results clears once a prompt is over --max-tokens" in bad.stderr

@@ -15,6 +15,8 @@ The file holds three sections, each optional::
       workspace_dir: .
     constraints:
       max_messages: 40            # a positive int, read by Constraints
+      tool_result_max_tokens: 2000  # optional: presets cap tool results (ToolResultCapFilter)
+      clear_tool_results: 3         # optional: presets clear all but the 3 newest (ClearToolResultsFilter)
 
 Errors are :class:`~jianmu_fast.errors.ConfigError` (never swallowed by the builder's error
 isolation) naming the file, the line where known, and the key: malformed YAML, a section that
@@ -60,7 +62,7 @@ DEFAULT_CONFIG_NAME = "jianmu.yaml"
 
 _SECTIONS = ("prompt", "paths", "constraints")
 _PATH_KEYS = ("skills_dir", "workspace_dir")
-_CONSTRAINT_KEYS = ("max_messages",)
+_CONSTRAINT_KEYS = ("max_messages", "tool_result_max_tokens", "clear_tool_results")
 
 _EMPTY: Mapping[str, Any] = MappingProxyType({})
 
@@ -421,7 +423,10 @@ def _check_constraints(chk: _Checker, section: Mapping[str, Any]) -> dict[str, A
             continue
         if value is None:
             continue
-        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        if key == "clear_tool_results":  # ClearToolResultsFilter's keep: 0 clears every old result
+            if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+                raise chk.fail(keys, f"expected an integer >= 0 (the tool results kept), got {_short(value)}")
+        elif isinstance(value, bool) or not isinstance(value, int) or value < 1:
             raise chk.fail(keys, f"expected a positive integer, got {_short(value)}")
         out[key] = value
     return out

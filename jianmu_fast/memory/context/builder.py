@@ -144,9 +144,11 @@ class ContextBuilder:
 
     @classmethod
     def for_react(cls, system_prompt=None, max_messages=None, max_tokens=None, runtime_prompt=None,
-                  token_counter=None, tools_desc=None) -> "ContextBuilder":
+                  token_counter=None, tools_desc=None, *, tool_result_max_tokens=None, clear_tool_results=None,
+                  summarize=None) -> "ContextBuilder":
         """ReAct preset: ``Static(persona) → Static(react_protocol) → [ToolsDesc] → [Bootstrap]
-        → StateHistory``; see ``presets.for_react``.
+        → StateHistory``; context editing with ``tool_result_max_tokens``, ``clear_tool_results``
+        and ``summarize``; see ``presets.for_react``.
 
         >>> len(ContextBuilder.for_react(tools_desc="- calc").providers)
         4
@@ -154,7 +156,8 @@ class ContextBuilder:
         from .presets import for_react
 
         return for_react(system_prompt, max_messages, max_tokens, runtime_prompt, token_counter, tools_desc,
-                         builder_cls=cls)
+                         tool_result_max_tokens=tool_result_max_tokens, clear_tool_results=clear_tool_results,
+                         summarize=summarize, builder_cls=cls)
 
     @classmethod
     def for_skill(cls, system_prompt=None, max_messages=None, max_tokens=None, runtime_prompt=None,

@@ -98,6 +98,47 @@ def _filters(max_messages: Optional[int], max_tokens: Optional[int], token_count
     return out
 
 
+def _editing_filters(filters: list[Any], max_tokens: Optional[int], token_counter: Any,
+                     tool_result_max_tokens: Any, clear_tool_results: Any, summarize: Any) -> list[Any]:
+    """``filters`` with the context-editing stages: cap and clear first, the summarizing budget
+    in place of ``TokenBudgetFilter``. ``None`` arguments fall back to ``constraints.*`` of
+    ``jianmu.yaml`` (used only with ``max_tokens`` for clearing)."""
+    from .editing import ClearToolResultsFilter, SummarizingBudgetFilter, ToolResultCapFilter
+
+    if tool_result_max_tokens is None or clear_tool_results is None:
+        c = Constraints.load()
+        if tool_result_max_tokens is None:
+            tool_result_max_tokens = c.tool_result_max_tokens
+        if clear_tool_results is None and max_tokens is not None:
+            clear_tool_results = c.clear_tool_results
+    pre: list[Any] = []
+    if tool_result_max_tokens is not None:
+        pre.append(ToolResultCapFilter(tool_result_max_tokens, token_counter))
+    if clear_tool_results is not None:
+        if isinstance(clear_tool_results, ClearToolResultsFilter):
+            pre.append(clear_tool_results)
+        else:
+            if isinstance(clear_tool_results, Mapping):
+                opts = dict(clear_tool_results)
+            elif isinstance(clear_tool_results, int) and not isinstance(clear_tool_results, bool):
+                opts = {"keep": clear_tool_results}
+            else:
+                raise TypeError("clear_tool_results: expected the number of newest results to keep (int), a dict of "
+                                f"ClearToolResultsFilter options or a ClearToolResultsFilter, got {type(clear_tool_results).__name__}")
+            trigger = opts.pop("trigger_tokens", max_tokens)
+            if trigger is None:
+                raise ValueError("clear_tool_results needs max_tokens= (the trigger) or a 'trigger_tokens' option")
+            pre.append(ClearToolResultsFilter(trigger, opts.pop("counter", token_counter), **opts))
+    out = pre + filters
+    if summarize is not None:
+        if max_tokens is None:
+            raise ValueError("summarize= summarizes what the token budget drops: pass max_tokens= too")
+        out = [f for f in out if type(f) is not TokenBudgetFilter]
+        out.append(summarize if isinstance(summarize, SummarizingBudgetFilter)
+                   else SummarizingBudgetFilter(max_tokens, token_counter, summarize=summarize))
+    return out
+
+
 def for_chat(
     system_prompt: Optional[str] = None,
     max_messages: Optional[int] = None,
@@ -126,9 +167,23 @@ def for_react(
     token_counter: Any = None,
     tools_desc: Optional[str] = None,
     *,
+    tool_result_max_tokens: Optional[int] = None,
+    clear_tool_results: Any = None,
+    summarize: Any = None,
     builder_cls: type = ContextBuilder,
 ) -> Any:
     """ReAct: ``Static(persona) → Static(react_protocol) → [ToolsDesc] → [Bootstrap] → StateHistory``.
+
+    Context editing (``jianmu_fast.memory.context.editing``), each off by default:
+    ``tool_result_max_tokens=N`` adds ``ToolResultCapFilter(N)`` first;
+    ``clear_tool_results=KEEP`` adds ``ClearToolResultsFilter(max_tokens, keep=KEEP)`` (a dict
+    of its options, or a filter, also works); ``summarize=`` (a callable or a ``ModelClient``)
+    replaces ``TokenBudgetFilter`` by ``SummarizingBudgetFilter(max_tokens, summarize=...)``.
+    Unset, the first two come from ``constraints.*`` of ``jianmu.yaml``.
+
+    >>> b = for_react(max_tokens=8000, tool_result_max_tokens=2000, clear_tool_results=3)
+    >>> [type(f).__name__ for f in b.filters]
+    ['ToolResultCapFilter', 'ClearToolResultsFilter', 'TokenBudgetFilter']
 
     >>> b = for_react(system_prompt="You are a math assistant.", tools_desc="- calculator: arithmetic")
     >>> [type(p).__name__ for p in b.providers]
@@ -142,7 +197,9 @@ def for_react(
         *_bootstrap(rp),
         _history(),
     ]
-    return builder_cls(providers=providers, filters=_filters(max_messages, max_tokens, token_counter))
+    filters = _editing_filters(_filters(max_messages, max_tokens, token_counter), max_tokens, token_counter,
+                               tool_result_max_tokens, clear_tool_results, summarize)
+    return builder_cls(providers=providers, filters=filters)
 
 
 def for_skill(
