@@ -99,6 +99,8 @@ def _has_calls(m: Any) -> bool:
 def _check(calls: list[dict[str, Any]], results: Sequence[Any]) -> Optional[str]:
     ids: list[Any] = [c.get("id") for c in calls]
     rids: list[Any] = [r.tool_call_id for r in results]
+    if len(ids) == len(rids) and all(ids) and len(set(ids)) == len(ids) and set(ids) == set(rids):
+        return None  # the usual case, decided in one pass
     if not all(ids):
         return "a call has no id"
     if len(set(ids)) != len(ids):

@@ -278,9 +278,11 @@ def to_langchain(messages: Iterable[Any]) -> list[Any]:
 
 def _as_lc_list(messages: Any) -> list[Any]:
     items = list(messages) if not hasattr(messages, "to_messages") else messages.to_messages()
-    if all(_is_base_message(m) for m in items):
+    lcm = _lc_messages()
+    base = lcm.BaseMessage
+    if all(isinstance(m, base) for m in items):
         return items
-    return _lc_messages().convert_to_messages(items)
+    return lcm.convert_to_messages(items)
 
 
 class MessageConverter:

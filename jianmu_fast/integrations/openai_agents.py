@@ -41,7 +41,7 @@ _EXTRA_HINT = "pip install 'jianmu_fast[agents]'"
 
 def _plain(item: Any) -> Any:
     """A Responses item as a dict (the SDK passes dicts; its pydantic items also work)."""
-    if isinstance(item, Mapping):
+    if type(item) is dict or isinstance(item, Mapping):
         return item
     dump = getattr(item, "model_dump", None)
     if callable(dump):

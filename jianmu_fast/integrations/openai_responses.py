@@ -161,7 +161,7 @@ def _convert(items: Any, offset: int = 0) -> tuple[list[Message], list[int]]:
     has_text_or_call = False
     for i, item in enumerate(items, offset):
         where = f"items[{i}]"
-        if not isinstance(item, Mapping):
+        if type(item) is not dict and not isinstance(item, Mapping):
             raise MessageValidationError(f"{where}: expected a dict, got {type(item).__name__}")
         item = dict(item)
         kind = _kind(item, where)
