@@ -1,9 +1,19 @@
 import numpy as np
 import numpy.typing as npt
 
-__all__ = ["MAX_VALUE", "select_window", "select_windows"]
+__all__ = [
+    "MAX_VALUE",
+    "ROLE_CODES",
+    "plan_window",
+    "plan_windows",
+    "sanitize_window",
+    "sanitize_windows",
+    "select_window",
+    "select_windows",
+]
 
 MAX_VALUE: int
+ROLE_CODES: dict[str, int]
 
 def select_window(
     counts: npt.NDArray[np.int64],  # const int64_t[::1]
@@ -23,3 +33,43 @@ def select_windows(
     from_start: bool,
     chunk: int = 0,
 ) -> tuple[npt.NDArray[np.int64], npt.NDArray[np.int64]]: ...
+def plan_window(
+    roles: npt.NDArray[np.int8],  # const int8_t[::1]
+    counts: npt.NDArray[np.int64],  # const int64_t[::1], -1 where not counted
+    pinned_mask: int,
+    budget: int,
+    from_start: bool,
+    chunk: int = 0,
+    pinned_free: bool = False,
+) -> tuple[int, int, int, int]: ...
+def plan_windows(
+    rows: npt.NDArray[np.int64],
+    offsets: npt.NDArray[np.int64],
+    roles: npt.NDArray[np.int8],
+    counts: npt.NDArray[np.int64],
+    pinned_mask: int,
+    budget: int,
+    from_start: bool,
+    chunk: int = 0,
+    pinned_free: bool = False,
+) -> npt.NDArray[np.int64]: ...
+def sanitize_window(
+    roles: npt.NDArray[np.int8],
+    call_off: npt.NDArray[np.int64],
+    call_ids: npt.NDArray[np.int64],
+    result_ids: npt.NDArray[np.int64],
+    n_pinned: int,
+    lo: int,
+    hi: int,
+) -> tuple[int, list[tuple[int, int]]]: ...
+def sanitize_windows(
+    rows: npt.NDArray[np.int64],
+    offsets: npt.NDArray[np.int64],
+    roles: npt.NDArray[np.int8],
+    call_off: npt.NDArray[np.int64],
+    call_ids: npt.NDArray[np.int64],
+    result_ids: npt.NDArray[np.int64],
+    n_pinned: npt.NDArray[np.int64],
+    lo: npt.NDArray[np.int64],
+    hi: npt.NDArray[np.int64],
+) -> npt.NDArray[np.int64]: ...

@@ -47,7 +47,7 @@ from __future__ import annotations
 
 import numpy as np
 
-__all__ = ["MAX_VALUE", "select_window", "select_windows"]
+__all__ = ["MAX_VALUE", "ROLE_CODES", "plan_window", "plan_windows", "sanitize_window", "sanitize_windows", "select_window", "select_windows"]
 
 MAX_VALUE = 1 << 53
 
@@ -170,3 +170,237 @@ def select_windows(counts, offsets, unit_starts, unit_offsets, n_pinned, budgets
         _validate(c, us, int(n_pinned[p]), int(budgets[p]), chunk, f"prompt {p}: ")
         lo[p], hi[p] = _select(c, us, int(n_pinned[p]), int(budgets[p]), bool(from_start), chunk)
     return lo, hi
+
+
+# -- per-prompt plans over message records (issue 13) -----------------------------------------
+#
+# A prompt is described by one record per message: ``roles`` (int8: 0 system, 1 user,
+# 2 assistant, 3 tool) and ``counts`` (int64, ``-1`` where not counted yet). ``plan_window``
+# finds the pinned prefix (the leading messages whose role bit is set in ``pinned_mask``),
+# splits the rest into units (a unit starts at the first message after the pinned prefix
+# and at every message that is not a tool result) and selects the window exactly as
+# ``select_window`` does, or says which counts it still needs.
+
+ROLE_CODES = {"system": 0, "user": 1, "assistant": 2, "tool": 3}
+TOOL = 3
+ASSISTANT = 2
+
+
+def _pinned(roles, pinned_mask):
+    n = len(roles)
+    k = 0
+    while k < n and (pinned_mask >> int(roles[k])) & 1:
+        k += 1
+    return k
+
+
+def _unit_start_at_or_before(roles, i, n_pinned):
+    while i > n_pinned and roles[i] == TOOL:
+        i -= 1
+    return i
+
+
+def plan_window(roles, counts, pinned_mask, budget, from_start, chunk=0, pinned_free=False):
+    """Plan one prompt from its records: ``(status, n_pinned, lo, hi)``.
+
+    ``status == 0``: decided; the output is ``[:n_pinned] + [lo:hi]`` (``lo == hi``: no unit
+    fits beside the pinned prefix, as in ``select_window``). ``status == 1``: count every
+    message of ``[lo:hi)`` whose count is ``-1`` and call again: the pinned prefix first (its
+    counts are needed unless ``pinned_free``, which makes pinned messages cost 0), then, with
+    exact eviction of the oldest units, tails found walking back from the newest unit in
+    growing steps (32 messages, then what the budget left allows at the average cost per
+    message so far, plus a quarter, at least half of what was walked); other modes need every
+    count after the pinned prefix. A walk starts its steps on unit starts.
+
+    >>> import numpy as np
+    >>> roles = np.array([0, 1, 2, 3, 1], dtype=np.int8)   # system, user, call, result, user
+    >>> counts = np.array([5, -1, -1, -1, 4], dtype=np.int64)
+    >>> plan_window(roles, counts, 1, 12, True)             # the newest unit fits; [2:4] unknown
+    (1, 1, 2, 4)
+    >>> counts[1:4] = [3, 2, 2]
+    >>> plan_window(roles, counts, 1, 12, True)             # 5 + 4 + (2 + 2) > 12
+    (0, 1, 4, 5)
+    """
+    n = len(roles)
+    if len(counts) != n:
+        raise ValueError(f"counts has {len(counts)} entries, roles has {n}")
+    _check_range("", "budget", budget)
+    _check_range("", "chunk", chunk)
+    for i in range(n):
+        if counts[i] < -1 or counts[i] > MAX_VALUE:
+            raise ValueError(f"counts[{i}] must be -1 (not counted) or between 0 and 2**53, got {counts[i]}")
+        if not 0 <= roles[i] <= 3:
+            raise ValueError(f"roles[{i}] must be 0..3, got {roles[i]}")
+    n_pinned = _pinned(roles, pinned_mask)
+    if not pinned_free and any(counts[i] < 0 for i in range(n_pinned)):
+        return (1, n_pinned, 0, n_pinned)
+    pinned = 0 if pinned_free else sum(int(c) for c in counts[:n_pinned])
+    if n_pinned == n or pinned > budget:
+        return (0, n_pinned, n, n) if from_start else (0, n_pinned, n_pinned, n_pinned)
+    avail = budget - pinned
+    if not (from_start and chunk == 0):
+        if any(counts[i] < 0 for i in range(n_pinned, n)):
+            return (1, n_pinned, n_pinned, n)
+    else:
+        # walk back from the newest unit; stop at the first unit that does not fit
+        kept = 0
+        end = n
+        while end > n_pinned:
+            s = _unit_start_at_or_before(roles, end - 1, n_pinned)
+            unit = counts[s:end]
+            if any(c < 0 for c in unit):
+                walked = n - end
+                per = max(1, kept // walked) if walked else 1
+                step = 32 if not walked else max(walked // 2, (avail - kept) // per * 5 // 4 + 2)
+                lo = _unit_start_at_or_before(roles, max(n_pinned, end - step), n_pinned)
+                return (1, n_pinned, min(lo, s), end)
+            cost = sum(int(c) for c in unit)
+            if kept + cost > avail:
+                break
+            kept += cost
+            end = s
+        return (0, n_pinned, end if end < n else n, n)
+    starts = [n_pinned] + [i for i in range(n_pinned + 1, n) if roles[i] != TOOL]
+    sub = [0] * n_pinned + [int(c) for c in counts[n_pinned:]]
+    lo, hi = _select(sub, starts, n_pinned, avail, from_start, chunk)
+    return (0, n_pinned, lo, hi)
+
+
+def sanitize_window(roles, call_off, call_ids, result_ids, n_pinned, lo, hi):
+    """The decision of ``sanitize_tool_call_history`` over the prompt ``[:n_pinned] + [lo:hi]``.
+
+    ``call_off`` (``len(roles) + 1`` offsets) and ``call_ids`` hold each message's call ids
+    (interned ints; an assistant message without calls has none), ``result_ids`` each tool
+    result's id; ``-1`` is a missing (or empty) id. Returns ``(status, drops)``: ``0``, the
+    prompt is valid; ``1``, leave out the broken historical units ``drops`` (pairs of
+    positions in the prompt, ``[a, b)``); ``2``, the pure-Python sanitizer must decide (a
+    missing id it may fill, or a broken newest unit: its exact error).
+
+    >>> import numpy as np
+    >>> i64 = lambda *x: np.array(x, dtype=np.int64)
+    >>> roles = np.array([1, 2, 3, 1, 2, 3, 1], dtype=np.int8)      # a call answered by a wrong id
+    >>> sanitize_window(roles, i64(0, 0, 1, 1, 1, 2, 2, 2), i64(7, 8), i64(-1, -1, 7, -1, -1, 9, -1), 0, 0, 7)
+    (1, [(4, 6)])
+    """
+    n = len(roles)
+    if len(call_off) != n + 1 or len(result_ids) != n:
+        raise ValueError(f"call_off needs {n + 1} entries and result_ids {n}, got {len(call_off)} and {len(result_ids)}")
+    if not (0 <= n_pinned <= lo <= hi <= n):
+        raise ValueError(f"need 0 <= n_pinned <= lo <= hi <= {n}, got {n_pinned}, {lo}, {hi}")
+    idx = list(range(n_pinned)) + list(range(lo, hi))
+    m = len(idx)
+    drops = []
+    pending = False
+    i = 0
+    while i < m:
+        p = idx[i]
+        r = roles[p]
+        nc = int(call_off[p + 1] - call_off[p])
+        if r == TOOL or (r == ASSISTANT and nc > 0):
+            j = i + 1
+            while j < m and roles[idx[j]] == TOOL:
+                j += 1
+            if r == TOOL:
+                ok = False
+            else:
+                cids = [int(c) for c in call_ids[call_off[p]:call_off[p + 1]]]
+                rids = [int(result_ids[idx[x]]) for x in range(i + 1, j)]
+                if -1 in cids or -1 in rids:
+                    return (2, [])
+                ok = j - i - 1 == nc and len(set(cids)) == nc and set(cids) == set(rids)
+            pending = not ok
+            if not ok:
+                drops.append((i, j))
+            i = j
+            continue
+        if pending and r != 0:
+            pending = False
+        i += 1
+    if pending:
+        return (2, [])
+    return (1, drops) if drops else (0, [])
+
+
+def _check_rows(rows, offsets, n_tab):
+    n_prompts = len(offsets) - 1
+    if n_prompts < 0:
+        raise ValueError("offsets must have at least one entry")
+    if offsets[0] != 0 or offsets[n_prompts] != len(rows):
+        raise ValueError(f"offsets must start at 0 and end at {len(rows)}")
+    for p in range(n_prompts):
+        if offsets[p + 1] < offsets[p]:
+            raise ValueError(f"offsets must be non-decreasing (at index {p + 1})")
+    for i in range(len(rows)):
+        if rows[i] < 0 or rows[i] >= n_tab:
+            raise ValueError(f"rows[{i}] must index the records (0..{n_tab - 1}), got {rows[i]}")
+    return n_prompts
+
+
+def plan_windows(rows, offsets, roles, counts, pinned_mask, budget, from_start, chunk=0, pinned_free=False):
+    """``plan_window`` for many prompts over one table of records: prompt ``p`` is the
+    records ``rows[offsets[p]:offsets[p+1]]`` (so a message shared by prompts has one record).
+    Returns an int64 array of shape ``(n_prompts, 4)``: ``plan_window``'s tuple per prompt
+    (positions local to the prompt; an empty prompt plans ``(0, 0, 0, 0)``).
+
+    >>> import numpy as np
+    >>> roles = np.array([0, 1, 1], dtype=np.int8); counts = np.array([5, 3, 4], dtype=np.int64)
+    >>> plan_windows(np.array([0, 1, 2, 0, 2], dtype=np.int64), np.array([0, 3, 5], dtype=np.int64),
+    ...              roles, counts, 1, 9, True).tolist()
+    [[0, 1, 2, 3], [0, 1, 1, 2]]
+    """
+    n_tab = len(roles)
+    if len(counts) != n_tab:
+        raise ValueError(f"counts has {len(counts)} entries, roles has {n_tab}")
+    for i in range(n_tab):
+        if counts[i] < -1 or counts[i] > MAX_VALUE:
+            raise ValueError(f"counts[{i}] must be -1 (not counted) or between 0 and 2**53, got {counts[i]}")
+        if not 0 <= roles[i] <= 3:
+            raise ValueError(f"roles[{i}] must be 0..3, got {roles[i]}")
+    _check_range("", "budget", budget)
+    _check_range("", "chunk", chunk)
+    n_prompts = _check_rows(rows, offsets, n_tab)
+    out = np.zeros((n_prompts, 4), dtype=np.int64)
+    for p in range(n_prompts):
+        r = rows[offsets[p]:offsets[p + 1]]
+        if len(r):
+            out[p] = plan_window(roles[r], counts[r], pinned_mask, budget, from_start, chunk, pinned_free)
+    return out
+
+
+def sanitize_windows(rows, offsets, roles, call_off, call_ids, result_ids, n_pinned, lo, hi):
+    """``sanitize_window``'s status (without the drops) for many planned prompts over one
+    table of records (see ``plan_windows``); ``n_pinned``, ``lo``, ``hi`` are local positions.
+
+    >>> import numpy as np
+    >>> i64 = lambda *x: np.array(x, dtype=np.int64)
+    >>> roles = np.array([1, 2, 3], dtype=np.int8)          # user, call c7, result for c7
+    >>> sanitize_windows(i64(0, 1, 2, 0, 1), i64(0, 3, 5), roles, i64(0, 0, 1, 1), i64(7), i64(-1, -1, 7),
+    ...                  i64(0, 0), i64(0, 0), i64(3, 2)).tolist()
+    [0, 2]
+    """
+    n_tab = len(roles)
+    n_prompts = _check_rows(rows, offsets, n_tab)
+    if len(call_off) != n_tab + 1 or len(result_ids) != n_tab:
+        raise ValueError(f"call_off needs {n_tab + 1} entries and result_ids {n_tab}, got {len(call_off)} and {len(result_ids)}")
+    if len(n_pinned) != n_prompts or len(lo) != n_prompts or len(hi) != n_prompts:
+        raise ValueError(f"n_pinned, lo and hi need {n_prompts} entries each")
+    for i in range(n_tab):
+        if call_off[i + 1] < call_off[i] or call_off[i] < 0 or call_off[i + 1] > len(call_ids):
+            raise ValueError(f"call_off must be non-decreasing offsets into call_ids (at index {i + 1})")
+    for p in range(n_prompts):
+        size = offsets[p + 1] - offsets[p]
+        if not (0 <= n_pinned[p] <= lo[p] <= hi[p] <= size):
+            raise ValueError(f"prompt {p}: need 0 <= n_pinned <= lo <= hi <= {size}, got {n_pinned[p]}, {lo[p]}, {hi[p]}")
+    out = np.zeros(n_prompts, dtype=np.int64)
+    for p in range(n_prompts):
+        r = rows[offsets[p]:offsets[p + 1]]
+        if not len(r):
+            continue
+        off = [0]
+        ids = []
+        for q in r:
+            ids.extend(call_ids[call_off[q]:call_off[q + 1]])
+            off.append(len(ids))
+        out[p] = sanitize_window(roles[r], np.array(off, dtype=np.int64), np.array(ids, dtype=np.int64),
+                                 result_ids[r], int(n_pinned[p]), int(lo[p]), int(hi[p]))[0]
+    return out

@@ -8,14 +8,16 @@ message, but does the expensive parts once for the whole batch:
    first, so that an incremental provider (``StateHistoryProvider`` reuses its previous
    output when the new history extends it) only looks at the new messages; a provider with
    side effects may therefore see the states in another order than the input's;
-2. each trimming filter stage (``MaxMessagesFilter``, ``TokenBudgetFilter``) looks at the
-   tail of every prompt that can possibly be kept (walking back from the newest message in
-   doubling steps, as the filters do), counts the messages of all those tails in **one**
-   ``counter.count_array`` call per step (the counters cache per text, so each distinct
-   text is tokenized once, and the misses of a call are tokenized in one pass), and decides
-   every prompt in **one** call of the compiled core's ``select_windows`` over CSR-packed
-   arrays. Filters of any other type run per prompt, in pipeline order;
-3. the sanitize step of ``build()`` runs per prompt.
+2. each trimming filter stage (``MaxMessagesFilter``, ``TokenBudgetFilter``) runs the very
+   routine of its ``apply()`` over every prompt at once (``_WindowFilter._trim_many``): one
+   table of records (role, count, interned call ids) for every distinct message, the
+   compiled planner ``plan_windows`` deciding pinned prefix, units and window of every
+   prompt in one call per round, and the counts a round asks for counted in **one**
+   ``counter.count_array`` call (each distinct message once; the counters cache per text).
+   Filters of any other type run per prompt, in pipeline order;
+3. the sanitize step of ``build()``: when the last stage is such a filter, one compiled call
+   (``sanitize_windows``) tells the valid prompts (almost all) from those that need the
+   pure-Python sanitizer, which then runs for those only.
 
 Errors behave as in ``build()``: an unexpected exception of a filter is logged and that
 stage skipped for that prompt; an error of jianmu_fast's hierarchy (``ContextBudgetError``,
@@ -27,8 +29,7 @@ failed) and the failures, so a caller can tell an empty prompt from a failed one
 
 ``workers > 1`` splits the states (grouped as above) into chunks run by a process pool (the
 builder goes to each worker once; counters pickle by name); the results are unpickled
-copies, equal to ``build()``'s but not the same objects, and keep the input order. See
-``jianmu_fast._batch_windows`` for how a trimming stage is decided.
+copies, equal to ``build()``'s but not the same objects, and keep the input order.
 """
 
 from __future__ import annotations
@@ -41,7 +42,6 @@ from dataclasses import dataclass, field
 from typing import Any, Iterable, Literal, Optional, Sequence
 
 from .errors import BatchError
-from ._batch_windows import decide_windows
 from .memory.context.filters import MaxMessagesFilter, TokenBudgetFilter
 from .message import Message, coerce_messages
 
@@ -305,15 +305,20 @@ def _run(builder, states, lists, global_state, ctx, tools_schema, bar=None) -> B
         if tick is not None and (i & 255) == 255:
             tick(256)
     alive = [i for i in range(n) if i not in errors]
+    last = len(builder.filters) - 1
+    clean: set[int] = set()
     for fi, flt in enumerate(builder.filters):
         if type(flt) in _WINDOW_TYPES and len(alive) > 1:
-            _window_stage(builder, fi, flt, prompts, alive, states, global_state, ctx, tools_schema, errors)
+            final = fi == last and bool(getattr(builder, "sanitize", False))
+            _window_stage(flt, prompts, alive, tools_schema, errors, clean if final else None)
         else:
             for i in alive:
                 _python_stage(builder, fi, prompts, i, states, global_state, ctx, tools_schema, errors)
         if errors:
             alive = [i for i in alive if i not in errors]
     for i in alive:
+        if i in clean:  # the last trimming stage found it valid: nothing to sanitize
+            continue
         try:
             prompts[i] = builder._finish(prompts[i], tools_schema)
         except Exception as exc:
@@ -345,16 +350,18 @@ def _python_stage(builder, fi, prompts, i, states, global_state, ctx, tools_sche
         errors[i] = exc
 
 
-def _window_stage(builder, fi, flt, prompts, alive, states, global_state, ctx, tools_schema, errors) -> None:
-    """One trimming filter over every live prompt: batched counting, one core call."""
-    try:
-        decided, slow = decide_windows(flt, prompts, alive, tools_schema)
-    except Exception:  # anything unexpected: the exact per-prompt path decides (and logs)
-        decided, slow = {}, alive
-    for i, out in decided.items():
-        prompts[i] = out
-    for i in slow:  # edge cases (all pinned, limit < 0, nothing fits): the filter itself
-        _python_stage(builder, fi, prompts, i, states, global_state, ctx, tools_schema, errors)
+def _window_stage(flt, prompts, alive, tools_schema, errors, clean: Optional[set[int]]) -> None:
+    """One trimming filter over every live prompt: ``_trim_many`` (one table of records, one
+    compiled plan per round, one count call per round). With ``clean`` (the pipeline's last
+    stage, sanitizing on), the prompts it found valid are added there."""
+    results = flt._trim_many([prompts[i] for i in alive], tools_schema, clean is not None)
+    for i, res in zip(alive, results):
+        if isinstance(res, BaseException):
+            errors[i] = res
+            continue
+        prompts[i], ok = res
+        if ok and clean is not None:
+            clean.add(i)
 
 
 # -- processes --------------------------------------------------------------------------------

@@ -203,7 +203,7 @@ def test_batch_equals_build_hypothesis(histories, budget, max_messages, from_sta
 @pytest.mark.parametrize("threads", [False, True])
 def test_exact_tiktoken_counter(core, threads, monkeypatch):
     """Exact counts, counted in one thread, or split over two (forced for small batches)."""
-    import jianmu_fast._batch_windows as windows
+    import jianmu_fast.memory.context.filters as windows
     from jianmu_fast.memory.context import TiktokenTokenCounter
 
     if threads:
@@ -295,8 +295,9 @@ def test_batch_error_pickles():
 
 def test_counting_is_one_call_per_step(core):
     """All prompts' tails are counted together: a handful of count_array calls per batch,
-    never one per prompt, and the core decides every prompt in one call per stage."""
-    calls = {"count_array": 0, "select_windows": 0}
+    never one per prompt; the compiled planner decides every prompt in one call per round
+    (a few rounds per stage), and one call decides which outputs need sanitizing."""
+    calls = {"count_array": 0, "plan_windows": 0, "sanitize_windows": 0, "plan_window": 0}
 
     class Counting(SimpleTokenCounter):
         def count_array(self, messages):
@@ -305,24 +306,32 @@ def test_counting_is_one_call_per_step(core):
 
     import jianmu_fast._backend as backend_module
 
-    real = backend_module.select_windows
+    def spy(name):
+        real = getattr(backend_module, name)
 
-    def spy(*args):
-        calls["select_windows"] += 1
-        return real(*args)
+        def call(*args):
+            calls[name] += 1
+            return real(*args)
+        return real, call
 
     builder = ContextBuilder([History()], [MaxMessagesFilter(50), TokenBudgetFilter(300, counter=Counting())])
     rng = random.Random(1)
     pool = [human(_text(rng, 10, 200)) for _ in range(400)]
     states = [{"messages": pool[:rng.randint(1, 400)]} for _ in range(300)]
-    orig = backend_module.select_windows
-    backend_module.select_windows = spy
+    saved = {}
+    for name in ("plan_windows", "sanitize_windows", "plan_window"):
+        saved[name], fake = spy(name)
+        setattr(backend_module, name, fake)
     try:
-        build_batch(builder, states)
+        out = build_batch(builder, states)
     finally:
-        backend_module.select_windows = orig
-    assert calls["select_windows"] == 2
+        for name, real in saved.items():
+            setattr(backend_module, name, real)
+    assert calls["plan_window"] == 0  # no prompt went the one-by-one way
+    assert 2 <= calls["plan_windows"] <= 6
+    assert calls["sanitize_windows"] == 1
     assert 1 <= calls["count_array"] <= 4
+    assert out == [builder.build(s) for s in states]
 
 
 def test_progress_without_tqdm(monkeypatch):

@@ -57,9 +57,15 @@ EDGES = [
 
 
 @needs_c
-@pytest.mark.parametrize("name", ["select_window", "select_windows"])
+@pytest.mark.parametrize("name", ["select_window", "select_windows", "plan_window", "plan_windows",
+                                  "sanitize_window", "sanitize_windows"])
 def test_twins_share_signatures(name):
     assert inspect.signature(getattr(core_c, name)) == inspect.signature(getattr(core_py, name))
+
+
+@needs_c
+def test_twins_share_constants():
+    assert core_c.MAX_VALUE == core_py.MAX_VALUE == 2**53 and core_c.ROLE_CODES == core_py.ROLE_CODES
 
 
 @needs_c
@@ -211,3 +217,173 @@ def test_backend_is_named_and_not_silently_missing():
     else:
         assert jianmu_fast.BACKEND == "cython"
         assert jianmu_fast._backend.select_window is core_c.select_window
+
+
+# -- plan_window / sanitize_window: the per-prompt plans over records (issue 13) --------------
+
+
+@st.composite
+def plan_cases(draw):
+    n = draw(st.integers(0, 30))
+    roles = draw(st.lists(st.sampled_from([0, 0, 1, 2, 3, 3]), min_size=n, max_size=n))
+    true = draw(st.lists(st.one_of(st.integers(0, 40), st.sampled_from([0, 2**53])), min_size=n, max_size=n))
+    known = draw(st.lists(st.booleans(), min_size=n, max_size=n))
+    counts = [c if k else -1 for c, k in zip(true, known)]
+    big = draw(st.booleans())
+    budget = draw(st.integers(0, 2**53)) if big else draw(st.integers(0, sum(c for c in true if c < 2**53) + 5))
+    return (np.array(roles, dtype=np.int8), np.array(counts, dtype=np.int64), np.array(true, dtype=np.int64),
+            draw(st.integers(0, 15)), budget, draw(st.booleans()), draw(st.sampled_from([0, 0, 1, 5, 40, 2**53])),
+            draw(st.booleans()))
+
+
+def _plan_until_done(core, roles, counts, true, mask, budget, from_start, chunk, free):
+    counts = counts.copy()
+    for _ in range(200):
+        status, n_pinned, lo, hi = core.plan_window(roles, counts, mask, budget, from_start, chunk, free)
+        if status == 0:
+            return n_pinned, lo, hi
+        assert lo < hi or (lo == hi == 0 and n_pinned == 0)
+        unknown = counts[lo:hi] < 0
+        assert unknown.any(), "a request must make progress"
+        counts[lo:hi][unknown] = true[lo:hi][unknown]
+    raise AssertionError("no decision")
+
+
+@given(case=plan_cases())
+@settings(deadline=None, max_examples=MAX_EXAMPLES)
+def test_plan_window_twin_equals_compiled_and_select_window(case):
+    roles, counts, true, mask, budget, from_start, chunk, free = case
+    if not from_start:
+        chunk = 0
+    results = [core.plan_window(roles, counts, mask, budget, from_start, chunk, free) for core in _cores()]
+    assert len(set(results)) == 1, results
+    plans = {_plan_until_done(core, roles, counts, true, mask, budget, from_start, chunk, free) for core in _cores()}
+    assert len(plans) == 1
+    n_pinned, lo, hi = plans.pop()
+    # the same decision as select_window over the same units
+    n = len(roles)
+    k = 0
+    while k < n and (mask >> int(roles[k])) & 1:
+        k += 1
+    assert n_pinned == k
+    c = true.copy()
+    if free:
+        c[:k] = 0
+    starts = [k] + [i for i in range(k + 1, n) if roles[i] != 3] if k < n else []
+    assert (lo, hi) == core_py.select_window(c, np.array(starts, dtype=np.int64), k, budget, from_start, chunk)
+
+
+def _records(units):
+    """roles, call_off, call_ids, result_ids of a random prompt, and the same as Messages."""
+    from jianmu_fast.message import ai, human, system, tool
+
+    roles, off, cids, rids, msgs = [], [0], [], [], []
+    name = lambda x: None if x == -1 else f"c{x}"  # noqa: E731
+    for kind, calls, results in units:
+        if kind == "call":
+            roles.append(2)
+            cids += calls
+            off.append(len(cids))
+            rids.append(-1)
+            msgs.append(ai(None, tool_calls=[{**({"id": name(c)} if c != -1 else {}), "type": "function",
+                                              "function": {"name": "f", "arguments": "{}"}} for c in calls]))
+            kinds = [(3, r) for r in results]
+        else:
+            kinds = [({"system": 0, "user": 1, "assistant": 2, "tool": 3}[kind], results[0] if results else -1)]
+        for role, r in kinds:
+            roles.append(role)
+            off.append(len(cids))
+            rids.append(r if role == 3 else -1)
+            msgs.append(tool("r", tool_call_id=name(r)) if role == 3 else
+                        [system, human, ai][role]("t"))
+    return (np.array(roles, dtype=np.int8), np.array(off, dtype=np.int64), np.array(cids, dtype=np.int64),
+            np.array(rids, dtype=np.int64), msgs)
+
+
+_ids = st.sampled_from([-1, 1, 2, 3, 3])
+sanitize_units = st.lists(st.one_of(
+    st.tuples(st.just("call"), st.lists(_ids, min_size=1, max_size=3), st.lists(_ids, max_size=3)),
+    st.tuples(st.sampled_from(["system", "user", "assistant"]), st.just([]), st.just([])),
+    st.tuples(st.just("tool"), st.just([]), st.lists(_ids, min_size=1, max_size=1)),
+), max_size=10)
+
+
+@given(units=sanitize_units, data=st.data())
+@settings(deadline=None, max_examples=MAX_EXAMPLES)
+def test_sanitize_window_equals_twin_and_the_sanitizer(units, data):
+    from jianmu_fast.errors import ToolCallHistoryError
+    from jianmu_fast.message import sanitize_tool_call_history_report
+
+    roles, off, cids, rids, msgs = _records(units)
+    n = len(roles)
+    n_pinned = data.draw(st.integers(0, n))
+    lo = data.draw(st.integers(n_pinned, n))
+    hi = data.draw(st.integers(lo, n))
+    results = [core.sanitize_window(roles, off, cids, rids, n_pinned, lo, hi) for core in _cores()]
+    assert all(r == results[0] for r in results), results
+    status, drops = results[0]
+    prompt = msgs[:n_pinned] + msgs[lo:hi]
+    try:
+        report = sanitize_tool_call_history_report(prompt)
+    except ToolCallHistoryError:
+        assert status == 2
+        return
+    if status == 0:
+        assert not report.changed and report.messages == prompt
+    elif status == 1:
+        assert not report.filled and not report.filled_results
+        assert [tuple((d.indices[0], d.indices[-1] + 1)) for d in report.dropped] == drops
+    else:
+        assert report.filled or report.filled_results or report.dropped
+
+
+@given(cases=st.lists(plan_cases(), min_size=1, max_size=6), data=st.data())
+@settings(deadline=None, max_examples=max(50, MAX_EXAMPLES // 4))
+def test_plan_windows_equals_plan_window_per_prompt_over_a_shared_table(cases, data):
+    roles = np.concatenate([c[0] for c in cases])
+    counts = np.concatenate([c[1] for c in cases])
+    mask, budget, from_start, chunk, free = cases[0][3], cases[0][4], cases[0][5], cases[0][6], cases[0][7]
+    if not from_start:
+        chunk = 0
+    n_tab = len(roles)
+    prompts = [data.draw(st.lists(st.integers(0, max(0, n_tab - 1)), max_size=12)) if n_tab else [] for _ in range(4)]
+    rows = np.array([r for p in prompts for r in p], dtype=np.int64)
+    offsets = np.array([0] + np.cumsum([len(p) for p in prompts]).tolist(), dtype=np.int64)
+    for core in _cores():
+        plans = core.plan_windows(rows, offsets, roles, counts, mask, budget, from_start, chunk, free)
+        for p, prompt in enumerate(prompts):
+            r = np.array(prompt, dtype=np.int64)
+            expected = core.plan_window(roles[r], counts[r], mask, budget, from_start, chunk, free) if len(r) else (0, 0, 0, 0)
+            assert tuple(plans[p].tolist()) == tuple(expected)
+
+
+@given(units=sanitize_units, data=st.data())
+@settings(deadline=None, max_examples=MAX_EXAMPLES)
+def test_sanitize_windows_status_equals_sanitize_window(units, data):
+    roles, off, cids, rids, _ = _records(units)
+    n = len(roles)
+    prompts, bounds = [], []
+    for _ in range(3):
+        prompt = data.draw(st.lists(st.integers(0, max(0, n - 1)), max_size=10)) if n else []
+        k = len(prompt)
+        a = data.draw(st.integers(0, k))
+        b = data.draw(st.integers(a, k))
+        c = data.draw(st.integers(b, k))
+        prompts.append(prompt)
+        bounds.append((a, b, c))
+    if not n:
+        return
+    rows = np.array([r for p in prompts for r in p], dtype=np.int64)
+    offsets = np.array([0] + np.cumsum([len(p) for p in prompts]).tolist(), dtype=np.int64)
+    n_pinned, lo, hi = (np.array(x, dtype=np.int64) for x in zip(*bounds))
+    for core in _cores():
+        status = core.sanitize_windows(rows, offsets, roles, off, cids, rids, n_pinned, lo, hi).tolist()
+        for p, prompt in enumerate(prompts):
+            r = np.array(prompt, dtype=np.int64)
+            ids, o = [], [0]
+            for q in prompt:
+                ids += cids[off[q]:off[q + 1]].tolist()
+                o.append(len(ids))
+            expected = core_py.sanitize_window(roles[r], np.array(o, dtype=np.int64), np.array(ids, dtype=np.int64),
+                                               rids[r], *bounds[p])[0] if len(r) else 0
+            assert status[p] == expected

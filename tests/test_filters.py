@@ -250,10 +250,12 @@ def test_history_cache_is_not_pickled_and_reprs_show_options():
     import pickle
 
     f = TokenBudgetFilter(100, eviction="chunked", chunk=25)
-    f.apply([system("s"), human("a"), ai("b")])
-    assert f._history_cache is not None
+    msgs = [system("s"), human("a"), ai("b")]
+    f.apply(msgs)
+    assert f._rec is not None and f._rec.n == 3
     g = pickle.loads(pickle.dumps(f))
-    assert g._history_cache is None and g.chunk == 25
+    assert g._rec is None and g.chunk == 25
+    assert g.apply(msgs) == f.apply(msgs)
     assert repr(f) == ("TokenBudgetFilter(max_tokens=100, counter=SimpleTokenCounter(chars_per_token=4), "
                        "pinned_roles=('system',), eviction='chunked', chunk=25)")
     assert repr(MaxMessagesFilter(3, trim_from_start=False)) == (

@@ -250,8 +250,16 @@ class ContextBuilder:
         return messages
 
     def _filter(self, messages, local_state, global_state, ctx, tools_schema) -> list[Message]:
-        for i in range(len(self.filters)):
+        last = len(self.filters) - 1
+        for i in range(last):
             messages = self._apply_filter(i, messages, local_state, global_state, ctx, tools_schema)
+        if last >= 0 and self.sanitize and self._filter_builtin[last]:
+            # a built-in trimming filter last: it also decides, in compiled code, whether its
+            # output needs the sanitizing step (almost never); see _WindowFilter._trim
+            out, clean = self.filters[last]._trim(messages, tools_schema, True)
+            return out if clean else self._finish(out, tools_schema)
+        if last >= 0:
+            messages = self._apply_filter(last, messages, local_state, global_state, ctx, tools_schema)
         return self._finish(messages, tools_schema)
 
     def _apply_filter(self, i, messages, local_state, global_state, ctx, tools_schema) -> list[Message]:

@@ -38,13 +38,16 @@ from __future__ import annotations
 from typing import Any, Iterable, Literal, Optional, Sequence
 
 import json
+import os
+import threading
+from operator import countOf
 
 import numpy as np
 
 from ... import _backend
 from ...errors import ContextBudgetError, JianmuError, TrimmingError
 from ...message import Message
-from ...message.model import thaw
+from ...message.model import coerce_message, thaw
 from .counters import HFTokenCounter, SimpleTokenCounter, TiktokenTokenCounter
 
 __all__ = ["MaxMessagesFilter", "TokenBudgetFilter", "split_units"]
@@ -52,6 +55,8 @@ __all__ = ["MaxMessagesFilter", "TokenBudgetFilter", "split_units"]
 Eviction = Literal["exact", "chunked"]
 _EMPTY = np.zeros(0, dtype=np.int64)
 MAX_VALUE = _backend.MAX_VALUE
+_PARALLEL_MIN = 2048  # messages in one count call before it is split over two threads
+_CPUS = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
 #: counters whose counts are always ints in range (never re-checked)
 _TRUSTED_COUNTERS = (SimpleTokenCounter, TiktokenTokenCounter, HFTokenCounter)
 _ZERO = np.zeros(1, dtype=np.int64)
@@ -94,6 +99,10 @@ def split_units(messages: Sequence[Message], start: int) -> np.ndarray:
     return np.array(starts, dtype=np.int64)
 
 
+def _coerce(item: Any, i: int) -> Message:
+    return coerce_message(item, f"messages[{i}]")
+
+
 def _check_roles(pinned_roles: Iterable[str]) -> frozenset[str]:
     if isinstance(pinned_roles, str):
         raise TypeError(f"pinned_roles must be a collection of role names, not a string ({pinned_roles!r})")
@@ -122,13 +131,100 @@ def _check_eviction(eviction: str, chunk: Optional[int], unit: str) -> int:
     return chunk
 
 
+_ROLE = _backend.ROLE_CODES
+_ROLE_BIT = {r: 1 << c for r, c in _ROLE.items()}
+
+
+class _Records:
+    """One record per message of a prompt, in growable arrays: the role code, the count
+    (``-1`` until counted), the interned ids of its calls (CSR: ``call_off``/``call_ids``)
+    and the interned id it answers (``rids``); ``-1`` is a missing id. ``msgs`` is a copy of
+    the prompt: the next prompt that starts with it (the agent loop) only appends records.
+    Valid for as long as its messages live, since a Message never changes (see
+    ``jianmu_fast.message.model``)."""
+
+    __slots__ = ("msgs", "n", "roles", "counts", "call_off", "call_ids", "n_ids", "rids")
+
+    def __init__(self) -> None:
+        self.msgs: list[Message] = []
+        self.n = 0
+        self.roles = np.empty(64, dtype=np.int8)
+        self.counts = np.empty(64, dtype=np.int64)
+        self.rids = np.empty(64, dtype=np.int64)
+        self.call_off = np.zeros(65, dtype=np.int64)
+        self.call_ids = np.empty(64, dtype=np.int64)
+        self.n_ids = 0
+
+    def append(self, new: Sequence[Message], intern: dict[str, int], counts: Optional[np.ndarray]) -> None:
+        """Add the records of ``new`` (their ``counts``, or ``-1`` for not counted yet)."""
+        n, k = self.n, len(new)
+        end = n + k
+        if end > len(self.roles):
+            cap = max(2 * len(self.roles), end)
+            for name, dtype in (("roles", np.int8), ("counts", np.int64), ("rids", np.int64)):
+                buf = np.empty(cap, dtype=dtype)
+                buf[:n] = getattr(self, name)[:n]
+                setattr(self, name, buf)
+            off = np.zeros(cap + 1, dtype=np.int64)
+            off[:n + 1] = self.call_off[:n + 1]
+            self.call_off = off
+        roles = [_ROLE[m.role] for m in new]
+        self.roles[n:end] = roles
+        self.counts[n:end] = -1 if counts is None else counts
+        if 3 in roles or 2 in roles:
+            rids = [-1] * k
+            offs = []
+            ids: list[int] = []
+            for i, m in enumerate(new):
+                r = roles[i]
+                if r == 3:
+                    rid = m.tool_call_id
+                    rids[i] = intern.setdefault(rid, len(intern)) if rid else -1
+                elif r == 2 and m.tool_calls:
+                    for call in m.tool_calls:
+                        cid = call.get("id")
+                        ids.append(intern.setdefault(cid, len(intern)) if cid else -1)
+                offs.append(self.n_ids + len(ids))
+            self.rids[n:end] = rids
+            self.call_off[n + 1:end + 1] = offs
+            if ids:
+                need = self.n_ids + len(ids)
+                if need > len(self.call_ids):
+                    buf = np.empty(max(2 * len(self.call_ids), need), dtype=np.int64)
+                    buf[:self.n_ids] = self.call_ids[:self.n_ids]
+                    self.call_ids = buf
+                self.call_ids[self.n_ids:need] = ids
+                self.n_ids = need
+        else:
+            self.rids[n:end] = -1
+            self.call_off[n + 1:end + 1] = self.n_ids
+        self.msgs.extend(new)
+        self.n = end
+
+
+class _RowMap(dict):  # type: ignore[type-arg]
+    """id(message) -> row, a new row for an unseen message (``__missing__``: C-level hits)."""
+
+    def __missing__(self, key: int) -> int:
+        row = self[key] = len(self)
+        return row
+
+
 class _WindowFilter:
-    """Shared façade: find the pinned prefix and a tail, call the core once, slice."""
+    """Shared façade: records of the prompt (extended in place along a growing history), one
+    call of the compiled planner (``_backend.plan_window``, which asks for the counts it
+    needs), and the output sliced from the plan. The batch path (``jianmu_fast.batch``) calls
+    ``_trim_many``: the same planner over all prompts (``plan_windows``), one table of records
+    for every distinct message."""
 
     _unit_name = "tokens"
+    _pinned_free = False  # pinned messages cost nothing against the limit
     pinned_roles: frozenset[str]
     trim_from_start: bool
     chunk: int
+    _rec: Optional[_Records] = None
+    _intern: Optional[dict[str, int]] = None
+    _last: Optional[tuple[list[Message], int, int, int]] = None
 
     def _limit(self, tools_schema: Any = None) -> int:
         """The core's budget: what the pinned prefix plus the kept run may cost."""
@@ -138,103 +234,27 @@ class _WindowFilter:
         """int64 cost of each of ``messages[lo:hi]``."""
         raise NotImplementedError
 
-    def _pinned_counts(self, messages: Sequence[Message], n_pinned: int) -> np.ndarray:
-        return self._counts(messages, 0, n_pinned)
-
-    def _tail(self, messages: list[Message], n_pinned: int, avail: int) -> tuple[int, np.ndarray, np.ndarray]:
-        """Walk back from the newest message in steps, each ending on a unit start, until
-        what was walked costs more than ``avail``: the kept run lies inside it.
-
-        The first step is 32 messages; each next one aims at what ``avail`` still allows at
-        the average cost per message walked so far, plus a quarter, and is at least half of
-        what was walked (so the steps grow geometrically whatever the message sizes).
-
-        Returns where the walk stopped, the counts from there on, and which of those messages
-        start a unit (see ``_tail_cache``)."""
-        n = end = len(messages)
-        parts = []
-        flag_parts = []
-        total = 0
-        step = 32
-        while end > n_pinned:
-            start = _unit_start_at_or_before(messages, max(n_pinned, end - step), n_pinned)
-            counts, flags = self._tail_counts(messages, start, end)
-            parts.append(counts)
-            flag_parts.append(flags)
-            total += int(counts.sum())
-            end = start
-            if total > avail:
-                break
-            walked = n - end
-            per = max(1, total // walked)
-            step = max(walked // 2, (avail - total) // per * 5 // 4 + 2)
-        if len(parts) == 1:
-            counts, flags = parts[0], flag_parts[0]
-        else:
-            counts, flags = np.concatenate(parts[::-1]), np.concatenate(flag_parts[::-1])
-        self._tail_cache = (end, messages[end:], counts, flags)
-        return end, counts, flags
-
-    # What the last call walked: (offset, a copy of messages[offset:], their counts, whether each
-    # starts a unit). In a hot loop the history grows at its end, so the next walk finds most of
-    # its messages here, verified by one C-level list comparison (identical objects compare
-    # equal without calling __eq__, equal ones cost the same), and counts only the new ones.
-    # A pure cache: results are the same without it.
-    _tail_cache: Optional[tuple[int, list[Message], np.ndarray, np.ndarray]] = None
-
-    def _fresh(self, messages: list[Message], lo: int, hi: int) -> tuple[np.ndarray, np.ndarray]:
-        flags = np.fromiter((m.role != "tool" for m in messages[lo:hi]), dtype=bool, count=hi - lo)
-        return self._counts(messages, lo, hi), flags
-
-    def _tail_counts(self, messages: list[Message], lo: int, hi: int) -> tuple[np.ndarray, np.ndarray]:
-        """Counts and unit-start flags of ``messages[lo:hi]``, from the cache where it holds."""
-        cached = self._tail_cache
-        if cached is not None:
-            off, ref, counts, flags = cached
-            a, b = max(lo, off), min(hi, off + len(ref))
-            if a < b and messages[a:b] == ref[a - off:b - off]:
-                parts = [(counts[a - off:b - off], flags[a - off:b - off])]
-                if lo < a:
-                    parts.insert(0, self._fresh(messages, lo, a))
-                if b < hi:
-                    parts.append(self._fresh(messages, b, hi))
-                if len(parts) == 1:
-                    return parts[0]
-                return np.concatenate([c for c, _ in parts]), np.concatenate([f for _, f in parts])
-        return self._fresh(messages, lo, hi)
-
-    # What the last call counted over the whole history (chunked eviction and keep-oldest need
-    # every count, not only a tail): (history messages, their counts, their unit starts). A call
-    # whose history starts with that list (same objects, or equal ones) counts only what was
-    # appended. A pure cache: results are the same without it.
-    _history_cache: Optional[tuple[list[Message], np.ndarray, np.ndarray]] = None
+    @property
+    def _mask(self) -> int:
+        mask = 0
+        for r in self.pinned_roles:
+            mask |= _ROLE_BIT[r]
+        return mask
 
     def __getstate__(self) -> dict[str, Any]:
         state = self.__dict__.copy()
-        state.pop("_history_cache", None)
-        state.pop("_tail_cache", None)
+        for key in ("_rec", "_intern", "_last", "_lock"):
+            state.pop(key, None)
         return state
 
-    def _history(self, messages: list[Message], n_pinned: int) -> tuple[np.ndarray, np.ndarray]:
-        """Counts and unit starts (relative to ``n_pinned``) of every non-pinned message."""
-        hist = messages[n_pinned:]
-        cached = self._history_cache
-        if cached is not None:
-            ref, counts, starts = cached
-            k = len(ref)
-            if len(hist) >= k and hist[:k] == ref:
-                if len(hist) > k:
-                    new_starts = split_units(hist, k) + k
-                    if k and hist[k].role == "tool":
-                        new_starts = new_starts[1:]
-                    counts = np.concatenate((counts, self._counts(messages, n_pinned + k, len(messages))))
-                    starts = np.concatenate((starts, new_starts))
-                    self._history_cache = (hist, counts, starts)
-                return counts, starts
-        counts = self._counts(messages, n_pinned, len(messages))
-        starts = split_units(hist, 0)
-        self._history_cache = (hist, counts, starts)
-        return counts, starts
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.__dict__.update(state)
+        self._lock = threading.Lock()
+
+    def _forget(self) -> None:
+        self._rec = None
+        self._intern = None
+        self._last = None
 
     def apply(
         self,
@@ -250,48 +270,198 @@ class _WindowFilter:
 
         ``tools_schema``: the request's tools (``TokenBudgetFilter`` budgets them; the
         message-count filter ignores them)."""
+        return self._trim(messages, tools_schema, False)[0]
+
+    def _trim(self, messages: Sequence[Any], tools_schema: Any, sanitize: bool) -> tuple[list[Message], bool]:
+        """``(output, clean)``; with ``sanitize``, ``clean`` says the output needs no
+        sanitizing (decided in compiled code); otherwise it is False."""
         try:
-            return self._apply(messages, tools_schema)
+            with self._lock:
+                return self._trim_locked(messages, tools_schema, sanitize)
         except JianmuError:
             raise
         except Exception as exc:  # a built-in trimming filter fails only with a library error
+            self._forget()
             raise TrimmingError(
                 f"{type(self).__name__}: could not trim the prompt ({type(exc).__name__}: {exc})"
             ) from exc
 
-    def _apply(self, messages: Sequence[Message], tools_schema: Any) -> list[Message]:
-        msgs = messages if isinstance(messages, list) else list(messages)
-        n = len(msgs)
-        n_pinned = _pinned_count(msgs, self.pinned_roles)
+    def _records_of(self, msgs: list[Message]) -> tuple[_Records, list[Message]]:
+        """The records of ``msgs`` (and ``msgs`` as Messages): the previous prompt's records,
+        extended, when ``msgs`` starts with it (one C-level list comparison); new ones
+        otherwise. Appended messages are counted at once (the newest are kept first)."""
+        rec = self._rec
+        if self._intern is None or len(self._intern) > (1 << 20):
+            self._intern = {}
+            rec = None
+        if rec is not None:
+            k = rec.n
+            if len(msgs) >= k and (msgs[:k] == rec.msgs if len(msgs) > k else msgs == rec.msgs):
+                if len(msgs) > k:
+                    new = msgs[k:]
+                    if countOf(map(type, new), Message) != len(new):
+                        new = [m if type(m) is Message else _coerce(m, k + i) for i, m in enumerate(new)]
+                        msgs = msgs[:k] + new
+                    rec.append(new, self._intern, self._counts(new, 0, len(new)))
+                return rec, msgs
+        if countOf(map(type, msgs), Message) != len(msgs):
+            msgs = [m if type(m) is Message else _coerce(m, i) for i, m in enumerate(msgs)]
+        rec = self._rec = _Records()
+        if msgs:
+            rec.append(msgs, self._intern, self._eager_counts(msgs))
+        return rec, msgs
+
+    def _eager_counts(self, msgs: list[Message]) -> Optional[np.ndarray]:
+        return None
+
+    def _trim_locked(self, messages: Sequence[Any], tools_schema: Any, sanitize: bool) -> tuple[list[Message], bool]:
+        msgs = messages if type(messages) is list else list(messages)
         limit = self._limit(tools_schema)
-        pinned_counts = self._pinned_counts(msgs, n_pinned)
-        pinned_cost = int(pinned_counts.sum())
+        rec, msgs = self._records_of(msgs)
+        n = rec.n
+        roles, counts = rec.roles[:n], rec.counts[:n]
+        plan_window = _backend.plan_window
+        args = (self._mask, max(limit, 0), self.trim_from_start, self.chunk, self._pinned_free)
+        while True:
+            status, n_pinned, lo, hi = plan_window(roles, counts, *args)
+            if not status:
+                break
+            need = np.flatnonzero(counts[lo:hi] < 0)
+            if len(need) == hi - lo:
+                counts[lo:hi] = self._counts(msgs, lo, hi)
+            else:
+                need += lo
+                counts[need] = self._counts([msgs[i] for i in need.tolist()], 0, len(need))
+        self._check_decision(msgs, rec, n_pinned, lo, hi, limit)
+        out = msgs[:n_pinned] + msgs[lo:hi] if n_pinned else msgs[lo:hi]
+        if not sanitize:
+            return out, False
+        status, _ = _backend.sanitize_window(
+            roles, rec.call_off[:n + 1], rec.call_ids[:rec.n_ids], rec.rids[:n], n_pinned, lo, hi
+        )
+        return out, status == 0
+
+    def _trim_many(
+        self, prompts: list[list[Message]], tools_schema: Any, sanitize: bool
+    ) -> list[Any]:
+        """``_trim`` for many prompts, each an ``(output, clean)`` pair or the exception
+        ``_trim`` raises for it. Every distinct message (by identity) gets one record in one
+        table; one ``plan_windows`` call per round plans every prompt, and the counts a round
+        asks for are counted in one ``count_array`` call (each distinct message once); one
+        ``sanitize_windows`` call decides which outputs need the sanitizing step. A prompt
+        whose plan keeps nothing (or whose limit is below zero) goes through ``_trim``, so its
+        error is exactly the one-prompt error."""
+        try:
+            limit = self._limit(tools_schema)
+        except JianmuError as exc:
+            return [exc] * len(prompts)
+        results: list[Any] = [None] * len(prompts)
+        todo = []
+        for i, msgs in enumerate(prompts):
+            if type(msgs) is not list or countOf(map(type, msgs), Message) != len(msgs):
+                results[i] = self._one(msgs, tools_schema, sanitize)
+            else:
+                todo.append(i)
+        if not todo or limit < 0:
+            for i in todo:
+                results[i] = self._one(prompts[i], tools_schema, sanitize)
+            return results
+        try:
+            self._plan_many(prompts, todo, limit, tools_schema, sanitize, results)
+        except Exception:  # a counter failing on one message: each prompt gets its own outcome
+            for i in todo:
+                results[i] = self._one(prompts[i], tools_schema, sanitize)
+        return results
+
+    def _plan_many(self, prompts, todo, limit, tools_schema, sanitize, results) -> None:
+        # one table of records: row of each distinct message, in order of first appearance
+        rowmap: dict[int, int] = _RowMap()
+        flat: list[Message] = []
+        rows_list: list[int] = []
+        offsets = [0]
+        for i in todo:
+            msgs = prompts[i]
+            flat += msgs
+            rows_list += map(rowmap.__getitem__, map(id, msgs))
+            offsets.append(len(rows_list))
+        rows = np.array(rows_list, dtype=np.int64)
+        del rows_list
+        _, first = np.unique(rows, return_index=True)
+        distinct = [flat[j] for j in first.tolist()]
+        del flat
+        table = _Records()
+        table.append(distinct, {}, self._eager_counts_many(distinct, len(rows) / max(1, len(todo))))
+        off = np.array(offsets, dtype=np.int64)
+        n_tab = table.n
+        roles, counts = table.roles[:n_tab], table.counts[:n_tab]
+        args = (self._mask, limit, self.trim_from_start, self.chunk, self._pinned_free)
+        while True:
+            plans = _backend.plan_windows(rows, off, roles, counts, *args)
+            asking = np.flatnonzero(plans[:, 0])
+            if not len(asking):
+                break
+            need: list[np.ndarray] = []
+            for p, lo, hi in zip(asking.tolist(), plans[asking, 2].tolist(), plans[asking, 3].tolist()):
+                need.append(rows[offsets[p] + lo:offsets[p] + hi])
+            want = np.unique(np.concatenate(need))
+            want = want[counts[want] < 0]
+            counts[want] = self._counts_many([distinct[r] for r in want.tolist()])
+        n_pinned, lo, hi = plans[:, 1], plans[:, 2], plans[:, 3]
+        if sanitize:
+            status = _backend.sanitize_windows(
+                rows, off, roles, table.call_off[:n_tab + 1], table.call_ids[:table.n_ids], table.rids[:n_tab],
+                np.ascontiguousarray(n_pinned), np.ascontiguousarray(lo), np.ascontiguousarray(hi),
+            ).tolist()
+        else:
+            status = [1] * len(todo)
+        sizes = np.diff(off).tolist()
+        for p, (i, k, a, b, size) in enumerate(zip(todo, n_pinned.tolist(), lo.tolist(), hi.tolist(), sizes)):
+            if (a == b and k < size) or (k == size and not self._pinned_free and
+                                         int(counts[rows[offsets[p]:offsets[p] + k]].sum()) > limit):
+                results[i] = self._one(prompts[i], tools_schema, sanitize)
+                continue
+            msgs = prompts[i]
+            results[i] = (msgs[:k] + msgs[a:b] if k else msgs[a:b], status[p] == 0)
+
+    def _one(self, msgs: Any, tools_schema: Any, sanitize: bool) -> Any:
+        try:
+            return self._trim(msgs, tools_schema, sanitize)
+        except Exception as exc:
+            return exc
+
+    def _eager_counts_many(self, distinct: list[Message], mean_len: float) -> Optional[np.ndarray]:
+        """Counts for every record at once when prompts are short (most of each is kept)."""
+        return self._counts_many(distinct) if mean_len <= 64 else None
+
+    def _counts_many(self, msgs: list[Message]) -> np.ndarray:
+        return self._counts(msgs, 0, len(msgs))
+
+    def _check_decision(self, msgs: list[Message], rec: _Records, n_pinned: int, lo: int, hi: int, limit: int) -> None:
+        """Raise the ``ContextBudgetError`` of a plan that keeps nothing (or is over)."""
+        n = rec.n
+        if n_pinned < n and lo != hi and limit >= 0:
+            return
+        counts = rec.counts
+        pinned_cost = 0 if self._pinned_free else int(counts[:n_pinned].sum())
         if n_pinned == n:
             if pinned_cost > limit:
                 self._raise(msgs, n_pinned, pinned_cost, limit)
-            return list(msgs)
-        if self.trim_from_start and self.chunk == 0:
-            start, tail_counts, flags = self._tail(msgs, n_pinned, limit - pinned_cost)
-            unit_starts = np.flatnonzero(flags)
-            if not flags[0]:  # the walk starts a unit even on a tool message right after the pins
-                unit_starts = np.concatenate((_ZERO, unit_starts))
+            return
+        roles = rec.roles
+        if self.trim_from_start:
+            u1 = n
+            u0 = n - 1
+            while u0 > n_pinned and roles[u0] == 3:
+                u0 -= 1
         else:
-            start = n_pinned
-            tail_counts, unit_starts = self._history(msgs, n_pinned)
-        counts = np.concatenate((pinned_counts, tail_counts)) if n_pinned else tail_counts
-        if n_pinned:
-            unit_starts = unit_starts + n_pinned
-        lo, hi = _backend.select_window(
-            counts, unit_starts, n_pinned, max(limit, 0), self.trim_from_start, self.chunk
-        )
-        if lo == hi or limit < 0:
-            u = -1 if self.trim_from_start else 0
-            u0 = int(unit_starts[u])
-            u1 = int(unit_starts[u + 1]) if u + 1 < len(unit_starts) and u >= 0 else len(counts)
-            shift = start - n_pinned
-            self._raise(msgs, n_pinned, pinned_cost, limit, u0 + shift, u1 + shift, int(counts[u0:u1].sum()))
-        shift = start - n_pinned
-        return msgs[:n_pinned] + msgs[lo + shift:hi + shift]
+            u0 = n_pinned
+            u1 = u0 + 1
+            while u1 < n and roles[u1] == 3:
+                u1 += 1
+        unit = counts[u0:u1]
+        if (unit < 0).any():
+            unit = self._counts(msgs, u0, u1)
+        self._raise(msgs, n_pinned, pinned_cost, limit, u0, u1, int(unit.sum()))
 
     def _describe_limit(self) -> str:
         return f"{self._limit()} {self._unit_name}"
@@ -352,6 +522,7 @@ class MaxMessagesFilter(_WindowFilter):
         self.trim_from_start = bool(trim_from_start)
         self.eviction = eviction
         self.chunk = _check_eviction(eviction, chunk, "messages")
+        self._lock = threading.Lock()
 
     def __repr__(self) -> str:
         return f"MaxMessagesFilter(max_messages={self.max_messages}{self._repr_options()})"
@@ -359,11 +530,16 @@ class MaxMessagesFilter(_WindowFilter):
     def _limit(self, tools_schema: Any = None) -> int:
         return self.max_messages
 
+    _pinned_free = True
+
     def _counts(self, messages, lo, hi):
         return np.ones(hi - lo, dtype=np.int64)
 
-    def _pinned_counts(self, messages, n_pinned):
-        return np.zeros(n_pinned, dtype=np.int64)
+    def _eager_counts(self, msgs):
+        return np.ones(len(msgs), dtype=np.int64)
+
+    def _eager_counts_many(self, distinct, mean_len):
+        return np.ones(len(distinct), dtype=np.int64)
 
 
 class TokenBudgetFilter(_WindowFilter):
@@ -396,6 +572,7 @@ class TokenBudgetFilter(_WindowFilter):
         self.pinned_roles = _check_roles(pinned_roles)
         self.eviction = eviction
         self.chunk = _check_eviction(eviction, chunk, "tokens")
+        self._lock = threading.Lock()
 
     def __repr__(self) -> str:
         return f"TokenBudgetFilter(max_tokens={self.max_tokens}, counter={self.counter!r}{self._repr_options()})"
@@ -415,8 +592,7 @@ class TokenBudgetFilter(_WindowFilter):
         self._counter = counter
         self._count_array = getattr(counter, "count_array", None)
         self._trusted = type(counter) in _TRUSTED_COUNTERS
-        self._tail_cache = None
-        self._history_cache = None
+        self._forget()
         self._tools_last: Optional[tuple[Any, int]] = None
         self._tools_by_json: dict[str, int] = {}
         self._tools_cost_now = 0
@@ -500,6 +676,30 @@ class TokenBudgetFilter(_WindowFilter):
         tools = self._tools_cost_now
         extra = f" and {tools} the request's tools" if tools else ""
         return f"{self.max_tokens} tokens, {self._request_cost()} of them the request's fixed cost{extra}"
+
+    def _eager_counts(self, msgs):
+        return self._counts(msgs, 0, len(msgs)) if len(msgs) <= 64 else None
+
+    def _counts_many(self, msgs: list[Message]) -> np.ndarray:
+        """Counts of many distinct messages. A large call with a ``TiktokenTokenCounter``
+        (thread-safe; tiktoken releases the GIL while it encodes) is split over two threads
+        by the hash of the text, so a text two messages share is encoded by one thread."""
+        if len(msgs) < _PARALLEL_MIN or type(self.counter) is not TiktokenTokenCounter or _CPUS < 2:
+            return self._counts(msgs, 0, len(msgs))
+        sides: tuple[list[int], list[int]] = ([], [])
+        for i, m in enumerate(msgs):
+            c = m.content
+            simple = type(c) is str and m.tool_calls is None and m.name is None
+            sides[hash(c) & 1 if simple else 0].append(i)
+        from concurrent.futures import ThreadPoolExecutor
+
+        parts = [[msgs[i] for i in side] for side in sides]
+        with ThreadPoolExecutor(2) as pool:
+            counted = list(pool.map(lambda part: self._counts(part, 0, len(part)), parts))
+        out = np.empty(len(msgs), dtype=np.int64)
+        for side, c in zip(sides, counted):
+            out[side] = c
+        return out
 
     def _counts(self, messages, lo, hi):
         part = messages[lo:hi]

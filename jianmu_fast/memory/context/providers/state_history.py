@@ -217,6 +217,10 @@ class StateHistoryProvider:
     # -- reading ------------------------------------------------------------------------------
 
     def _read(self, local_state: Any) -> Sequence[Any]:
+        if type(local_state) is dict:  # the usual case, without the isinstance checks below
+            src = local_state.get(self.messages_key)
+            if type(src) is list:
+                return src
         from ....message.store import StateMessageStore
         from ....state import StateManager
 
@@ -289,7 +293,11 @@ class StateHistoryProvider:
                 start = k
         if start:
             assert prev is not None
-            out, msgs, names, n_annot, all_msgs = list(prev.out), list(prev.msgs), prev.names, prev.n_annot, True
+            if start == len(items):  # unchanged: the previous output as it is (callers copy it)
+                return prev.out, prev.n_annot
+            # extended: the previous lists grow in place (they are private: callers copy them)
+            out, msgs, names, n_annot, all_msgs = prev.out, prev.msgs, prev.names, prev.n_annot, True
+            self._prev = None  # until the new state is complete
         else:
             out, msgs, names, n_annot, all_msgs = [], [], {}, 0, True
         ann = self._ann
@@ -332,7 +340,13 @@ class StateHistoryProvider:
                     names = {}
                 out.append(m)
         # a copy of the source: the caller may append to its own list in place
-        self._prev = _Prev(list(items), msgs, out, names, n_annot, all_msgs)
+        if start:
+            assert prev is not None
+            prev.items.extend(items[start:])
+            prev.names, prev.n_annot, prev.all_messages = names, n_annot, all_msgs
+            self._prev = prev
+        else:
+            self._prev = _Prev(list(items), msgs, out, names, n_annot, all_msgs)
         self._trim_caches(items, msgs)
         return out, n_annot
 
