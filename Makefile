@@ -1,6 +1,6 @@
 # Two entry points: `make run` and `make test`. Each creates .venv, installs the package
 # with its compiled core, and runs. After editing csrc/*.pyx, `make install` rebuilds.
-# `make run` installs what the run needs ([cli]); `make test` adds every extra the suite
+# `make run` installs what the run needs ([cli,report]); `make test` adds every extra the suite
 # exercises ([dev]) to the same .venv. The install is editable in "compat" mode (a path in
 # a .pth file), so type checkers such as mypy see the package as users of it import it.
 PYTHON ?= python3
@@ -9,7 +9,7 @@ PY := $(VENV)/bin/python
 PIP_INSTALL := $(PY) -m pip install --quiet --disable-pip-version-check
 EDITABLE := --config-settings editable_mode=compat -e .
 SOURCES := pyproject.toml setup.py csrc/_filter_core.pyx
-RUN_STAMP := $(VENV)/.jianmu_fast-run-installed
+RUN_STAMP := $(VENV)/.jianmu_fast-run-report-installed
 STAMP := $(VENV)/.jianmu_fast-installed
 BENCH_STAMP := $(VENV)/.jianmu_fast-bench-installed
 CHECK_BACKEND := $(PY) -c "import jianmu_fast, sys; assert jianmu_fast.BACKEND == 'cython', jianmu_fast.BACKEND; print('jianmu_fast', jianmu_fast.__version__, 'backend', jianmu_fast.BACKEND)"
@@ -22,9 +22,9 @@ $(VENV)/bin/python:
 	$(PYTHON) -m venv $(VENV)
 
 $(RUN_STAMP): $(SOURCES) | $(VENV)/bin/python
-	@echo "Installing jianmu_fast[cli] into $(VENV): its dependencies from the package index, and the"
+	@echo "Installing jianmu_fast[cli,report] into $(VENV): its dependencies from the package index, and the"
 	@echo "compiled Cython core (needs a C compiler). The first time takes about a minute."
-	$(PIP_INSTALL) $(EDITABLE)"[cli]"
+	$(PIP_INSTALL) $(EDITABLE)"[cli,report]"
 	$(CHECK_BACKEND)
 	touch $(RUN_STAMP)
 
@@ -40,8 +40,8 @@ install: $(if $(wildcard $(STAMP)),$(STAMP),$(RUN_STAMP))
 run: $(RUN_NEEDS)
 	mkdir -p out
 	$(VENV)/bin/jianmu-fast build examples/conversations.jsonl -o out/prompts.jsonl \
-		--preset react --tools-desc-file examples/tools_desc.txt --max-tokens 4000
-	@echo "prompts written to out/prompts.jsonl"
+		--preset react --tools-desc-file examples/tools_desc.txt --max-tokens 4000 --report out/report.html
+	@echo "prompts written to out/prompts.jsonl, a report of the run to out/report.html"
 
 test: $(STAMP)
 	$(PY) -m pytest -q

@@ -407,6 +407,10 @@ def _add_build_arguments(b: argparse.ArgumentParser) -> None:
                    help="worker processes (1 to 256, default 1)")
     b.add_argument("--on-error", choices=("raise", "skip"), default="raise",
                    help="on a bad line: stop with exit status 1 (raise, default) or leave it out (skip)")
+    b.add_argument("--report", metavar="FILE.html",
+                   help="also write a self-contained HTML report of the run: prompt sizes against the budget, "
+                   "tokens per section, messages dropped, the largest messages, repairs and failures with "
+                   "FILE:LINE, where the time went (needs jianmu_fast[report])")
     b.add_argument("--format", choices=("openai", "anthropic"), default="openai",
                    help="message format of input and output lines: chat-completions (default) or Anthropic "
                         "requests ({\"system\": ..., \"messages\": [...]})")
@@ -771,6 +775,7 @@ class _Job:
         self.dst = dst
         self.src_name = src_name
         self.stats = _Stats()
+        self.collector: Any = None  # a run_stats.RunCollector with --report
 
     def report(self, lineno: int, text: str) -> None:
         print(f"{PROG}: {self.src_name}:{lineno}: {text}", file=sys.stderr)
@@ -835,6 +840,11 @@ def _build(args: argparse.Namespace) -> int:
         raise UsageError(f"{type(exc).__name__}: {exc}") from None
     tools = load_tools(args.tools_file) if args.tools_file is not None else None
     tools_tokens = _tools_tokens(args, counter, tools)
+    if args.report is not None:
+        if args.engine != "local":
+            raise UsageError("--report needs --engine local (the Ray engine builds the prompts on its workers, "
+                             "where the report's figures are not gathered)")
+        _check_report_path(args.report, ("INPUT", args.input), ("-o", args.output))
     src_name = "<stdin>" if args.input == "-" else args.input
     try:
         src = sys.stdin.buffer if args.input == "-" else open(args.input, "rb")
@@ -846,6 +856,10 @@ def _build(args: argparse.Namespace) -> int:
         if args.input != "-":
             src.close()
         raise
+    if args.report is not None:
+        from .run_stats import RunCollector
+
+        job.collector = RunCollector(builder, counter, src_name=src_name, tools=tools)
     bar = _progress(None if args.input == "-" else _count_lines(args.input))
     stop = False
     processed: Any = None
@@ -876,12 +890,15 @@ def _build(args: argparse.Namespace) -> int:
         if args.input != "-":
             src.close()
     stats = job.stats
-    print(summarize(stats.sizes, stats.dropped_tokens, stats.failed, time.perf_counter() - stats.t0,
+    seconds = time.perf_counter() - stats.t0
+    print(summarize(stats.sizes, stats.dropped_tokens, stats.failed, seconds,
                     trimming=bool(builder.filters)), file=sys.stderr)
     if tools is not None:
         print(f"  tools: {len(tools)} from {args.tools_file}, {tools_tokens} tokens per request"
               f"{', inside --max-tokens' if args.max_tokens is not None else ''}", file=sys.stderr)
     print(f"  backend {BACKEND}, tokenizer {args.tokenizer}, preset {args.preset}", file=sys.stderr)
+    if job.collector is not None:
+        _write_run_report(job, seconds)
     return 1 if stop else 0
 
 
@@ -1023,7 +1040,12 @@ def _process(chunk: list[tuple[int, bytes]], job: _Job) -> list[_Line]:
             if stop_early:
                 break
     todo = [line for line in lines if line.error is None]
-    for line, result in zip(todo, _build_lines(job, [line.state() for line in todo])):
+    if job.collector is not None:  # --report: label and count what the providers give
+        job.collector.count(todo)
+    results = _build_lines(job, [line.state() for line in todo])
+    if job.collector is not None:
+        job.collector.built(todo, results)
+    for line, result in zip(todo, results):
         if isinstance(result, BaseException):
             line.error = _input_indices(_reason(result), job, line)
             continue
@@ -1054,6 +1076,8 @@ def _emit(lines: Sequence[_Line], job: _Job) -> bool:
         job.stats.sizes.append(line.tokens)
         job.stats.dropped_tokens += line.dropped_tokens
     job.dst.write(b"".join(out))
+    if job.collector is not None:
+        job.collector.add_lines(lines, stop_early)
     return stop
 
 
@@ -1185,10 +1209,119 @@ def _render(job: _Job, line: _Line, prompt: list[Any]) -> None:
     line.output = (json.dumps(obj, ensure_ascii=False, allow_nan=False) + "\n").encode("utf-8")
 
 
+# -- reports and replay ---------------------------------------------------------------------
+
+
+def _check_report_path(path: str, *others: tuple[str, str]) -> None:
+    """``--report PATH`` before anything runs: plotly installed, a folder that exists, and
+    none of the run's own files (``others``: ``(flag, path)``)."""
+    from .report_html import EXTRA_HINT, require_plotly
+
+    try:
+        require_plotly()
+    except ImportError:
+        raise UsageError(f"--report {path!r} needs plotly: {EXTRA_HINT}") from None
+    real = os.path.realpath(path)
+    for flag, other in others:
+        if other not in (None, "-") and os.path.realpath(other) == real:
+            raise UsageError(f"--report {path!r} is the same file as {flag} {other!r}; write the report elsewhere")
+    folder = os.path.dirname(os.path.abspath(path))
+    if not os.path.isdir(folder):
+        raise UsageError(f"--report {path!r}: no such directory {folder!r}")
+
+
+def _write_run_report(job: _Job, seconds: float) -> None:
+    from . import BACKEND
+    from .report_html import run_report_html, write_html
+
+    args = job.args
+    stats = job.collector.finish(seconds, preset=args.preset, tokenizer=args.tokenizer, backend=BACKEND,
+                                 workers=str(args.workers), on_error=args.on_error)
+    try:
+        write_html(args.report, run_report_html(stats))
+    except OSError as exc:
+        raise UsageError(f"--report {args.report!r}: {exc.strerror or exc}") from None
+    print(f"  report written to {args.report}", file=sys.stderr)
+
+
+#: ``build``'s options that ``replay`` does not take (the rest, the builder's, it shares).
+_NOT_REPLAY = frozenset({"help", "input", "output", "workers", "on_error", "format", "engine", "ray_address", "report"})
+
+
+def _add_replay_arguments(r: argparse.ArgumentParser) -> None:
+    """Replay one conversation turn by turn: build the prompt of each model call (after each
+    user message and each complete run of tool results) with the builder that the same flags
+    give `build`, and say how much of each prompt a provider's prefix cache could serve. The
+    file holds {"messages": [...]} or a bare list of chat-completions messages, as one input
+    line of `build`."""
+    r.add_argument("conversation", metavar="CONVERSATION.json", help='a JSON file: {"messages": [...]} or a list')
+    build = argparse.ArgumentParser(add_help=False)
+    _add_build_arguments(build)
+    for action in build._actions:  # the builder's flags, exactly as `build` defines them
+        if action.dest not in _NOT_REPLAY:
+            r._add_action(action)
+    r.add_argument("--format", choices=("text", "json"), default="text",
+                   help="stdout: one line (text, default: model-call turns, prefix hit rate, cached tokens) or "
+                   "a JSON object of the totals and each turn")
+    r.add_argument("--report", metavar="FILE.html",
+                   help="also write a self-contained HTML page of the turns (needs jianmu_fast[report])")
+
+
+def _replay(args: argparse.Namespace) -> int:
+    from .errors import JianmuError
+    from .replay import replay
+
+    if args.report is not None:
+        _check_report_path(args.report, ("CONVERSATION", args.conversation))
+    try:
+        counter = make_counter(args.tokenizer)
+        builder = make_builder(args, counter)
+    except (JianmuError, TypeError, ValueError) as exc:
+        raise UsageError(f"{type(exc).__name__}: {exc}") from None
+    tools = load_tools(args.tools_file) if args.tools_file is not None else None
+    _tools_tokens(args, counter, tools)
+    text = _read_text(args.conversation, "CONVERSATION")
+    try:
+        _, messages = _parse_line(text)
+    except ValueError as exc:
+        raise UsageError(f"CONVERSATION {args.conversation!r}: {_reason(exc)}") from None
+    persona, rest = split_persona(messages)
+    replaced = args.system_prompt is not None or args.system_prompt_file is not None
+    try:
+        result = replay(builder, rest, tools_schema=tools, counter=counter, offset=len(persona),
+                        title=os.path.basename(args.conversation),
+                        state=(lambda h: {"messages": h}) if replaced else (lambda h: {"messages": h, "persona": persona}))
+    except Exception as exc:
+        notes = "; ".join(getattr(exc, "__notes__", []))
+        print(f"{PROG}: {args.conversation}: {_reason(exc)}{f' ({notes})' if notes else ''}", file=sys.stderr)
+        return 1
+    st = result.stats
+    if args.format == "json":
+        print(json.dumps({"turns": st.turns, "prefix_hits": st.prefix_hits, "prefix_hit_rate": st.prefix_hit_rate,
+                          "total_tokens": st.total_tokens, "cached_tokens": st.cached_tokens,
+                          "cached_token_share": st.cached_token_share, "budget": result.budget,
+                          "per_turn": [{"history": t.history, "prompt_tokens": p.prompt_tokens,
+                                        "billed_tokens": t.billed_tokens, "cached_tokens": p.cached_tokens,
+                                        "prefix_hit": p.prefix_hit, "first_kept": t.first_kept,
+                                        "removed": [list(x) for x in t.removed]}
+                                       for t, p in zip(result.turns, st.per_turn)]}))
+    else:
+        print(result.to_text())
+    if args.report is not None:
+        try:
+            result.to_html(args.report)
+        except OSError as exc:
+            raise UsageError(f"--report {args.report!r}: {exc.strerror or exc}") from None
+        print(f"{PROG}: report written to {args.report}", file=sys.stderr)
+    return 0
+
+
 #: The subcommands: name -> (one-line help, the function that adds its arguments (its docstring
 #: is the command's description), the function that runs it and returns the exit status).
 _COMMANDS: dict[str, tuple[str, Callable[[argparse.ArgumentParser], None], Callable[[argparse.Namespace], int]]] = {
     "build": ("turn a JSONL file of conversations into a JSONL file of prompts", _add_build_arguments, _build),
+    "replay": ("replay one conversation turn by turn: prompt sizes and prefix-cache hits", _add_replay_arguments,
+               _replay),
 }
 
 

@@ -98,7 +98,7 @@ def test_metadata_license_and_classifiers():
 @pytest.mark.skipif(shutil.which("make") is None, reason="make is not installed")
 def test_make_run_installs_cli_and_make_test_adds_dev(tmp_path):
     """`make -n` (prints, runs nothing) in a copy of the Makefile: `make run` installs the
-    [cli] extra, `make test` the [dev] extra into the same venv, both editable in compat mode;
+    [cli,report] extras, `make test` the [dev] extra into the same venv, both editable in compat mode;
     after `make test`, `make run` reuses that install."""
     shutil.copy(ROOT / "Makefile", tmp_path / "Makefile")
     for f in ("pyproject.toml", "setup.py"):
@@ -116,7 +116,7 @@ def test_make_run_installs_cli_and_make_test_adds_dev(tmp_path):
         return proc.stdout
 
     run, test = dry("run"), dry("test")
-    assert "editable_mode=compat -e .\"[cli]\"" in run and "[dev]" not in run
+    assert "editable_mode=compat -e .\"[cli,report]\"" in run and "[dev]" not in run  # the run writes a report
     assert "editable_mode=compat -e .\"[dev]\"" in test and "[cli]" not in test
     (venv / ".jianmu_fast-installed").touch()  # as `make test` leaves it
     rerun = dry("run")

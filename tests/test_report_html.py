@@ -330,12 +330,12 @@ def test_core_never_imports_plotly_and_the_error_names_the_extra(tmp_path):
 
 def test_a_run_with_no_prompt_says_so(tmp_path, capsys):
     src = tmp_path / "in.jsonl"
-    src.write_text("{bad\n[]\n", encoding="utf-8")
+    src.write_text('{bad\n"a string"\n', encoding="utf-8")
     report = tmp_path / "run.html"
     code, _, err = run_cli(["build", str(src), "-o", os.devnull, "--on-error", "skip", "--max-messages", "3",
                             "--report", str(report)], capsys)
     assert code == 0, err
     page = report.read_text(encoding="utf-8")
     head = headline(page)
-    assert (head["prompts"], head["failures"]) == (summary(err)["prompts"], summary(err)["failures"])
-    assert "No prompt was written: nothing to show." in page or head["prompts"] != "0"
+    assert (head["prompts"], head["failures"]) == (summary(err)["prompts"], summary(err)["failures"]) == ("0", "2")
+    assert page.count("No prompt was written: nothing to show.") == 2 and "No line failed." not in page
