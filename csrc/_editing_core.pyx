@@ -83,7 +83,10 @@ def plan_clearing(const int64_t[::1] counts, const int8_t[::1] kinds, const int6
                 if kinds[i]:
                     positions[n_results] = i
                     n_results += 1
-                level = _level(total, trigger, step, level_prev)
+                if step == 0 or total > trigger + level_prev * step:  # else the level is unchanged
+                    level = _level(total, trigger, step, level_prev)
+                else:
+                    level = level_prev
                 eligible = n_results - keep
                 if level > level_prev and eligible > cleared:
                     best_k = -1

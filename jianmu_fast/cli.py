@@ -399,8 +399,8 @@ def _add_build_arguments(b: argparse.ArgumentParser) -> None:
     b.add_argument("--tool-result-max-tokens", type=_int_in(1, MAX_LIMIT), metavar="N",
                    help="cut each tool result over N tokens to its head and tail around a marker (ToolResultCapFilter)")
     b.add_argument("--clear-tool-results", type=_int_in(0, MAX_LIMIT), metavar="KEEP",
-                   help="over --max-tokens, replace old tool results by '[cleared]', all but the KEEP newest "
-                        "(ClearToolResultsFilter; needs --max-tokens)")
+                   help="over --max-tokens, replace old tool results by '[cleared]', all but the KEEP newest, "
+                        "in steps of a quarter of --max-tokens (ClearToolResultsFilter; needs --max-tokens)")
     b.add_argument("--tokenizer", default="o200k_base", metavar="NAME",
                    help=f"how tokens are counted (default o200k_base): {_tokenizer_help()}")
     b.add_argument("--workers", type=_int_in(1, MAX_WORKERS), default=1, metavar="N",

@@ -388,7 +388,7 @@ class ToolResultCapFilter:
 class _ClearRecords:
     """Per-message records of a history for the clearing decision, extended as it grows."""
 
-    __slots__ = ("messages", "counts", "kinds", "savings", "results", "calls", "owner")
+    __slots__ = ("messages", "counts", "kinds", "savings", "results", "result_kinds", "calls", "owner")
 
     def __init__(self) -> None:
         self.messages: list[Message] = []
@@ -396,6 +396,7 @@ class _ClearRecords:
         self.kinds = np.zeros(0, dtype=np.int8)
         self.savings = np.zeros(0, dtype=np.int64)
         self.results: list[int] = []          # indices of tool results, in order
+        self.result_kinds: list[int] = []     # their kinds (1 excluded, 2 clearable)
         self.calls: dict[str, tuple[int, int]] = {}  # call id -> (assistant index, position in its calls)
         self.owner: dict[int, tuple[int, int]] = {}  # result index -> (assistant index, call position)
 
@@ -465,13 +466,15 @@ class ClearToolResultsFilter:
             raise TypeError(f"placeholder: expected a str, got {type(placeholder).__name__}")
         self.placeholder = placeholder
         self.counter = _check_counter(counter)
+        # counters whose message count is additive in the content: savings without a copy
+        self._additive = type(self.counter).__name__ in ("SimpleTokenCounter", "TiktokenTokenCounter", "HFTokenCounter")
         self._tools = TokenBudgetFilter(MAX_VALUE, self.counter)  # its cached tools_cost
         self._reset()
 
     def _reset(self) -> None:
         self._rec = _ClearRecords()
         self._cleared_cache = _ObjectCache()
-        self._last: Optional[tuple[list[Message], list[Message], list[int]]] = None
+        self._last: Optional[tuple[_ClearRecords, int, list[Message], int]] = None
 
     def __repr__(self) -> str:
         opts = f", keep={self.keep}, clear_at_least={self.clear_at_least}"
@@ -496,14 +499,27 @@ class ClearToolResultsFilter:
     def _cleared_result(self, m: Message) -> Message:
         out = self._cleared_cache.get(m)
         if out is None:
-            saved = int(self.counter.count_message(m))
-            out = _edited(m, {"content": self.placeholder}, {"kind": "cleared"})
-            saved -= int(self.counter.count_message(out))
-            meta = dict(out.metadata)
-            meta[EDIT_KEY] = {"kind": "cleared", "tokens_saved": max(0, saved)}
-            out = out.model_copy(update={"metadata": meta})
+            edit: dict[str, Any] = {"kind": "cleared"}
+            out = _edited(m, {"content": self.placeholder}, edit)
+            # metadata holds ``edit`` itself (never sent, never counted): fill in what was saved
+            edit["tokens_saved"] = max(0, int(self.counter.count_message(m)) - int(self.counter.count_message(out)))
             self._cleared_cache.put(m, out)
         return out
+
+    def _result_saving(self, m: Message, count: int) -> int:
+        """Tokens clearing ``m`` saves (its content's cost less the placeholder's)."""
+        if self._additive:
+            ct = self.counter.count_text
+            c = m.content
+            if isinstance(c, str):
+                cost = ct(c)
+            elif c:
+                image = int(getattr(self.counter, "image_tokens", SimpleTokenCounter.PER_NON_TEXT_BLOCK))
+                cost = sum(ct(b["text"]) if b.get("type") == "text" else image for b in c)
+            else:
+                cost = 0
+            return cost - ct(self.placeholder)
+        return count - int(self.counter.count_message(self._cleared_result(m)))
 
     def _without_inputs(self, a: Message, positions: frozenset[int]) -> Message:
         calls = [dict(c) for c in a.tool_calls or ()]
@@ -549,9 +565,11 @@ class ClearToolResultsFilter:
                     name = msgs[owner[0]].tool_calls[owner[1]]["function"]["name"]
                 if name in self.exclude_tools:
                     kinds[j] = 1
+                    rec.result_kinds.append(1)
                     continue
                 kinds[j] = 2
-                saved = int(counts[j]) - int(self.counter.count_message(self._cleared_result(m)))
+                rec.result_kinds.append(2)
+                saved = self._result_saving(m, int(counts[j]))
                 if self.clear_tool_inputs and owner is not None:
                     a = msgs[owner[0]]
                     saved += int(self.counter.count_message(a)) - int(
@@ -565,6 +583,13 @@ class ClearToolResultsFilter:
 
     # -- the filter --------------------------------------------------------------------------
 
+    def _plan(self, msgs: list[Message], tools_schema: Any) -> tuple[_ClearRecords, int]:
+        rec = self._records(msgs)
+        base = int(self.counter.count_messages([])) + self._tools.tools_cost(tools_schema)
+        cleared, _ = _backend.plan_clearing(rec.counts, rec.kinds, rec.savings, base, self.trigger_tokens,
+                                            self.clear_at_least, self.keep)
+        return rec, cleared
+
     def cleared_results(self, messages: Sequence[Message], tools_schema: Any = None) -> list[int]:
         """Indices of the tool results of ``messages`` that ``apply`` clears.
 
@@ -573,12 +598,8 @@ class ClearToolResultsFilter:
         []
         """
         msgs = messages if isinstance(messages, list) else list(messages)
-        rec = self._records(msgs)
-        base = int(self.counter.count_messages([])) + self._tools.tools_cost(tools_schema)
-        cleared, _ = _backend.plan_clearing(rec.counts, rec.kinds, rec.savings, base, self.trigger_tokens,
-                                            self.clear_at_least, self.keep)
-        kinds = rec.kinds
-        return [i for i in rec.results[:cleared] if kinds[i] == 2]
+        rec, cleared = self._plan(msgs, tools_schema)
+        return [i for i, k in zip(rec.results[:cleared], rec.result_kinds) if k == 2]
 
     def apply(self, messages: Sequence[Message], local_state: Any = None, global_state: Any = None,
               ctx: Any = None, *, tools_schema: Optional[Sequence[dict[str, Any]]] = None,
@@ -593,32 +614,34 @@ class ClearToolResultsFilter:
 
     def _apply(self, messages: Sequence[Message], tools_schema: Any) -> list[Message]:
         msgs = messages if isinstance(messages, list) else list(messages)
-        todo = self.cleared_results(msgs, tools_schema)
+        rec, cleared = self._plan(msgs, tools_schema)
         last = self._last
-        if last is not None:
-            ref, out_ref, done = last
-            k = len(ref)
-            # the history grew and the clearing only went further (monotone): edit only what is new
-            if len(msgs) >= k and len(todo) >= len(done) and todo[:len(done)] == done and msgs[:k] == ref:
-                out = out_ref + msgs[k:]
-                self._edit(out, msgs, todo[len(done):], todo)
-                self._last = (msgs[:], out, todo)
-                return list(out)
-        out = list(msgs)
-        self._edit(out, msgs, todo, todo)
-        self._last = (msgs[:], out, todo)
+        if last is not None and last[0] is rec and last[3] <= cleared:
+            # the same records, extended (the history grew) and the clearing only went further
+            # (monotone): the previous output plus what is new, and only the new edits
+            _, k, out_ref, done = last
+            out = out_ref + msgs[k:] if len(msgs) > k else list(out_ref)
+            start = done
+        else:
+            out = list(msgs)
+            start = 0
+        if cleared > start:
+            new = [i for i, kind in zip(rec.results[start:cleared], rec.result_kinds[start:cleared]) if kind == 2]
+            self._edit(out, msgs, new, cleared)
+        self._last = (rec, len(msgs), out, cleared)
         return list(out)
 
-    def _edit(self, out: list[Message], msgs: list[Message], new: list[int], todo: list[int]) -> None:
+    def _edit(self, out: list[Message], msgs: list[Message], new: list[int], cleared: int) -> None:
         for i in new:
             out[i] = self._cleared_result(msgs[i])
         if self.clear_tool_inputs and new:
-            owner = self._rec.owner
-            cleared_calls: dict[int, set[int]] = {}
+            rec = self._rec
+            owner = rec.owner
             touched = {owner[i][0] for i in new if i in owner}
-            for i in todo:
+            cleared_calls: dict[int, set[int]] = {}
+            for i, kind in zip(rec.results[:cleared], rec.result_kinds):
                 o = owner.get(i)
-                if o is not None and o[0] in touched:
+                if kind == 2 and o is not None and o[0] in touched:
                     cleared_calls.setdefault(o[0], set()).add(o[1])
             for a, positions in cleared_calls.items():
                 out[a] = self._without_inputs(msgs[a], frozenset(positions))
@@ -773,6 +796,7 @@ class SummarizingBudgetFilter:
 
     def _reset(self) -> None:
         self._inner: dict[int, TokenBudgetFilter] = {}
+        self._over_ref: Optional[tuple[list[Message], int]] = None
         self._last_span: Optional[tuple[list[Message], str]] = None
         self._by_content: dict[bytes, str] = {}
         self._digests = _ObjectCache()
@@ -787,7 +811,7 @@ class SummarizingBudgetFilter:
 
     def __getstate__(self) -> dict[str, Any]:
         state = self.__dict__.copy()
-        for k in ("_inner", "_last_span", "_by_content", "_messages", "_digests"):
+        for k in ("_inner", "_over_ref", "_last_span", "_by_content", "_messages", "_digests"):
             state.pop(k, None)
         return state
 
@@ -819,9 +843,6 @@ class SummarizingBudgetFilter:
 
     def _apply(self, messages: Sequence[Message], tools_schema: Any) -> list[Message]:
         msgs = messages if isinstance(messages, list) else list(messages)
-        plain = self._plain.apply(msgs, tools_schema=tools_schema)
-        if len(plain) == len(msgs):
-            return plain
         n_pinned = 0
         while n_pinned < len(msgs) and msgs[n_pinned].role in self.pinned_roles:
             n_pinned += 1
@@ -832,19 +853,34 @@ class SummarizingBudgetFilter:
         try:
             kept = self._inner_filter(max(1, limit)).apply(msgs, tools_schema=tools_schema)
         except ContextBudgetError:
-            return plain  # the newest unit leaves no room for a summary
+            return self._plain.apply(msgs, tools_schema=tools_schema)  # no room for a summary
+        if len(kept) == len(msgs) or not self._over(msgs, tools_schema):
+            # everything fits the budget: nothing to summarize (the plain filter keeps it all)
+            return kept if len(kept) == len(msgs) else self._plain.apply(msgs, tools_schema=tools_schema)
         cut = len(msgs) - (len(kept) - n_pinned)
         span = msgs[n_pinned:cut]
-        if not span:
-            return plain
-        text = self._summary_text(span)
+        text = self._summary_text(span) if span else None
         if text is None:
-            return plain
+            return self._plain.apply(msgs, tools_schema=tools_schema)
         summary = self._summary_message(text, span)
         out = kept[:n_pinned] + [summary] + kept[n_pinned:]
         if int(self.counter.count_messages(out)) + self._plain.tools_cost(tools_schema) > self.max_tokens:
-            return plain  # pragma: no cover - the summary is capped to what was set aside
+            return self._plain.apply(msgs, tools_schema=tools_schema)  # pragma: no cover - capped to fit
         return out
+
+    def _over(self, msgs: list[Message], tools_schema: Any) -> bool:
+        """Whether the whole prompt is over the budget. A history that extends one known to be
+        over (with tools that cost no less) is over too, without counting it again."""
+        tools = self._plain.tools_cost(tools_schema)
+        known = self._over_ref
+        if known is not None:
+            ref, ref_tools = known
+            if tools >= ref_tools and len(msgs) >= len(ref) and msgs[:len(ref)] == ref:
+                return True
+        over = int(self.counter.count_messages(msgs)) + tools > self.max_tokens
+        if over:
+            self._over_ref = (msgs[:], tools)
+        return over
 
     def _digest(self, m: Message) -> bytes:
         d = self._digests.get(m)

@@ -128,14 +128,20 @@ def _editing_filters(filters: list[Any], max_tokens: Optional[int], token_counte
             trigger = opts.pop("trigger_tokens", max_tokens)
             if trigger is None:
                 raise ValueError("clear_tool_results needs max_tokens= (the trigger) or a 'trigger_tokens' option")
+            # steps of a quarter of the trigger: a step rewrites the prompt's middle (a prompt-cache
+            # miss, and the budget filter's per-message records rebuilt), so take few of them
+            opts.setdefault("clear_at_least", trigger // 4)
             pre.append(ClearToolResultsFilter(trigger, opts.pop("counter", token_counter), **opts))
     out = pre + filters
     if summarize is not None:
         if max_tokens is None:
             raise ValueError("summarize= summarizes what the token budget drops: pass max_tokens= too")
         out = [f for f in out if type(f) is not TokenBudgetFilter]
+        # chunked eviction: the dropped span, and so the summary, changes once per move of the cut
         out.append(summarize if isinstance(summarize, SummarizingBudgetFilter)
-                   else SummarizingBudgetFilter(max_tokens, token_counter, summarize=summarize))
+                   else SummarizingBudgetFilter(max_tokens, token_counter, summarize=summarize,
+                                                summary_max_tokens=max(1, min(512, max_tokens // 8)),
+                                                eviction="chunked", chunk=max(1, max_tokens // 4)))
     return out
 
 
@@ -176,9 +182,12 @@ def for_react(
 
     Context editing (``jianmu_fast.memory.context.editing``), each off by default:
     ``tool_result_max_tokens=N`` adds ``ToolResultCapFilter(N)`` first;
-    ``clear_tool_results=KEEP`` adds ``ClearToolResultsFilter(max_tokens, keep=KEEP)`` (a dict
-    of its options, or a filter, also works); ``summarize=`` (a callable or a ``ModelClient``)
-    replaces ``TokenBudgetFilter`` by ``SummarizingBudgetFilter(max_tokens, summarize=...)``.
+    ``clear_tool_results=KEEP`` adds ``ClearToolResultsFilter(max_tokens, keep=KEEP,
+    clear_at_least=max_tokens // 4)`` (a dict of its options, or a filter, also works); ``summarize=`` (a callable or a ``ModelClient``)
+    replaces ``TokenBudgetFilter`` by ``SummarizingBudgetFilter(max_tokens, summarize=...,
+    summary_max_tokens=min(512, max_tokens // 8), eviction="chunked", chunk=max_tokens // 4)``
+    (chunked: the dropped span, and so the summary, changes once per move of the cut, so a hot
+    loop calls ``summarize`` about once per move, not on every turn).
     Unset, the first two come from ``constraints.*`` of ``jianmu.yaml``.
 
     >>> b = for_react(max_tokens=8000, tool_result_max_tokens=2000, clear_tool_results=3)
