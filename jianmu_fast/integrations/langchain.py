@@ -291,7 +291,8 @@ class MessageConverter:
     A LangChain message converted before is returned as the same :class:`Message` while its
     ``content``, ``tool_calls`` and ``additional_kwargs`` are the same objects; mutating a
     content *list* in place is not noticed (assigning a new content is). At most
-    ``max_size`` entries are kept (the cache is cleared when full).
+    ``max_size`` entries are kept (the cache is cleared when full); an entry keeps its
+    LangChain message alive until then. Thread-safe (single dict operations).
 
     >>> from langchain_core.messages import HumanMessage
     >>> conv, h = MessageConverter(), HumanMessage("hi", id="h")
@@ -299,7 +300,7 @@ class MessageConverter:
     True
     """
 
-    def __init__(self, max_size: int = 200_000) -> None:
+    def __init__(self, max_size: int = 50_000) -> None:
         self.max_size = max_size
         self._cache: dict[int, tuple[Any, Any, Any, Any, Message]] = {}
 
