@@ -117,7 +117,7 @@ def conversations(draw, parallel: bool = True, reasoning: bool = True, end_on_as
 
 # -- exactness ----------------------------------------------------------------------------------
 
-_SETTINGS = settings(max_examples=250, deadline=None, suppress_health_check=list(HealthCheck))
+_SETTINGS = settings(max_examples=200, deadline=None, suppress_health_check=list(HealthCheck))
 
 
 @_SETTINGS
@@ -146,8 +146,8 @@ def test_per_message_counts_add_up(family, ms):
     c = family.counter
     total = c.count_messages([]) + int(c.count_array(ms).sum())
     assert total >= ref
-    if family.name in LOCAL:
-        assert total == ref
+    if family.name in LOCAL:  # exact but for the end cost, the largest over last roles
+        assert total - ref == c.count_messages([]) - c._end_cost(ms[-1].role)
         assert c.count_messages([]) + sum(c.count_message(m) for m in ms) >= ref
 
 
@@ -272,8 +272,7 @@ def test_transformers_is_not_imported_by_the_counter():
 
 
 @settings(max_examples=120, deadline=None, suppress_health_check=list(HealthCheck))
-@given(ms=conversations(reasoning=False, end_on_assistant=False), budget=st.integers(30, 700),
-       name=st.sampled_from(FAMILIES))
+@given(ms=conversations(), budget=st.integers(30, 700), name=st.sampled_from(FAMILIES))
 def test_budget_filter_keeps_budget_by_exact_rendering(families, ms, budget, name):
     fam = families[name]
     if isinstance(fam.reference(ms), Exception):
@@ -291,12 +290,39 @@ def test_budget_filter_keeps_budget_by_exact_rendering(families, ms, budget, nam
     assert rest == ms[len(ms) - len(rest):]  # a contiguous run of the newest messages
     if rest:
         assert rest[0].role != "tool"  # whole tool-call transactions
-    if name in LOCAL:  # exact per-message counts: the longest run that fits is kept
+    reasoning = any(m.extra for m in ms)
+    if name in LOCAL and not reasoning and ms[-1].role != "assistant":  # exact counts: the longest run is kept
         start = len(ms) - len(rest)
         while start > n_pinned and ms[start - 1].role == "tool":
             start -= 1
         prev = start - 1
         while prev > n_pinned and ms[prev].role == "tool":
             prev -= 1
+        slack = fam.counter.count_messages([]) - fam.counter._end_cost(ms[-1].role)
         if prev >= n_pinned and prev < start:
-            assert fam.counter.count_request(ms[:n_pinned] + ms[prev:]) > budget
+            assert fam.counter.count_request(ms[:n_pinned] + ms[prev:]) > budget - slack
+
+
+def test_cli_tokenizer_accepts_a_model_directory(families):
+    from jianmu_fast import cli
+
+    c = cli.make_counter(families["qwen3"].path)
+    assert isinstance(c, ChatTemplateTokenCounter)
+    ms = [Message(role="system", content="Be brief."), Message(role="user", content="Hi")]
+    assert c.count_messages(ms) == families["qwen3"].reference(ms)
+    assert any(form == "a model directory" for form, _ in cli.TOKENIZER_FORMS)
+
+
+def test_build_report_shows_the_template_overhead(families):
+    from jianmu_fast.memory.context import ContextBuilder, StaticPromptProvider
+
+    fam = families["llama3.1"]
+    b = ContextBuilder(providers=[StaticPromptProvider("Be brief.")], filters=[TokenBudgetFilter(500, counter=fam.counter)])
+    r = b.build_report({})
+    ms = r.messages + [Message(role="user", content="Hi")]
+    r2 = ContextBuilder(providers=[StaticPromptProvider("Be brief.")]).build_report({}, counter=fam.counter)
+    assert r2.total_tokens == fam.counter.count_messages(r2.messages)
+    assert r2.overhead_tokens == r2.total_tokens - sum(fam.counter.count_message(m) for m in r2.messages)
+    row = [line for line in str(r2).splitlines() if line.startswith("request overhead (template)")]
+    assert row and row[0].split()[-1] == str(r2.overhead_tokens)
+    assert fam.counter.count_messages(ms) == fam.reference(ms)

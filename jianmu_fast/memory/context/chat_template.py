@@ -22,28 +22,44 @@ included, reasoning aliased to ``reasoning_content`` and ``thinking`` as transfo
 **Segments.** A rendered template is not prefix-stable message by message, but it is (for the
 templates we ship tests for) at unit boundaries: a unit is a non-tool message plus the tool
 messages right after it, the same units the trimming filters keep or drop whole. The counter
-renders each unit alone between small canonical neighbours (a stand-in message of the role
-before it and after it) and takes the difference in tokens; those per-unit counts are cached,
-so a hot-loop turn renders and tokenizes only the new units. The cost of a unit is spread over
-its messages by prefixes (message ``j`` costs ``tokens(unit[:j+1]) - tokens(unit[:j])``), so
-counts of earlier messages never change when tool results are appended.
+renders each unit between small stand-in neighbours (a stand-in of the role before it; after
+it, stand-ins ending on a user message, so no end-of-conversation effect falls on the unit) and
+takes the difference in tokens; the end of the request (generation prompt, blocks the template
+closes at the end) is calibrated once per last role. Unit counts are cached, and so are the
+token counts of the text between the tokenizer's added tokens (encoded apart where that is
+exact: no Metaspace/Prepend step, no whitespace-stripping added token), so a hot-loop turn
+renders and tokenizes only its new units. A unit whose count does not depend on its
+neighbours (probed once per role pattern with stand-ins) is rendered with the smallest
+context, shared by every place it appears. The cost of a unit is spread over its messages by
+prefixes (message ``j`` costs ``tokens(unit[:j+1]) - tokens(unit[:j])``), so counts of earlier
+messages never change when tool results are appended.
 
 **When it falls back to full rendering** (``count_messages``, decided per call): when the
 template failed the additivity self-check run at construction (a few probe conversations whose
 segment sums must equal their full rendering), when a message carries reasoning
 (``reasoning_content``/``thinking``/``reasoning``: Qwen3 strips it before the last user query),
-or when the conversation ends on an assistant message (Qwen3 and gpt-oss render the final
+or when the conversation does not end on a user or tool message (Qwen3 renders a final
 assistant message differently). Everything else -- the agent-loop calls, which end on a user or
 tool message -- is counted from cached segments, exactly.
+
+``count_messages([])`` is the largest fixed cost a request can have (the template's text around
+the messages and its generation prompt, and what it adds at the end: Qwen3 gives a final
+assistant message an empty think block), so ``count_messages([]) + sum(count_array(ms))``
+equals ``count_messages(ms)`` when that end cost is the same for every last role (all tested
+templates but Qwen3, where it is up to 4 tokens above for calls ending on a user or tool
+message), and is never below it.
 
 **Per-message counts** (``count_message``, ``count_array``; what ``TokenBudgetFilter`` sums):
 a unit whose rendering depends on its neighbours (probed once per role pattern with stand-in
 messages: DeepSeek closes a tool-output block in the next assistant turn, Llama 3.1 folds a
 leading system message into its header) is charged the most it costs over every neighbour it
-could have in a kept prompt, so ``count_messages([]) + sum(count_array(kept))`` is never below
-the exact count of the kept prompt, and equal to it for neighbour-independent units (every
-unit of the Qwen2.5/Hermes, Llama 3.1 and gpt-oss templates without reasoning). A slice that
-starts with a ``system`` message is taken to start the conversation (the pinned prefix).
+could have in a kept prompt (a unit with reasoning: kept or stripped, whichever costs more), so
+``count_messages([]) + sum(count_array(kept))`` is never below the exact count of the kept
+prompt, and equal to it (but for the end cost above) for neighbour-independent units (every
+unit of the Qwen3, Hermes/Qwen2.5, Llama 3.1, Mistral and gpt-oss templates without
+reasoning). A slice that starts with a ``system`` message is taken to start the conversation
+(the pinned prefix); one that starts with a tool message gets the assistant message that made
+its call (remembered by call id) as neighbour, or a stand-in when the counter never saw it.
 
 **Tools** go where the template puts them (a system block, the first or last user message):
 their marginal cost, ``count_tools(tools, messages)``, is the exact count of the request with
@@ -377,7 +393,8 @@ class ChatTemplateTokenCounter:
             template = chat_template
         if not isinstance(template, str) or not template:
             raise ValueError("chat_template is required with a tokenizers.Tokenizer (the Jinja template string)")
-        tok = Tokenizer.from_str(tok.to_str())  # a private copy: truncation and padding off
+        if self.path is None:  # a private copy of the caller's tokenizer: truncation and padding off
+            tok = Tokenizer.from_str(tok.to_str())
         tok.no_truncation()
         tok.no_padding()
         self._tok = tok
@@ -397,7 +414,7 @@ class ChatTemplateTokenCounter:
         self._calls: dict[str, str] = {}  # tool-call id -> key of the assistant message that made it
         self._last: Optional[tuple[list[Any], list[int], list[int]]] = None
         self._ends: dict[str, Optional[int]] = {}
-        ends = [e for e in (self._end_cost("user"), self._end_cost("tool")) if e is not None]
+        ends = [e for e in (self._end_cost(r) for r in ("user", "tool", "assistant")) if e is not None]
         self._empty = max(ends) if ends else self._fixed_cost()
         self.additive: bool = self._self_check()
         for k in range(1, 4):  # probe the usual unit patterns once, not in the hot loop
@@ -474,15 +491,21 @@ class ChatTemplateTokenCounter:
         ``None`` otherwise (then each rendering is encoded whole)."""
         import re
 
-        spec = json.loads(self._tok.to_str())
-        steps = json.dumps([spec.get("normalizer"), spec.get("pre_tokenizer")])
+        tok = self._tok
+        steps = ""
+        for step in (tok.normalizer, tok.pre_tokenizer):
+            if step is not None:
+                try:
+                    steps += step.__getstate__().decode("utf-8", "replace")
+                except Exception:
+                    return None
         if "Metaspace" in steps or "Prepend" in steps:
             return None
         contents = []
-        for t in spec.get("added_tokens") or ():
-            if t.get("lstrip") or t.get("rstrip") or t.get("single_word") or (t.get("normalized") and not t.get("special")):
+        for t in tok.get_added_tokens_decoder().values():
+            if t.lstrip or t.rstrip or t.single_word or (t.normalized and not t.special):
                 return None
-            contents.append(t["content"])
+            contents.append(t.content)
         if not contents:
             return None
         pattern = re.compile("(" + "|".join(re.escape(c) for c in sorted(contents, key=len, reverse=True)) + ")")
@@ -554,7 +577,7 @@ class ChatTemplateTokenCounter:
         pre = tuple(json.dumps(d) for d in _PRE[pred])
         if caller is not None:  # the real assistant message that made the calls stands before
             pre = pre[:2] + (caller,) + pre[3:]
-        post = tuple(json.dumps(d) for d in _POST[succ])
+        post = () if succ == "open" else tuple(json.dumps(d) for d in _POST[succ])
         prev = self._tokens(pre + post)
         costs = []
         for j in range(1, len(keys) + 1):
@@ -582,6 +605,10 @@ class ChatTemplateTokenCounter:
             elif last_role == "tool":
                 value = (self._tokens((u, call, tool)) - sum(self._unit_cost((u,), "first", "assistant"))
                          - sum(self._unit_cost((call, tool), "user", "user")))
+            elif last_role == "assistant":
+                a = json.dumps(_S_ASST)
+                value = (self._tokens((u, a)) - sum(self._unit_cost((u,), "first", "assistant"))
+                         - sum(self._unit_cost((a,), "user", "user")))
             else:
                 value = None
         except _Refused:
@@ -645,20 +672,24 @@ class ChatTemplateTokenCounter:
 
     @staticmethod
     def _canonical(first_role: str) -> str:
-        """The neighbour before a unit whose cost does not depend on its neighbours."""
-        return "call" if first_role == "tool" else ("assistant" if first_role == "user" else "user")
+        """The neighbour before a unit whose cost does not depend on its neighbours: none (the
+        smallest rendering), or the call a tool-first unit answers."""
+        return "call" if first_role == "tool" else "first"
 
     def _upper_costs(self, keys: tuple[str, ...], dicts: Sequence[dict[str, Any]], preds: list[str],
                      succs: list[str], exact: tuple[str, str], caller: Optional[str] = None) -> list[int]:
         """The most each message of a unit costs over the neighbours ``preds`` x ``succs``;
         the ``exact`` pair must render (a refusal there is the conversation's own)."""
-        if self._is_local(dicts):
+        reasoning = any(_has_reasoning(d) for d in dicts)
+        if reasoning:  # kept after the last user query (nothing closes the unit), or stripped
+            succs = list(succs) + ["open"]
+        elif self._is_local(dicts):
             exact = (self._canonical(dicts[0]["role"]), "user")
         try:
             best = list(self._unit_cost(keys, *exact, caller=caller))
         except _Refused as exc:
             raise MessageValidationError(f"the chat template refused the conversation: {exc}") from None
-        if self._is_local(dicts):
+        if not reasoning and self._is_local(dicts):
             return best
         for pred in preds:
             for succ in succs:
