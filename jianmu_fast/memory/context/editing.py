@@ -113,14 +113,19 @@ class _ObjectCache:
                 del d[key]
 
 
+_TRUSTED = ("SimpleTokenCounter", "TiktokenTokenCounter", "HFTokenCounter")
+
+
 def _counts(counter: Any, messages: Sequence[Message]) -> np.ndarray:
     fn = getattr(counter, "count_array", None)
     if fn is not None:
         arr = np.asarray(fn(messages), dtype=np.int64)
     else:
         arr = np.array([int(counter.count_message(m)) for m in messages], dtype=np.int64)
-    if len(arr) and (int(arr.min()) < 0 or int(arr.max()) > MAX_VALUE):
-        raise TrimmingError(f"counter {counter!r} returned a count outside [0, 2**53]")
+    if type(counter).__name__ not in _TRUSTED and len(arr):
+        values = arr.tolist()
+        if min(values) < 0 or max(values) > MAX_VALUE:
+            raise TrimmingError(f"counter {counter!r} returned a count outside [0, 2**53]")
     return np.ascontiguousarray(arr)
 
 
@@ -386,19 +391,47 @@ class ToolResultCapFilter:
 
 
 class _ClearRecords:
-    """Per-message records of a history for the clearing decision, extended as it grows."""
+    """Per-message records of a history for the clearing decision, extended as it grows
+    (buffers with spare capacity: appending costs what is appended)."""
 
-    __slots__ = ("messages", "counts", "kinds", "savings", "results", "result_kinds", "calls", "owner")
+    __slots__ = ("messages", "n", "_counts", "_kinds", "_savings", "results", "result_kinds", "calls", "owner")
 
     def __init__(self) -> None:
         self.messages: list[Message] = []
-        self.counts = np.zeros(0, dtype=np.int64)
-        self.kinds = np.zeros(0, dtype=np.int8)
-        self.savings = np.zeros(0, dtype=np.int64)
+        self.n = 0
+        self._counts = np.zeros(64, dtype=np.int64)
+        self._kinds = np.zeros(64, dtype=np.int8)
+        self._savings = np.zeros(64, dtype=np.int64)
         self.results: list[int] = []          # indices of tool results, in order
         self.result_kinds: list[int] = []     # their kinds (1 excluded, 2 clearable)
         self.calls: dict[str, tuple[int, int]] = {}  # call id -> (assistant index, position in its calls)
         self.owner: dict[int, tuple[int, int]] = {}  # result index -> (assistant index, call position)
+
+    def extend(self, counts: np.ndarray, kinds: np.ndarray, savings: np.ndarray) -> None:
+        n, end = self.n, self.n + len(counts)
+        if end > len(self._counts):
+            cap = max(2 * len(self._counts), end)
+            for name in ("_counts", "_kinds", "_savings"):
+                old = getattr(self, name)
+                buf = np.zeros(cap, dtype=old.dtype)
+                buf[:n] = old[:n]
+                setattr(self, name, buf)
+        self._counts[n:end] = counts
+        self._kinds[n:end] = kinds
+        self._savings[n:end] = savings
+        self.n = end
+
+    @property
+    def counts(self) -> np.ndarray:
+        return self._counts[:self.n]
+
+    @property
+    def kinds(self) -> np.ndarray:
+        return self._kinds[:self.n]
+
+    @property
+    def savings(self) -> np.ndarray:
+        return self._savings[:self.n]
 
 
 class ClearToolResultsFilter:
@@ -576,9 +609,7 @@ class ClearToolResultsFilter:
                         self.counter.count_message(self._without_inputs(a, frozenset((owner[1],)))))
                 savings[j] = min(max(0, saved), int(counts[j]))
         rec.messages = msgs[:]
-        rec.counts = np.concatenate((rec.counts, counts)) if k else counts
-        rec.kinds = np.concatenate((rec.kinds, kinds)) if k else kinds
-        rec.savings = np.concatenate((rec.savings, savings)) if k else savings
+        rec.extend(counts, kinds, savings)
         return rec
 
     # -- the filter --------------------------------------------------------------------------
