@@ -39,6 +39,7 @@ import multiprocessing
 import sys
 from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass, field
+from operator import countOf
 from typing import Any, Iterable, Literal, Optional, Sequence
 
 from .errors import BatchError
@@ -299,7 +300,11 @@ def _run(builder, states, lists, global_state, ctx, tools_schema, bar=None) -> B
             if lists is None:
                 prompts[i] = builder._provide(states[i], global_state, ctx, tools_schema)
             else:
-                prompts[i] = coerce_messages(lists[i])
+                items = lists[i]
+                if type(items) is list and countOf(map(type, items), Message) == len(items):
+                    prompts[i] = items[:]  # already Messages: skip the per-item coercion loop
+                else:
+                    prompts[i] = coerce_messages(items)
         except Exception as exc:
             errors[i] = exc
         if tick is not None and (i & 255) == 255:

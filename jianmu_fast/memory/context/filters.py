@@ -62,22 +62,6 @@ _TRUSTED_COUNTERS = (SimpleTokenCounter, TiktokenTokenCounter, HFTokenCounter)
 _ZERO = np.zeros(1, dtype=np.int64)
 
 
-def _pinned_count(messages: Sequence[Message], pinned_roles: frozenset[str]) -> int:
-    n = 0
-    for m in messages:
-        if m.role not in pinned_roles:
-            break
-        n += 1
-    return n
-
-
-def _unit_start_at_or_before(messages: Sequence[Message], i: int, n_pinned: int) -> int:
-    """Move ``i`` back to the start of the unit that holds message ``i``."""
-    while i > n_pinned and messages[i].role == "tool":
-        i -= 1
-    return i
-
-
 def split_units(messages: Sequence[Message], start: int) -> np.ndarray:
     """Indices where units start in ``messages[start:]``, relative to ``start``.
 
@@ -169,6 +153,28 @@ class _Records:
             off[:n + 1] = self.call_off[:n + 1]
             self.call_off = off
         roles = [_ROLE[m.role] for m in new]
+        if k <= 4:  # the agent loop's turn: item by item (cheaper than array slices)
+            for i in range(k):
+                j = n + i
+                r = roles[i]
+                m = new[i]
+                self.roles[j] = r
+                self.counts[j] = -1 if counts is None else counts[i]
+                rid = m.tool_call_id if r == 3 else None
+                self.rids[j] = intern.setdefault(rid, len(intern)) if rid else -1
+                if r == 2 and m.tool_calls:
+                    ids = [intern.setdefault(c.get("id"), len(intern)) if c.get("id") else -1 for c in m.tool_calls]
+                    need = self.n_ids + len(ids)
+                    if need > len(self.call_ids):
+                        buf = np.empty(max(2 * len(self.call_ids), need), dtype=np.int64)
+                        buf[:self.n_ids] = self.call_ids[:self.n_ids]
+                        self.call_ids = buf
+                    self.call_ids[self.n_ids:need] = ids
+                    self.n_ids = need
+                self.call_off[j + 1] = self.n_ids
+            self.msgs.extend(new)
+            self.n = end
+            return
         self.roles[n:end] = roles
         self.counts[n:end] = -1 if counts is None else counts
         if 3 in roles or 2 in roles:
