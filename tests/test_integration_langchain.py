@@ -232,7 +232,7 @@ def test_create_react_agent_with_pre_model_hook():
     rounds = 4
     model = ScriptedModel(responses=script(rounds))
     builder = ContextBuilder(filters=[TokenBudgetFilter(BUDGET, COUNTER)])
-    with pytest.warns(LangGraphDeprecatedSinceV10):  # moved to langchain.agents, not installed here
+    with pytest.warns(LangGraphDeprecatedSinceV10):  # moved to langchain.agents: ContextBuilderMiddleware
         graph = create_react_agent(model, [lookup], pre_model_hook=pre_model_hook(builder))
     state = graph.invoke({"messages": [HumanMessage("research this", id="u0")]})
     check_run(model, state, rounds)
@@ -265,17 +265,6 @@ def test_hand_built_state_graph_with_providers():
     assert "semantic_kind" not in str(state["messages"])  # annotations stayed in the prompt
     for got in model.received:
         assert got[0].type == "system" and "You research." in got[0].content
-
-
-def test_langchain_v1_middleware_is_not_offered_without_langchain():
-    try:
-        import langchain.agents.middleware  # noqa: F401
-    except ImportError:
-        import jianmu_fast.integrations.langchain as m
-
-        assert not hasattr(m, "ContextBuilderMiddleware")
-        pytest.skip("langchain (v1 agents) is not installed: only langchain-core and langgraph are")
-    pytest.fail("langchain.agents.middleware is installed: add the middleware (issue 16)")
 
 
 def test_hook_returns_the_state_objects_for_kept_messages():

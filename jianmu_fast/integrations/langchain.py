@@ -28,6 +28,14 @@ LangChain message (LangChain messages accept extra fields; chat models ignore th
 ``invalid_tool_calls`` (calls whose arguments did not parse) stay in metadata and are not
 part of the tool-call transaction: LangGraph's ``ToolNode`` never runs them.
 
+Trimming an agent's model input, the graph state untouched: a LangGraph ``pre_model_hook``
+(:func:`pre_model_hook`) or, for LangChain v1's ``create_agent`` (``langchain>=1.0``), the
+agent middleware ``ContextBuilderMiddleware(builder)``, which also budgets the request's
+tools (made on first use, so this module imports no framework)::
+
+    from jianmu_fast.integrations.langchain import ContextBuilderMiddleware
+    agent = create_agent(model, tools, middleware=[ContextBuilderMiddleware(builder)])
+
 >>> from langchain_core.messages import AIMessage, HumanMessage, ToolMessage
 >>> lc = [HumanMessage("2+2?", id="h1"),
 ...       AIMessage("", id="a1", tool_calls=[{"name": "calc", "args": {"e": "2+2"}, "id": "c1"}]),
@@ -54,6 +62,7 @@ __all__ = [
     "message_to_langchain",
     "trim_messages",
     "pre_model_hook",
+    "ContextBuilderMiddleware",
     "MessageConverter",
 ]
 
@@ -320,6 +329,48 @@ class MessageConverter:
         return [self(m, f"messages[{i}]") for i, m in enumerate(messages)]
 
 
+def _check_builder(builder: Any) -> None:
+    if not callable(getattr(builder, "transform", None)):
+        raise TypeError(f"builder: expected a ContextBuilder, got {type(builder).__name__}")
+
+
+class _BuilderRun:
+    """Runs a builder over LangChain messages and returns LangChain messages.
+
+    Messages that come back unchanged are the very input objects; new or edited ones are
+    converted (and cached by identity, as the inputs are, by :class:`MessageConverter`).
+    """
+
+    def __init__(self, builder: Any) -> None:
+        _check_builder(builder)
+        self.builder = builder
+        self.conv = MessageConverter()
+        self.back_cache: dict[int, tuple[Message, Any]] = {}
+
+    def __call__(self, lc_msgs: Sequence[Any], rest: Mapping[str, Any],
+                 tools_schema: Optional[Sequence[dict[str, Any]]] = None) -> list[Any]:
+        msgs = self.conv.many(lc_msgs)
+        back = {id(m): lc for m, lc in zip(msgs, lc_msgs)}
+        builder = self.builder
+        kw = {} if tools_schema is None else {"tools_schema": tools_schema}
+        if getattr(builder, "providers", None):
+            out = builder.build({**rest, "messages": msgs}, **kw)
+        else:
+            out = builder.transform(msgs, **kw)
+        result = []
+        for m in out:
+            lc = back.get(id(m))
+            if lc is None:
+                e = self.back_cache.get(id(m))
+                if e is None or e[0] is not m:
+                    if len(self.back_cache) > 10_000:
+                        self.back_cache.clear()
+                    e = self.back_cache[id(m)] = (m, message_to_langchain(m))
+                lc = e[1]
+            result.append(lc)
+        return result
+
+
 def pre_model_hook(builder: Any, *, messages_key: str = "messages") -> Callable[[Any], dict[str, Any]]:
     """A LangGraph ``pre_model_hook`` that runs ``builder`` on the graph's messages.
 
@@ -329,6 +380,7 @@ def pre_model_hook(builder: Any, *, messages_key: str = "messages") -> Callable[
     one with filters only runs ``transform(history)``. Messages that come back unchanged are
     the very LangChain objects of the state; new or edited ones are converted. Conversions
     are cached by identity (:class:`MessageConverter`), so a turn converts only new messages.
+    (A hook does not see the model's tools; :class:`ContextBuilderMiddleware` does.)
 
     >>> from langchain_core.messages import HumanMessage
     >>> from jianmu_fast.memory.context import ContextBuilder, MaxMessagesFilter
@@ -337,37 +389,107 @@ def pre_model_hook(builder: Any, *, messages_key: str = "messages") -> Callable[
     >>> [m.content for m in hook(state)["llm_input_messages"]]
     ['b']
     """
-    if not callable(getattr(builder, "transform", None)):
-        raise TypeError(f"builder: expected a ContextBuilder, got {type(builder).__name__}")
-    conv = MessageConverter()
-    back_cache: dict[int, tuple[Message, Any]] = {}
+    run = _BuilderRun(builder)
 
     def hook(state: Any) -> dict[str, Any]:
         if isinstance(state, Mapping):
             raw, rest = state[messages_key], {k: v for k, v in state.items() if k != messages_key}
         else:
             raw, rest = getattr(state, messages_key), {}
-        lc_msgs = _as_lc_list(raw)
-        msgs = conv.many(lc_msgs)
-        back = {id(m): lc for m, lc in zip(msgs, lc_msgs)}
-        if getattr(builder, "providers", None):
-            out = builder.build({**rest, "messages": msgs})
-        else:
-            out = builder.transform(msgs)
-        result = []
-        for m in out:
-            lc = back.get(id(m))
-            if lc is None:
-                e = back_cache.get(id(m))
-                if e is None or e[0] is not m:
-                    if len(back_cache) > 10_000:
-                        back_cache.clear()
-                    e = back_cache[id(m)] = (m, message_to_langchain(m))
-                lc = e[1]
-            result.append(lc)
-        return {"llm_input_messages": result}
+        return {"llm_input_messages": run(_as_lc_list(raw), rest)}
 
     return hook
+
+
+# -- LangChain v1 agent middleware (``langchain.agents.create_agent``) ---------------------------
+
+
+def _tools_schema(tools: Sequence[Any]) -> list[dict[str, Any]]:
+    """The request's tools in OpenAI ``{"type": "function", ...}`` shape, for the budget.
+
+    Provider built-in tools (dicts without a function name, e.g. ``{"type": "web_search"}``)
+    have no token formula and are left out of the count.
+    """
+    from langchain_core.utils.function_calling import convert_to_openai_tool
+
+    out = []
+    for t in tools:
+        if isinstance(t, Mapping) and not isinstance((t.get("function") or t).get("name"), str):
+            continue
+        out.append(convert_to_openai_tool(t))
+    return out
+
+
+def _middleware_class() -> type:
+    try:
+        from langchain.agents.middleware import AgentMiddleware
+    except ImportError as exc:
+        raise ImportError(
+            "jianmu_fast.integrations.langchain.ContextBuilderMiddleware needs langchain>=1.0 "
+            f"(langchain.agents.middleware): {_EXTRA_HINT}"
+        ) from exc
+
+    class ContextBuilderMiddleware(AgentMiddleware):  # type: ignore[misc,valid-type]
+        """A LangChain v1 agent middleware that runs a ``ContextBuilder`` on every model call.
+
+        ``wrap_model_call`` (and ``awrap_model_call``) hand the model
+        ``request.override(system_message=..., messages=built)``: the agent's state is never
+        changed, so every message stays in the history and the next call sees it all again.
+        The builder gets the request's system message (``create_agent(system_prompt=...)``)
+        followed by its messages, and the request's tools as ``tools_schema`` (converted with
+        ``convert_to_openai_tool``, cached per tool list), so a ``TokenBudgetFilter`` budgets
+        messages plus tools, the whole request. If what it builds starts with a system message,
+        that becomes the request's ``system_message``; the rest are its ``messages``; the model
+        receives exactly the built list. A builder with providers runs ``build({"messages":
+        history, ...other state keys})``; one with filters only runs ``transform(history)``.
+        Kept messages are the very objects of the state; conversions are cached by identity.
+        """
+
+        def __init__(self, builder: Any) -> None:
+            super().__init__()
+            self.builder = builder
+            self._run = _BuilderRun(builder)
+            self._tools: tuple[list[Any], list[dict[str, Any]]] = ([], [])
+
+        def _schema(self, tools: Sequence[Any]) -> list[dict[str, Any]]:
+            seen, schema = self._tools
+            if len(seen) != len(tools) or any(a is not b for a, b in zip(seen, tools)):
+                schema = _tools_schema(tools)
+                self._tools = (list(tools), schema)
+            return schema
+
+        def _request(self, request: Any) -> Any:
+            lc_msgs = list(request.messages)
+            if request.system_message is not None:
+                lc_msgs.insert(0, request.system_message)
+            state = request.state
+            rest = {k: v for k, v in state.items() if k != "messages"} if isinstance(state, Mapping) else {}
+            out = self._run(_as_lc_list(lc_msgs), rest, self._schema(request.tools or []))
+            if out and out[0].type == "system":
+                return request.override(system_message=out[0], messages=out[1:])
+            return request.override(system_message=None, messages=out)
+
+        def wrap_model_call(self, request: Any, handler: Callable[[Any], Any]) -> Any:
+            """Run the builder, then the model on what it built."""
+            return handler(self._request(request))
+
+        async def awrap_model_call(self, request: Any, handler: Callable[[Any], Any]) -> Any:
+            """Async twin of :meth:`wrap_model_call` (the builder itself is synchronous)."""
+            return await handler(self._request(request))
+
+    ContextBuilderMiddleware.__module__ = __name__
+    ContextBuilderMiddleware.__qualname__ = "ContextBuilderMiddleware"
+    return ContextBuilderMiddleware
+
+
+def __getattr__(name: str) -> Any:
+    # ContextBuilderMiddleware subclasses langchain's AgentMiddleware (create_agent looks at
+    # which hooks a subclass overrides), so the class is made on first use: importing this
+    # module imports no framework.
+    if name == "ContextBuilderMiddleware":
+        cls = globals()[name] = _middleware_class()
+        return cls
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
 from ._langchain_trim import trim_messages  # noqa: E402  (uses MessageConverter above)
