@@ -38,7 +38,7 @@ from ... import _backend
 from ...errors import ContextBudgetError, JianmuError, TrimmingError
 from ...message import Message
 from .counters import SimpleTokenCounter
-from .filters import TokenBudgetFilter
+from .filters import Eviction, TokenBudgetFilter
 
 __all__ = [
     "ToolResultCapFilter",
@@ -595,7 +595,7 @@ class ClearToolResultsFilter:
                 name = m.name
                 if owner is not None:
                     rec.owner[i] = owner
-                    name = msgs[owner[0]].tool_calls[owner[1]]["function"]["name"]
+                    name = (msgs[owner[0]].tool_calls or ())[owner[1]]["function"]["name"]
                 if name in self.exclude_tools:
                     kinds[j] = 1
                     rec.result_kinds.append(1)
@@ -604,9 +604,9 @@ class ClearToolResultsFilter:
                 rec.result_kinds.append(2)
                 saved = self._result_saving(m, int(counts[j]))
                 if self.clear_tool_inputs and owner is not None:
-                    a = msgs[owner[0]]
-                    saved += int(self.counter.count_message(a)) - int(
-                        self.counter.count_message(self._without_inputs(a, frozenset((owner[1],)))))
+                    call_msg = msgs[owner[0]]
+                    saved += int(self.counter.count_message(call_msg)) - int(
+                        self.counter.count_message(self._without_inputs(call_msg, frozenset((owner[1],)))))
                 savings[j] = min(max(0, saved), int(counts[j]))
         rec.messages = msgs[:]
         rec.extend(counts, kinds, savings)
@@ -796,7 +796,7 @@ class SummarizingBudgetFilter:
         summarize: Any,
         summary_max_tokens: int = 512,
         keep_tokens: Optional[int] = None,
-        eviction: str = "exact",
+        eviction: Eviction = "exact",
         chunk: Optional[int] = None,
         pinned_roles: Iterable[str] = ("system",),
         timeout: Optional[float] = 60.0,
@@ -995,8 +995,9 @@ class SummarizingBudgetFilter:
         m = system(SUMMARY_HEADER + text, metadata={EDIT_KEY: edit})
         room = self.summary_max_tokens
         if int(self.counter.count_message(m)) > room:
-            overhead = int(self.counter.count_message(m)) - self._cutter.count_text(m.content)
-            got = self._cutter.cut(m.content, max(0, room - overhead), DEFAULT_CUT_MARKER)
+            text = SUMMARY_HEADER + text
+            overhead = int(self.counter.count_message(m)) - self._cutter.count_text(text)
+            got = self._cutter.cut(text, max(0, room - overhead), DEFAULT_CUT_MARKER)
             m = system(got[0] if got else "", metadata={EDIT_KEY: {**edit, "cut": True}})
         if len(self._messages) >= 64:
             self._messages.pop(next(iter(self._messages)))
