@@ -465,3 +465,23 @@ def test_cli_flags(tmp_path):
     assert results[0] == "[cleared]" and all(r == "[cleared]" or "tokens omitted" in r for r in results)
     bad = subprocess.run(cmd[:-6] + ["--clear-tool-results", "2"], capture_output=True, text=True)
     assert bad.returncode == 2 and "--clear-tool-results clears once a prompt is over --max-tokens" in bad.stderr
+
+
+def _summarize_for_pickle(messages):
+    return f"{len(messages)} messages"
+
+
+def test_stages_pickle_and_share_across_threads():
+    import pickle
+    from concurrent.futures import ThreadPoolExecutor
+
+    stages = [ToolResultCapFilter(120, TIKTOKEN), ClearToolResultsFilter(1800, TIKTOKEN, keep=2, clear_at_least=300),
+              SummarizingBudgetFilter(1800, TIKTOKEN, summarize=_summarize_for_pickle, summary_max_tokens=150)]
+    b = ContextBuilder(filters=stages)
+    history = _long_history(25)
+    prefixes = [history[:e] for e in turn_ends(history)]
+    expect = [[m.to_openai() for m in ContextBuilder(filters=pickle.loads(pickle.dumps(stages))).transform(p)]
+              for p in prefixes]
+    with ThreadPoolExecutor(8) as pool:
+        got = list(pool.map(lambda p: [m.to_openai() for m in b.transform(p)], prefixes * 4))
+    assert got == expect * 4

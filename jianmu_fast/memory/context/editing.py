@@ -28,6 +28,7 @@ import hashlib
 import inspect
 import json
 import logging
+import threading
 import warnings
 import weakref
 from typing import Any, Callable, Iterable, Optional, Sequence
@@ -249,6 +250,7 @@ class ToolResultCapFilter:
         self._cutter = _Cutter(self.counter)
         self._cache = _ObjectCache()
         self._last: Optional[tuple[list[Message], list[Message]]] = None
+        self._lock = threading.Lock()
 
     def __repr__(self) -> str:
         return f"ToolResultCapFilter(max_tokens={self.max_tokens}, counter={self.counter!r})"
@@ -257,11 +259,13 @@ class ToolResultCapFilter:
         state = self.__dict__.copy()
         state["_cache"] = None
         state["_last"] = None
+        state.pop("_lock", None)
         return state
 
     def __setstate__(self, state: dict[str, Any]) -> None:
         self.__dict__.update(state)
         self._cache = _ObjectCache()
+        self._lock = threading.Lock()
 
     def cap(self, message: Message) -> Message:
         """``message`` cut to the cap (a tool result over it), else ``message`` itself.
@@ -373,6 +377,10 @@ class ToolResultCapFilter:
         """``messages`` with every tool result over the cap cut (a new list; the input is untouched).
 
         A history that extends the previous call's (the agent loop) costs only its new messages."""
+        with self._lock:
+            return self._apply(messages)
+
+    def _apply(self, messages: Sequence[Message]) -> list[Message]:
         msgs = messages if isinstance(messages, list) else list(messages)
         last = self._last
         if last is not None:
@@ -505,6 +513,7 @@ class ClearToolResultsFilter:
         self._reset()
 
     def _reset(self) -> None:
+        self._lock = threading.RLock()
         self._rec = _ClearRecords()
         self._cleared_cache = _ObjectCache()
         self._last: Optional[tuple[_ClearRecords, int, list[Message], int]] = None
@@ -519,7 +528,7 @@ class ClearToolResultsFilter:
 
     def __getstate__(self) -> dict[str, Any]:
         state = self.__dict__.copy()
-        for k in ("_rec", "_cleared_cache", "_last"):
+        for k in ("_rec", "_cleared_cache", "_last", "_lock"):
             state.pop(k, None)
         return state
 
@@ -629,15 +638,17 @@ class ClearToolResultsFilter:
         []
         """
         msgs = messages if isinstance(messages, list) else list(messages)
-        rec, cleared = self._plan(msgs, tools_schema)
-        return [i for i, k in zip(rec.results[:cleared], rec.result_kinds) if k == 2]
+        with self._lock:
+            rec, cleared = self._plan(msgs, tools_schema)
+            return [i for i, k in zip(rec.results[:cleared], rec.result_kinds) if k == 2]
 
     def apply(self, messages: Sequence[Message], local_state: Any = None, global_state: Any = None,
               ctx: Any = None, *, tools_schema: Optional[Sequence[dict[str, Any]]] = None,
               **kwargs: Any) -> list[Message]:
         """``messages`` with the old tool results cleared (a new list; the input is untouched)."""
         try:
-            return self._apply(messages, tools_schema)
+            with self._lock:
+                return self._apply(messages, tools_schema)
         except JianmuError:
             raise
         except Exception as exc:
@@ -826,6 +837,7 @@ class SummarizingBudgetFilter:
         self._reset()
 
     def _reset(self) -> None:
+        self._lock = threading.RLock()
         self._inner: dict[int, TokenBudgetFilter] = {}
         self._over_ref: Optional[tuple[list[Message], int]] = None
         self._last_span: Optional[tuple[list[Message], str]] = None
@@ -842,7 +854,7 @@ class SummarizingBudgetFilter:
 
     def __getstate__(self) -> dict[str, Any]:
         state = self.__dict__.copy()
-        for k in ("_inner", "_over_ref", "_last_span", "_by_content", "_messages", "_digests"):
+        for k in ("_inner", "_over_ref", "_last_span", "_by_content", "_messages", "_digests", "_lock"):
             state.pop(k, None)
         return state
 
@@ -866,7 +878,8 @@ class SummarizingBudgetFilter:
               **kwargs: Any) -> list[Message]:
         """Trim ``messages`` to the budget, with a summary of what was dropped."""
         try:
-            return self._apply(messages, tools_schema)
+            with self._lock:
+                return self._apply(messages, tools_schema)
         except JianmuError:
             raise
         except Exception as exc:  # a budget stage never lets an untrimmed prompt through
