@@ -132,12 +132,21 @@ class _Records:
     def __init__(self) -> None:
         self.msgs: list[Message] = []
         self.n = 0
-        self.roles = np.empty(64, dtype=np.int8)
-        self.counts = np.empty(64, dtype=np.int64)
-        self.rids = np.empty(64, dtype=np.int64)
-        self.call_off = np.zeros(65, dtype=np.int64)
-        self.call_ids = np.empty(64, dtype=np.int64)
+        self.roles: np.ndarray = np.empty(64, dtype=np.int8)
+        self.counts: np.ndarray = np.empty(64, dtype=np.int64)
+        self.rids: np.ndarray = np.empty(64, dtype=np.int64)
+        self.call_off: np.ndarray = np.zeros(65, dtype=np.int64)
+        self.call_ids: np.ndarray = np.empty(64, dtype=np.int64)
         self.n_ids = 0
+
+    def _put_ids(self, ids: list[int]) -> None:
+        need = self.n_ids + len(ids)
+        if need > len(self.call_ids):
+            buf = np.empty(max(2 * len(self.call_ids), need), dtype=np.int64)
+            buf[:self.n_ids] = self.call_ids[:self.n_ids]
+            self.call_ids = buf
+        self.call_ids[self.n_ids:need] = ids
+        self.n_ids = need
 
     def append(self, new: Sequence[Message], intern: dict[str, int], counts: Optional[np.ndarray]) -> None:
         """Add the records of ``new`` (their ``counts``, or ``-1`` for not counted yet)."""
@@ -160,60 +169,31 @@ class _Records:
                 m = new[i]
                 self.roles[j] = r
                 self.counts[j] = -1 if counts is None else counts[i]
-                rid = m.tool_call_id if r == 3 else None
-                self.rids[j] = intern.setdefault(rid, len(intern)) if rid else -1
+                self.rids[j] = _interned(intern, m.tool_call_id) if r == 3 else -1
                 if r == 2 and m.tool_calls:
-                    ids = [intern.setdefault(c.get("id"), len(intern)) if c.get("id") else -1 for c in m.tool_calls]
-                    need = self.n_ids + len(ids)
-                    if need > len(self.call_ids):
-                        buf = np.empty(max(2 * len(self.call_ids), need), dtype=np.int64)
-                        buf[:self.n_ids] = self.call_ids[:self.n_ids]
-                        self.call_ids = buf
-                    self.call_ids[self.n_ids:need] = ids
-                    self.n_ids = need
+                    self._put_ids([_interned(intern, c.get("id")) for c in m.tool_calls])
                 self.call_off[j + 1] = self.n_ids
-            self.msgs.extend(new)
-            self.n = end
-            return
-        self.roles[n:end] = roles
-        self.counts[n:end] = -1 if counts is None else counts
-        if 3 in roles or 2 in roles:
+        else:
+            self.roles[n:end] = roles
+            self.counts[n:end] = -1 if counts is None else counts
             rids = [-1] * k
             offs = []
-            ids: list[int] = []
             for i, m in enumerate(new):
                 r = roles[i]
                 if r == 3:
-                    rid = m.tool_call_id
-                    rids[i] = intern.setdefault(rid, len(intern)) if rid else -1
+                    rids[i] = _interned(intern, m.tool_call_id)
                 elif r == 2 and m.tool_calls:
-                    for call in m.tool_calls:
-                        cid = call.get("id")
-                        ids.append(intern.setdefault(cid, len(intern)) if cid else -1)
-                offs.append(self.n_ids + len(ids))
+                    self._put_ids([_interned(intern, c.get("id")) for c in m.tool_calls])
+                offs.append(self.n_ids)
             self.rids[n:end] = rids
             self.call_off[n + 1:end + 1] = offs
-            if ids:
-                need = self.n_ids + len(ids)
-                if need > len(self.call_ids):
-                    buf = np.empty(max(2 * len(self.call_ids), need), dtype=np.int64)
-                    buf[:self.n_ids] = self.call_ids[:self.n_ids]
-                    self.call_ids = buf
-                self.call_ids[self.n_ids:need] = ids
-                self.n_ids = need
-        else:
-            self.rids[n:end] = -1
-            self.call_off[n + 1:end + 1] = self.n_ids
         self.msgs.extend(new)
         self.n = end
 
 
-class _RowMap(dict):  # type: ignore[type-arg]
-    """id(message) -> row, a new row for an unseen message (``__missing__``: C-level hits)."""
-
-    def __missing__(self, key: int) -> int:
-        row = self[key] = len(self)
-        return row
+def _interned(intern: dict[str, int], key: Any) -> int:
+    """The int of a call id (``-1`` for a missing or empty one)."""
+    return intern.setdefault(key, len(intern)) if key else -1
 
 
 class _WindowFilter:
@@ -380,21 +360,21 @@ class _WindowFilter:
         return results
 
     def _plan_many(self, prompts, todo, limit, tools_schema, sanitize, results) -> None:
-        # one table of records: row of each distinct message, in order of first appearance
-        rowmap: dict[int, int] = _RowMap()
-        flat: list[Message] = []
+        # one table of records: a row for each distinct message (by identity), C-level loops
+        objs: dict[int, Message] = {}
+        for i in todo:
+            msgs = prompts[i]
+            objs.update(zip(map(id, msgs), msgs))
+        distinct = list(objs.values())
+        rowmap = dict(zip(objs, range(len(objs))))
+        del objs
         rows_list: list[int] = []
         offsets = [0]
         for i in todo:
-            msgs = prompts[i]
-            flat += msgs
-            rows_list += map(rowmap.__getitem__, map(id, msgs))
+            rows_list += map(rowmap.__getitem__, map(id, prompts[i]))
             offsets.append(len(rows_list))
         rows = np.array(rows_list, dtype=np.int64)
-        del rows_list
-        _, first = np.unique(rows, return_index=True)
-        distinct = [flat[j] for j in first.tolist()]
-        del flat
+        del rows_list, rowmap
         table = _Records()
         table.append(distinct, {}, self._eager_counts_many(distinct, len(rows) / max(1, len(todo))))
         off = np.array(offsets, dtype=np.int64)
