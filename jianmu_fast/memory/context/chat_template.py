@@ -240,9 +240,27 @@ def _compile(template: str) -> Any:
                     f"Chat templates cannot store underscore-prefixed attributes on a namespace, but got {name!r}."
                 )
 
-    env = ImmutableSandboxedEnvironment(
-        trim_blocks=True, lstrip_blocks=True, extensions=[_Generation, jinja2.ext.loopcontrols]
-    )
+    class _Env(ImmutableSandboxedEnvironment):
+        # The sandbox's verdict on an attribute of a plain str/dict/list/tuple depends only on
+        # the type and the name (jinja2.sandbox: is_internal_attribute, modifies_known_mutable),
+        # so it is cached per (type, name): the same verdicts, without the ABC checks each time.
+        _plain = (str, dict, list, tuple)
+
+        def __init__(self, *args: Any, **kwargs: Any) -> None:
+            super().__init__(*args, **kwargs)
+            self._verdicts: dict[tuple[type, str], bool] = {}
+
+        def is_safe_attribute(self, obj: Any, attr: str, value: Any) -> bool:
+            t = type(obj)
+            if t in self._plain:
+                key = (t, attr)
+                verdict = self._verdicts.get(key)
+                if verdict is None:
+                    verdict = self._verdicts[key] = super().is_safe_attribute(obj, attr, value)
+                return verdict
+            return super().is_safe_attribute(obj, attr, value)
+
+    env = _Env(trim_blocks=True, lstrip_blocks=True, extensions=[_Generation, jinja2.ext.loopcontrols])
     env.filters["tojson"] = tojson
     env.globals["raise_exception"] = raise_exception
     env.globals["strftime_now"] = strftime_now
