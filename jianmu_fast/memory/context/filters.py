@@ -210,7 +210,8 @@ class _WindowFilter:
     chunk: int
     _rec: Optional[_Records] = None
     _intern: Optional[dict[str, int]] = None
-    _last: Optional[tuple[list[Message], int, int, int]] = None
+    #: each instance makes its own; this one serves subclasses whose __init__ skips ours
+    _lock = threading.Lock()
 
     def _limit(self, tools_schema: Any = None) -> int:
         """The core's budget: what the pinned prefix plus the kept run may cost."""
@@ -229,7 +230,7 @@ class _WindowFilter:
 
     def __getstate__(self) -> dict[str, Any]:
         state = self.__dict__.copy()
-        for key in ("_rec", "_intern", "_last", "_lock"):
+        for key in ("_rec", "_intern", "_lock"):
             state.pop(key, None)
         return state
 
@@ -240,7 +241,6 @@ class _WindowFilter:
     def _forget(self) -> None:
         self._rec = None
         self._intern = None
-        self._last = None
 
     def apply(
         self,
