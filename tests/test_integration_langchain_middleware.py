@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import subprocess
 import sys
+from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 from langchain.agents import create_agent
@@ -125,7 +126,10 @@ def test_async_agent_with_providers_builder():
     builder = ContextBuilder(providers=[StaticPromptProvider(SYSTEM), StateHistoryProvider()],
                              filters=[TokenBudgetFilter(BUDGET + 150, COUNTER)])  # + the history note
     agent = create_agent(model, [lookup], middleware=[ContextBuilderMiddleware(builder)])
-    state = asyncio.run(agent.ainvoke({"messages": [HumanMessage(TASK)]}))
+    # in a thread of its own: ainvoke makes its loop the thread's default, and the main thread's
+    # default loop may be the one the Agents SDK's Runner.run_sync keeps open on purpose
+    with ThreadPoolExecutor(1) as pool:
+        state = pool.submit(asyncio.run, agent.ainvoke({"messages": [HumanMessage(TASK)]})).result()
     check_run(model, state, rounds, SYSTEM, BUDGET + 150, exact=False)
     assert "semantic_kind" not in str(state["messages"])  # the builder's annotations stayed in the prompt
 

@@ -22,6 +22,11 @@ Usage (two lines)::
     from jianmu_fast.integrations.openai_agents import call_model_input_filter
     run_config = RunConfig(call_model_input_filter=call_model_input_filter(builder))
 
+Or trim what a ``Session`` hands the runner at the start of each run, storing everything:
+``session = TrimmedSession(SQLiteSession("user-1", "db.sqlite"), builder)`` (see
+:class:`TrimmedSession`; the filter trims every model call, the session only the history a
+run starts from).
+
 >>> from jianmu_fast.memory.context import ContextBuilder, MaxMessagesFilter
 >>> f = call_model_input_filter(ContextBuilder(filters=[MaxMessagesFilter(1)]))
 >>> callable(f)
@@ -30,11 +35,11 @@ True
 
 from __future__ import annotations
 
-from typing import Any, Callable, Mapping
+from typing import Any, Callable, Mapping, Optional, Sequence
 
 from .openai_responses import ResponsesConverter
 
-__all__ = ["call_model_input_filter", "trim_items"]
+__all__ = ["call_model_input_filter", "trim_items", "TrimmedSession"]
 
 _EXTRA_HINT = "pip install 'jianmu_fast[agents]'"
 
@@ -49,11 +54,13 @@ def _plain(item: Any) -> Any:
     return item
 
 
-def trim_items(builder: Any, items: Any, context: Any = None, converter: Any = None) -> list[dict[str, Any]]:
+def trim_items(builder: Any, items: Any, context: Any = None, converter: Any = None, *,
+               tools_schema: Optional[Sequence[dict[str, Any]]] = None) -> list[dict[str, Any]]:
     """Run ``builder`` over Responses input items and return the kept items.
 
     ``converter`` (a :class:`~jianmu_fast.integrations.openai_responses.ResponsesConverter`)
-    carries conversions from one call to the next; the filter keeps one.
+    carries conversions from one call to the next; the filter keeps one. ``tools_schema``
+    goes to the builder (a ``TokenBudgetFilter`` budgets it).
 
     >>> from jianmu_fast.memory.context import ContextBuilder, MaxMessagesFilter
     >>> items = [{"role": "user", "content": "a"}, {"role": "user", "content": "b"}]
@@ -64,10 +71,11 @@ def trim_items(builder: Any, items: Any, context: Any = None, converter: Any = N
         items = [{"role": "user", "content": items}]
     conv = converter if converter is not None else ResponsesConverter()
     msgs = conv.from_responses([_plain(i) for i in items])
+    kw = {} if tools_schema is None else {"tools_schema": tools_schema}
     if getattr(builder, "providers", None):
-        out = builder.build({"messages": msgs, "context": context})
+        out = builder.build({"messages": msgs, "context": context}, **kw)
     else:
-        out = builder.transform(msgs)
+        out = builder.transform(msgs, **kw)
     return conv.to_responses(out)
 
 
@@ -92,3 +100,75 @@ def call_model_input_filter(builder: Any) -> Callable[[Any], Any]:
                               instructions=md.instructions)
 
     return _filter
+
+
+class TrimmedSession:
+    """An Agents SDK ``Session`` that stores everything and hands the runner trimmed history.
+
+    Wraps another session (``SQLiteSession``, a Redis or SQLAlchemy session...): ``add_items``,
+    ``pop_item`` and ``clear_session`` go to it untouched, so nothing stored is lost or
+    changed. ``get_items()`` reads the whole history from it and returns what ``builder``
+    keeps (:func:`trim_items`): the kept items themselves, a ``function_call`` never without
+    its ``function_call_output`` nor the other way round. ``tools_schema`` (the agent's tools,
+    optional) is passed to the builder so a ``TokenBudgetFilter`` leaves room for them; the
+    agent's instructions and the run's new input travel beside the history.
+
+    ``get_items(limit=N)`` returns the wrapped session's newest ``N`` items as stored: the SDK
+    reads the tail that way to verify its own writes, and a trimmed tail would fail that
+    check. So put the limit in the builder (``MaxMessagesFilter``), not in
+    ``RunConfig(session_settings=...)``; the wrapper's own ``session_settings`` is ``None``, so
+    a limit set on the wrapped session still applies to what it returns to be trimmed.
+
+    The session trims the history a run starts from; within a run, each tool round adds to the
+    model input, which :func:`call_model_input_filter` trims call by call.
+
+    >>> import asyncio
+    >>> from agents import SQLiteSession
+    >>> from jianmu_fast.memory.context import ContextBuilder, MaxMessagesFilter
+    >>> s = TrimmedSession(SQLiteSession("demo"), ContextBuilder(filters=[MaxMessagesFilter(1)]))
+    >>> loop = asyncio.new_event_loop()
+    >>> loop.run_until_complete(s.add_items([{"role": "user", "content": "a"}, {"role": "user", "content": "b"}]))
+    >>> loop.run_until_complete(s.get_items()), len(loop.run_until_complete(s.session.get_items()))
+    ([{'role': 'user', 'content': 'b'}], 2)
+    >>> loop.close(); s.session.close()
+    """
+
+    session_settings: Any = None
+
+    def __init__(self, session: Any, builder: Any, *,
+                 tools_schema: Optional[Sequence[dict[str, Any]]] = None) -> None:
+        if not callable(getattr(builder, "transform", None)):
+            raise TypeError(f"builder: expected a ContextBuilder, got {type(builder).__name__}")
+        missing = [n for n in ("get_items", "add_items", "pop_item", "clear_session")
+                   if not callable(getattr(session, n, None))]
+        if missing or not hasattr(session, "session_id"):
+            raise TypeError(f"session: expected an Agents SDK Session, {type(session).__name__} lacks "
+                            f"{', '.join(missing) or 'session_id'}")
+        self.session = session
+        self.builder = builder
+        self.tools_schema = tools_schema
+        self._converter = ResponsesConverter()
+
+    @property
+    def session_id(self) -> str:
+        """The wrapped session's id."""
+        return self.session.session_id  # type: ignore[no-any-return]
+
+    async def get_items(self, limit: Optional[int] = None) -> list[Any]:
+        """The trimmed history (``limit=None``), or the newest ``limit`` items as stored."""
+        if limit is not None:
+            return await self.session.get_items(limit)  # type: ignore[no-any-return]
+        items = await self.session.get_items()
+        return trim_items(self.builder, items, None, self._converter, tools_schema=self.tools_schema)
+
+    async def add_items(self, items: list[Any]) -> None:
+        """Store ``items`` in the wrapped session, untouched."""
+        await self.session.add_items(items)
+
+    async def pop_item(self) -> Any:
+        """Remove and return the wrapped session's newest item."""
+        return await self.session.pop_item()
+
+    async def clear_session(self) -> None:
+        """Clear the wrapped session."""
+        await self.session.clear_session()
