@@ -14,7 +14,7 @@ has only seen the history before the round, as an agent process would). Peers, s
   over the history and tokenized, once per turn (transformers' Jinja environment, our
   renderer; transformers' own ``apply_chat_template`` is slower still).
 
-``test_ratios`` measures the three interleaved and prints chat_template/hf (target <= 2) and
+``test_ratios`` measures the three interleaved (best of 7 rounds) and prints chat_template/hf (target <= 2) and
 full_render/chat_template (target >= 100).
 """
 
@@ -138,7 +138,7 @@ def test_ratios(model_dir, capsys):
     for size in SIZES:
         r = {impl: _round(impl, size, model_dir) for impl in ("chat_template", "hf", "full_render")}
         t = {"chat_template": float("inf"), "hf": float("inf"), "full_render": float("inf")}
-        for _ in range(3):  # interleaved
+        for _ in range(7):  # interleaved
             for impl, (setup, target) in r.items():
                 t[impl] = min(t[impl], _best(setup, target, 1))
         line = (f"chat template, {size} messages: per turn chat_template {t['chat_template'] * 1e6:.0f} us, "
