@@ -313,7 +313,7 @@ def _run(builder, states, lists, global_state, ctx, tools_schema, bar=None) -> B
     last = len(builder.filters) - 1
     clean: set[int] = set()
     for fi, flt in enumerate(builder.filters):
-        if type(flt) in _WINDOW_TYPES and len(alive) > 1:
+        if type(flt) in _WINDOW_TYPES and "apply" not in vars(flt) and len(alive) > 1:
             final = fi == last and bool(getattr(builder, "sanitize", False))
             _window_stage(flt, prompts, alive, tools_schema, errors, clean if final else None)
         else:

@@ -106,3 +106,28 @@ def test_real_shaped_traces_batch_equals_build_and_the_hot_loop(budget):
         assert _outcome(lambda: hot.build({"messages": grown})) == _outcome(
             lambda: ContextBuilder.for_react("You are a support agent.", max_tokens=budget,
                                              token_counter=counter).build({"messages": list(grown)}))
+
+
+def test_an_overridden_apply_is_honoured_by_build_and_the_batch():
+    """The builder and the batch call a trimming filter's routine directly only when its
+    apply() is the library's own: a subclass's (or an instance's) apply still runs."""
+    from jianmu_fast.batch import build_batch
+    from jianmu_fast.message import human
+
+    seen = []
+
+    class Logged(TokenBudgetFilter):
+        def apply(self, messages, *args, **kwargs):
+            seen.append(len(messages))
+            return super().apply(messages, *args, **kwargs)
+
+    b = ContextBuilder([StateHistoryProvider()], [Logged(100)])
+    states = [{"messages": [human("x" * 40) for _ in range(k)]} for k in (1, 3, 30)]
+    outs = [b.build(s) for s in states]
+    assert seen == [1, 3, 30]
+    assert build_batch(b, states) == outs and seen[3:] == [1, 3, 30]
+    plain = TokenBudgetFilter(100)
+    plain.apply = lambda messages, *a, **k: (seen.append("instance"), messages[-1:])[1]  # type: ignore[method-assign]
+    b2 = ContextBuilder([StateHistoryProvider()], [plain])
+    assert [len(p) for p in build_batch(b2, states)] == [1, 1, 1] and seen.count("instance") == 3
+    assert len(b2.build(states[2])) == 1 and seen.count("instance") == 4

@@ -53,6 +53,14 @@ def _is_trimming(flt: Any) -> bool:
     return isinstance(flt, _WindowFilter)
 
 
+def _plain_trimming(flt: Any) -> bool:
+    """A built-in trimming filter whose ``apply`` is the library's own (not overridden by a
+    subclass or on the instance): the builder may call its routine directly."""
+    from .filters import _WindowFilter
+
+    return isinstance(flt, _WindowFilter) and type(flt).apply is _WindowFilter.apply and "apply" not in vars(flt)
+
+
 def _check_stages(items: Optional[Iterable[Any]], kind: str, proto: type, method: str, sig: str) -> list[Any]:
     if items is None:
         return []
@@ -253,7 +261,7 @@ class ContextBuilder:
         last = len(self.filters) - 1
         for i in range(last):
             messages = self._apply_filter(i, messages, local_state, global_state, ctx, tools_schema)
-        if last >= 0 and self.sanitize and self._filter_builtin[last]:
+        if last >= 0 and self.sanitize and _plain_trimming(self.filters[last]):
             # a built-in trimming filter last: it also decides, in compiled code, whether its
             # output needs the sanitizing step (almost never); see _WindowFilter._trim
             out, clean = self.filters[last]._trim(messages, tools_schema, True)
