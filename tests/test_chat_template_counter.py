@@ -326,3 +326,19 @@ def test_build_report_shows_the_template_overhead(families):
     row = [line for line in str(r2).splitlines() if line.startswith("request overhead (template)")]
     assert row and row[0].split()[-1] == str(r2.overhead_tokens)
     assert fam.counter.count_messages(ms) == fam.reference(ms)
+
+
+def test_pickles_by_model_folder(families):
+    import pickle
+
+    fam = families["gpt-oss"]
+    ms = [Message(role="user", content="Weather?")]
+    clone = pickle.loads(pickle.dumps(fam.counter))
+    assert clone.path == fam.counter.path and clone.count_messages(ms) == fam.counter.count_messages(ms)
+    flt = pickle.loads(pickle.dumps(TokenBudgetFilter(400, counter=fam.counter)))
+    assert flt.apply(ms) == ms
+    from tokenizers import Tokenizer
+
+    bare = ChatTemplateTokenCounter(Tokenizer.from_file(os.path.join(fam.path, "tokenizer.json")), "{{ messages }}")
+    with pytest.raises(pickle.PicklingError, match="model folder"):
+        pickle.dumps(bare)

@@ -867,6 +867,22 @@ class ChatTemplateTokenCounter:
         tools = json.loads(json.dumps(list(tools_schema)))
         return self._full(keys, dicts, tools, json.dumps(tools))
 
+    def __getstate__(self) -> dict[str, Any]:
+        """Pickles by model folder (workers reload it; vocabularies are never shipped)."""
+        if self.path is None:
+            import pickle
+
+            raise pickle.PicklingError(
+                "ChatTemplateTokenCounter: a counter built from a tokenizers.Tokenizer cannot be pickled "
+                "(vocabularies are never shipped to workers); build it from a model folder instead"
+            )
+        return {"path": self.path, "chat_template": self.chat_template, "special_tokens": self.special_tokens,
+                "template_kwargs": self.template_kwargs, "cache_size": self.cache_size}
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.__init__(state["path"], state["chat_template"], special_tokens=state["special_tokens"],  # type: ignore[misc]
+                      template_kwargs=state["template_kwargs"], cache_size=state["cache_size"])
+
     def clear_cache(self) -> None:
         """Forget cached renderings and costs (the tokenizer and template stay loaded)."""
         with self._lock:
