@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import os
 
 import pytest
@@ -42,9 +43,11 @@ def pairs_whole(items) -> bool:
 def run(builder, rounds):
     model = ScriptedModel(script(rounds))
     agent = Agent(name="researcher", instructions="You research.", model=model, tools=[lookup])
-    result = Runner.run_sync(agent, "research this", max_turns=rounds + 2,
-                             run_config=RunConfig(call_model_input_filter=call_model_input_filter(builder),
-                                                  tracing_disabled=True))
+    # asyncio.run, not Runner.run_sync: run_sync leaves the thread's default event loop open on
+    # purpose, and a later asyncio.run elsewhere in the suite then warns (ResourceWarning) about it
+    result = asyncio.run(Runner.run(agent, "research this", max_turns=rounds + 2,
+                                    run_config=RunConfig(call_model_input_filter=call_model_input_filter(builder),
+                                                         tracing_disabled=True)))
     return model, result
 
 
@@ -75,7 +78,7 @@ def test_runner_sends_trimmed_valid_input(with_providers):
 def test_without_filter_the_input_grows_unbounded():
     model = ScriptedModel(script(4))
     agent = Agent(name="researcher", instructions="You research.", model=model, tools=[lookup])
-    Runner.run_sync(agent, "research this", run_config=RunConfig(tracing_disabled=True))
+    asyncio.run(Runner.run(agent, "research this", run_config=RunConfig(tracing_disabled=True)))
     assert COUNTER.count_messages(from_responses(model.calls[-1].input)) > BUDGET  # the test is not vacuous
 
 
