@@ -98,6 +98,30 @@ def test_semantics_text_follows_the_prompt_config(monkeypatch):
     assert p.get_messages({"messages": turn(0)})[0].content == "History semantics: custom"
 
 
+def test_semantics_text_is_resolved_again_after_clear_or_recheck_interval(config_sandbox, monkeypatch):
+    from jianmu_fast.config import clear_config_cache
+
+    yaml_file = config_sandbox / "jianmu.yaml"
+    yaml_file.write_text("prompt:\n  history_semantics_prompt: History semantics one.\n")
+    monkeypatch.setattr(state_history, "_RECHECK_NS", 10**15)  # within the interval: no system calls
+    p = StateHistoryProvider()
+    assert p.get_messages({"messages": turn(0)})[0].content == "History semantics one."
+    yaml_file.write_text("prompt:\n  history_semantics_prompt: History semantics, two.\n")
+    assert p.get_messages({"messages": turn(0)})[0].content == "History semantics one."
+    assert p.get_messages({"messages": turn(0)})[0].content == "History semantics one."
+    clear_config_cache()  # looked at again at once
+    assert p.get_messages({"messages": turn(0)})[0].content == "History semantics, two."
+    yaml_file.write_text("prompt:\n  history_semantics_prompt: History semantics, three!\n")
+    assert p.get_messages({"messages": turn(0)})[0].content == "History semantics, two."
+    p._sem_until = 0  # the interval is over: the edited file is seen (mtime/size cache key)
+    assert p.get_messages({"messages": turn(0)})[0].content == "History semantics, three!"
+    yaml_file.write_text("prompt:\n  history_semantics_prompt: [broken\n")
+    clear_config_cache()
+    for _ in range(2):  # a malformed file raises at every call, never a stale text
+        with pytest.raises(Exception, match="malformed YAML"):
+            p.get_messages({"messages": turn(0)})
+
+
 # -- sources ----------------------------------------------------------------------------------
 
 

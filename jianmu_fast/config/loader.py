@@ -98,6 +98,9 @@ class JianmuConfig:
 
 _lock = threading.Lock()
 _cache: dict[tuple[str, int, int], JianmuConfig] = {}
+#: bumped by every ``clear_config_cache()``: consumers that keep a resolved value between
+#: calls (``StateHistoryProvider``'s semantics note) compare it to know they must look again
+_generation = 0
 
 
 def config_path() -> Optional[Path]:
@@ -162,10 +165,15 @@ def load_config() -> JianmuConfig:
 def clear_config_cache() -> None:
     """Forget every parsed configuration (tests call this after rewriting a file in place).
 
+    Consumers that keep a resolved text between calls (``StateHistoryProvider``'s semantics
+    note, re-checked at most once a second) also look again at their next call.
+
     >>> clear_config_cache()
     """
+    global _generation
     with _lock:
         _cache.clear()
+        _generation += 1
 
 
 def reload_config() -> JianmuConfig:

@@ -22,8 +22,12 @@ With ``annotate=True`` (the default), as the design document says:
   when the original text says something the result does not), with
   ``metadata["semantic_kind"] = "tool_observation"``;
 - when any message is so annotated, a ``"History semantics"`` system message (the text of
-  ``jianmu_fast.config.prompts.history_semantics_prompt()``, read at each call) comes right
-  before the history.
+  ``jianmu_fast.config.prompts.history_semantics_prompt()``) comes right before the history.
+  The text is resolved again (``jianmu.yaml`` looked up and stat'ed) at most once every
+  ``SEMANTICS_RECHECK_S`` seconds per provider, and at once after
+  ``jianmu_fast.config.clear_config_cache()`` or when ``history_semantics_prompt`` is
+  replaced: an edit of ``jianmu.yaml`` reaches a running agent loop within a second, and
+  the per-turn path makes no system calls.
 
 ``tool_calls`` and ``tool_call_id`` are kept, so the API still sees valid pairs; copies keep
 the message ``id``; stored messages are never mutated. ``working_memory.build_view(messages,
@@ -45,13 +49,18 @@ import copy
 import hashlib
 import json
 import threading
+import time
 from dataclasses import dataclass
 from typing import Any, Mapping, Optional, Sequence
 
 from ....errors import MessageValidationError
 from ....message import Message, coerce_message, coerce_messages, system
 
-__all__ = ["StateHistoryProvider", "HistoryCacheInfo", "PLAN_NOTE", "RECEIPT_NOTE"]
+__all__ = ["StateHistoryProvider", "HistoryCacheInfo", "PLAN_NOTE", "RECEIPT_NOTE", "SEMANTICS_RECHECK_S"]
+
+#: how long a provider reuses the resolved semantics text before it resolves it again
+SEMANTICS_RECHECK_S = 1.0
+_RECHECK_NS = int(SEMANTICS_RECHECK_S * 1e9)
 
 PLAN_NOTE = (
     "This assistant message records your own previous tool-call decision (self_tool_plan); "
@@ -124,6 +133,17 @@ def _plain_json(v: Any) -> Optional[str]:
 
 
 _MISSING = object()
+_CONFIG_MODULES: Optional[tuple[Any, Any]] = None
+
+
+def _config_modules() -> tuple[Any, Any]:
+    """``(jianmu_fast.config.prompts, jianmu_fast.config.loader)``, imported on first use."""
+    global _CONFIG_MODULES
+    if _CONFIG_MODULES is None:
+        from ....config import loader, prompts
+
+        _CONFIG_MODULES = (prompts, loader)
+    return _CONFIG_MODULES
 
 
 def _no_history(key: str, got: str) -> MessageValidationError:
@@ -182,10 +202,13 @@ class StateHistoryProvider:
         self._coerced: dict[int, tuple[Any, Any, Message]] = {}
         self._prev: Optional[_Prev] = None
         self._semantics: Optional[Message] = None
+        self._sem_key: tuple[Any, int] = (None, -1)  # (prompt function, config generation)
+        self._sem_until = 0  # monotonic ns until which the text is not resolved again
         self._n_annotated = 0
         self._n_reused = 0
 
-    _CACHE_ATTRS = ("_lock", "_ann", "_coerced", "_prev", "_semantics", "_n_annotated", "_n_reused")
+    _CACHE_ATTRS = ("_lock", "_ann", "_coerced", "_prev", "_semantics", "_sem_key", "_sem_until",
+                    "_n_annotated", "_n_reused")
 
     def __getstate__(self) -> dict[str, Any]:
         """The configuration only: the lock and the caches (keyed by object ids, which mean
@@ -273,14 +296,22 @@ class StateHistoryProvider:
         return list(history)
 
     def _semantics_message(self) -> Message:
-        from ....config.prompts import history_semantics_prompt
-
-        text = history_semantics_prompt()
+        """The semantics note; its text is resolved again only when the cached one may be
+        stale (see the module docstring: at most once a second, at once after
+        ``clear_config_cache()`` or when ``history_semantics_prompt`` is replaced)."""
+        prompts, loader = _config_modules()
+        fn = prompts.history_semantics_prompt
+        now = time.monotonic_ns()
         m = self._semantics
+        key = (fn, loader._generation)
+        if m is not None and now < self._sem_until and self._sem_key[0] is fn and self._sem_key[1] == key[1]:
+            return m
+        text = fn()
         if m is None or m.content != text:
             # the id is derived from the text, so every provider and process sends the same bytes
             mid = hashlib.sha256(text.encode("utf-8")).hexdigest()[:32]
             m = self._semantics = system(text, metadata={"semantic_kind": "history_semantics"}, id=mid)
+        self._sem_key, self._sem_until = key, now + _RECHECK_NS
         return m
 
     def _convert(self, items: Sequence[Any]) -> tuple[list[Message], int]:
