@@ -46,19 +46,39 @@ def _returns_messages(provider: Any) -> bool:
     return f"{cls.__module__}.{cls.__qualname__}" in _MESSAGE_LIST_PROVIDERS
 
 
+_LAZY: dict[str, Any] = {}
+
+
+def _window_filter_cls() -> Any:
+    """``filters._WindowFilter``, imported on first use (a dict hit afterwards)."""
+    cls = _LAZY.get("window")
+    if cls is None:
+        from .filters import _WindowFilter
+
+        cls = _LAZY["window"] = _WindowFilter
+    return cls
+
+
+def _history_provider_cls() -> Any:
+    """``StateHistoryProvider``, imported on first use (a dict hit afterwards)."""
+    cls = _LAZY.get("history")
+    if cls is None:
+        from .providers.state_history import StateHistoryProvider
+
+        cls = _LAZY["history"] = StateHistoryProvider
+    return cls
+
+
 def _is_trimming(flt: Any) -> bool:
     """Whether ``flt`` is one of the library's trimming filters (their failure is never skipped)."""
-    from .filters import _WindowFilter
-
-    return isinstance(flt, _WindowFilter)
+    return isinstance(flt, _window_filter_cls())
 
 
 def _plain_trimming(flt: Any) -> bool:
     """A built-in trimming filter whose ``apply`` is the library's own (not overridden by a
     subclass or on the instance): the builder may call its routine directly."""
-    from .filters import _WindowFilter
-
-    return isinstance(flt, _WindowFilter) and type(flt).apply is _WindowFilter.apply and "apply" not in vars(flt)
+    wf = _window_filter_cls()
+    return isinstance(flt, wf) and type(flt).apply is wf.apply and "apply" not in vars(flt)
 
 
 def _check_stages(items: Optional[Iterable[Any]], kind: str, proto: type, method: str, sig: str) -> list[Any]:
@@ -241,8 +261,16 @@ class ContextBuilder:
 
     def _provide(self, local_state, global_state, ctx, tools_schema) -> list[Message]:
         messages: list[Message] = []
+        history_cls = _history_provider_cls()
         for i, provider in enumerate(self.providers):
             try:
+                if type(provider) is history_cls and "get_messages" not in vars(provider):
+                    # the history without get_messages' final copy: extended into ours at once
+                    note, history = provider._blocks(local_state, global_state, ctx)
+                    if note is not None:
+                        messages.append(note)
+                    messages.extend(history)
+                    continue
                 if self._provider_takes_tools[i]:
                     block = provider.get_messages(local_state, global_state, ctx, tools_schema=tools_schema)
                 else:

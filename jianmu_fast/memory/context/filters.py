@@ -210,6 +210,8 @@ class _WindowFilter:
     chunk: int
     _rec: Optional[_Records] = None
     _intern: Optional[dict[str, int]] = None
+    #: the last plan: (records, their length, planner arguments, sanitize, n_pinned, lo, hi, clean)
+    _plan: Optional[tuple[Any, ...]] = None
     #: each instance makes its own; this one serves subclasses whose __init__ skips ours
     _lock = threading.Lock()
 
@@ -230,7 +232,7 @@ class _WindowFilter:
 
     def __getstate__(self) -> dict[str, Any]:
         state = self.__dict__.copy()
-        for key in ("_rec", "_intern", "_lock"):
+        for key in ("_rec", "_intern", "_lock", "_plan"):
             state.pop(key, None)
         return state
 
@@ -241,6 +243,7 @@ class _WindowFilter:
     def _forget(self) -> None:
         self._rec = None
         self._intern = None
+        self._plan = None
 
     def apply(
         self,
@@ -305,9 +308,16 @@ class _WindowFilter:
         limit = self._limit(tools_schema)
         rec, msgs = self._records_of(msgs)
         n = rec.n
+        args = (self._mask, max(limit, 0), self.trim_from_start, self.chunk, self._pinned_free)
+        last = self._plan
+        if (last is not None and last[0] is rec and last[1] == n and last[2] == args and last[3] == sanitize
+                and limit >= 0):
+            # the same records (the prompt is unchanged) and the same limit: the same plan
+            _, _, _, _, n_pinned, lo, hi, clean = last
+            return (msgs[:n_pinned] + msgs[lo:hi] if n_pinned else msgs[lo:hi]), clean
+        self._plan = None
         roles, counts = rec.roles[:n], rec.counts[:n]
         plan_window = _backend.plan_window
-        args = (self._mask, max(limit, 0), self.trim_from_start, self.chunk, self._pinned_free)
         while True:
             status, n_pinned, lo, hi = plan_window(roles, counts, *args)
             if not status:
@@ -321,11 +331,14 @@ class _WindowFilter:
         self._check_decision(msgs, rec, n_pinned, lo, hi, limit)
         out = msgs[:n_pinned] + msgs[lo:hi] if n_pinned else msgs[lo:hi]
         if not sanitize:
-            return out, False
-        status, _ = _backend.sanitize_window(
-            roles, rec.call_off[:n + 1], rec.call_ids[:rec.n_ids], rec.rids[:n], n_pinned, lo, hi
-        )
-        return out, status == 0
+            clean = False
+        else:
+            status, _ = _backend.sanitize_window(
+                roles, rec.call_off[:n + 1], rec.call_ids[:rec.n_ids], rec.rids[:n], n_pinned, lo, hi
+            )
+            clean = status == 0
+        self._plan = (rec, n, args, sanitize, n_pinned, lo, hi, clean)
+        return out, clean
 
     def _trim_many(
         self, prompts: list[list[Message]], tools_schema: Any, sanitize: bool

@@ -284,6 +284,13 @@ class StateHistoryProvider:
 
     def get_messages(self, local_state: Any, global_state: Any = None, ctx: Any = None) -> list[Message]:
         """The (annotated) history, preceded by the semantics note when it holds annotations."""
+        note, history = self._blocks(local_state, global_state, ctx)
+        return [note, *history] if note is not None else list(history)
+
+    def _blocks(self, local_state: Any, global_state: Any = None, ctx: Any = None) -> tuple[Optional[Message], list[Message]]:
+        """``(semantics note or None, history)``: ``get_messages`` without its final copy.
+        The history list may be this provider's own: read it, never change it (the builder
+        extends its prompt with it)."""
         items = self._read(local_state)
         with self._lock:
             history, n_annot = self._convert(items)
@@ -291,9 +298,7 @@ class StateHistoryProvider:
             view = self.working_memory.build_view(list(history), local_state, global_state, ctx)
             history = coerce_messages(view, "working_memory.build_view() output")
             n_annot = sum(1 for m in history if m.metadata.get("semantic_kind") in _KINDS) if self.annotate else 0
-        if n_annot:
-            return [self._semantics_message(), *history]
-        return list(history)
+        return (self._semantics_message() if n_annot else None), history
 
     def _semantics_message(self) -> Message:
         """The semantics note; its text is resolved again only when the cached one may be
@@ -320,7 +325,8 @@ class StateHistoryProvider:
         if prev is not None and prev.all_messages:
             k = len(prev.items)
             # C-level list comparison: identical items compare equal without calling __eq__
-            if k and len(items) >= k and items[:k] == prev.items:
+            # (no slice when the length is unchanged: the repeated call)
+            if k and len(items) >= k and (items[:k] == prev.items if len(items) > k else items == prev.items):
                 start = k
         if start:
             assert prev is not None
