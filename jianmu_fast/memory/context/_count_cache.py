@@ -120,31 +120,40 @@ class CachedChatCounter:
 
     def _store_texts(self, texts: list[str], counts: list[int]) -> None:
         with self._lock:
-            cache = self._texts
-            longest = self.MAX_CACHED_CHARS >> 6
-            for t, c in zip(texts, counts):
-                if t not in cache and len(t) <= longest:  # huge texts: the message cache only
-                    cache[t] = c
-                    self._chars += len(t)
-            if len(cache) > self.cache_size or self._chars > self.MAX_CACHED_CHARS:
-                keep_n = (self.cache_size * 3) // 4
-                keep_chars = (self.MAX_CACHED_CHARS * 3) // 4
-                for key in list(cache):  # oldest first
-                    if len(cache) <= keep_n and self._chars <= keep_chars:
-                        break
-                    del cache[key]
-                    self._chars -= len(key)
+            self._put_texts(texts, counts)
+
+    def _put_texts(self, texts: list[str], counts: list[int]) -> None:
+        """``_store_texts`` with the lock held."""
+        cache = self._texts
+        longest = self.MAX_CACHED_CHARS >> 6
+        for t, c in zip(texts, counts):
+            if t not in cache and len(t) <= longest:  # huge texts: the message cache only
+                cache[t] = c
+                self._chars += len(t)
+        if len(cache) > self.cache_size or self._chars > self.MAX_CACHED_CHARS:
+            keep_n = (self.cache_size * 3) // 4
+            keep_chars = (self.MAX_CACHED_CHARS * 3) // 4
+            for key in list(cache):  # oldest first
+                if len(cache) <= keep_n and self._chars <= keep_chars:
+                    break
+                del cache[key]
+                self._chars -= len(key)
 
     def _store_messages(self, items: list[tuple[Any, ...]]) -> None:
         with self._lock:
-            cache = self._msgs
-            for item in items:
-                m = item[0]
-                cache[id(m)] = (weakref.ref(m),) + item[1:]
-            if len(cache) > self.cache_size:
-                drop = len(cache) - (self.cache_size * 3) // 4
-                for key in list(islice(iter(cache), drop)):
-                    del cache[key]
+            self._put_messages(items)
+
+    def _put_messages(self, items: list[tuple[Any, ...]]) -> None:
+        """``_store_messages`` with the lock held."""
+        cache = self._msgs
+        ref = weakref.ref
+        for item in items:
+            m = item[0]
+            cache[id(m)] = (ref(m),) + item[1:]
+        if len(cache) > self.cache_size:
+            drop = len(cache) - (self.cache_size * 3) // 4
+            for key in list(islice(iter(cache), drop)):
+                del cache[key]
 
     def _role_cost(self, role: str) -> int:
         base = self._role_base.get(role)
@@ -286,10 +295,11 @@ class CachedChatCounter:
                 else:
                     known[t] = n
             plan.append((i, m, fixed, texts))
+        new: list[str] = []
+        counts: list[int] = []
         if need:
             new = list(need)
             counts = self._encode_counts(new)
-            self._store_texts(new, counts)
             known.update(zip(new, counts))
         done: list[tuple[Any, ...]] = []
         for i, m, fixed, texts in plan:
@@ -305,8 +315,12 @@ class CachedChatCounter:
             out[i] = total
             if m is ms[i] and _frozen(m):
                 done.append((m, total))
-        if done:
-            self._store_messages(done)
+        if new or done:
+            with self._lock:  # one acquisition for both caches
+                if new:
+                    self._put_texts(new, counts)
+                if done:
+                    self._put_messages(done)
 
     @staticmethod
     def _coerce(item: Any, where: str) -> Message:

@@ -59,6 +59,7 @@ _PARALLEL_MIN = 2048  # messages in one count call before it is split over two t
 _CPUS = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
 #: counters whose counts are always ints in range (never re-checked)
 _TRUSTED_COUNTERS = (SimpleTokenCounter, TiktokenTokenCounter, HFTokenCounter)
+_CACHED_COUNTERS = (TiktokenTokenCounter, HFTokenCounter)
 _ZERO = np.zeros(1, dtype=np.int64)
 
 
@@ -291,7 +292,7 @@ class _WindowFilter:
                     if countOf(map(type, new), Message) != len(new):
                         new = [m if type(m) is Message else _coerce(m, k + i) for i, m in enumerate(new)]
                         msgs = msgs[:k] + new
-                    rec.append(new, self._intern, self._counts(new, 0, len(new)))
+                    rec.append(new, self._intern, self._new_counts(new))
                 return rec, msgs
         if countOf(map(type, msgs), Message) != len(msgs):
             msgs = [m if type(m) is Message else _coerce(m, i) for i, m in enumerate(msgs)]
@@ -302,6 +303,10 @@ class _WindowFilter:
 
     def _eager_counts(self, msgs: list[Message]) -> Optional[np.ndarray]:
         return None
+
+    def _new_counts(self, new: list[Message]) -> Any:
+        """Counts of the messages a turn appends (an int64 array, or a list of ints)."""
+        return self._counts(new, 0, len(new))
 
     def _trim_locked(self, messages: Sequence[Any], tools_schema: Any, sanitize: bool) -> tuple[list[Message], bool]:
         msgs = messages if type(messages) is list else list(messages)
@@ -591,6 +596,8 @@ class TokenBudgetFilter(_WindowFilter):
         self._counter = counter
         self._count_array = getattr(counter, "count_array", None)
         self._trusted = type(counter) in _TRUSTED_COUNTERS
+        # the library's cached counters: a turn's few new messages skip the array round trip
+        self._list_counts = counter._counts if type(counter) in _CACHED_COUNTERS else None
         self._forget()
         self._tools_last: Optional[tuple[Any, int]] = None
         self._tools_by_json: dict[str, int] = {}
@@ -598,9 +605,15 @@ class TokenBudgetFilter(_WindowFilter):
 
     def __getstate__(self) -> dict[str, Any]:
         state = super().__getstate__()
+        state.pop("_list_counts", None)
         state["_tools_last"] = None
         state["_tools_by_json"] = {}
         return state
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        super().__setstate__(state)
+        counter = state.get("_counter")
+        self._list_counts = counter._counts if type(counter) in _CACHED_COUNTERS else None
 
     def _check_count(self, value: Any, where: str) -> int:
         """A count from a custom counter: an int in ``[0, 2**53]``, else ``TrimmingError``."""
@@ -612,8 +625,16 @@ class TokenBudgetFilter(_WindowFilter):
         )
 
     def _request_cost(self) -> int:
-        cost = self.counter.count_messages([])
-        return cost if self._trusted else self._check_count(cost, "count_messages([])")
+        counter = self.counter
+        if self._trusted:  # count_messages([]) of the library's counters is their PER_REQUEST
+            return counter.PER_REQUEST
+        return self._check_count(counter.count_messages([]), "count_messages([])")
+
+    def _new_counts(self, new: list[Message]) -> Any:
+        fast = self._list_counts
+        if fast is not None and len(new) <= 4:
+            return fast(new, "messages")  # trusted: ints in range, as a plain list
+        return self._counts(new, 0, len(new))
 
     def tools_cost(self, tools_schema: Optional[Sequence[dict[str, Any]]]) -> int:
         """What the request's tools cost by this filter's counter (``count_tools``; a counter
