@@ -48,7 +48,7 @@ def test_ray_engine_in_loopback_namespace():
         pytest.skip(problem)
     short = tempfile.mkdtemp(prefix="jr")  # Ray's socket paths must stay under 108 bytes
     env = dict(os.environ, JIANMU_FAST_RAY_NETNS="1", RAY_USAGE_STATS_ENABLED="0", TMPDIR=short)
-    script = 'ip link set lo up && exec "$0" -m pytest -q -x -p no:cacheprovider -o addopts="" tests/ray_cases'
+    script = 'ip link set lo up && exec "$0" -m pytest -q -x -p no:cacheprovider -p no:logging -o addopts="" tests/ray_cases'
     proc = subprocess.run(
         ["unshare", "-n", "-p", "-f", "--mount-proc", "sh", "-c", script, sys.executable],
         cwd=ROOT, env=env, capture_output=True, text=True, timeout=900,

@@ -11,8 +11,8 @@ import ray
 import ray.data
 
 from jianmu_fast.batch import build_batch
-from jianmu_fast.cli import main
-from jianmu_fast.integrations.ray import BuildPrompts, build_dataset, builder_from_spec
+from jianmu_fast.cli import main, split_persona
+from jianmu_fast.integrations.ray import BuildPrompts, _strip_none, build_dataset, builder_from_spec
 from jianmu_fast.message import coerce_messages
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -38,7 +38,9 @@ def _conversations(limit=120):
 
 
 def _normal(prompt):
-    return [m.to_openai() for m in coerce_messages(prompt)]
+    # rows read back from Ray's Arrow blocks carry the union of the message structs' fields,
+    # unset ones as None: the same messages once those are left out
+    return [m.to_openai() for m in coerce_messages(_strip_none(list(prompt)))]
 
 
 def test_dataset_equals_build_batch_and_build():
@@ -47,13 +49,18 @@ def test_dataset_equals_build_batch_and_build():
     rows = build_dataset(ds, SPEC, batch_size=16, compute=ray.data.ActorPoolStrategy(size=2)).take_all()
     assert [r["id"] for r in rows] == list(range(len(convs)))  # input order, each row once
     assert [r["tag"] for r in rows] == [f"t{i}" for i in range(len(convs))]  # other columns carried
-    builder, counter, _ = builder_from_spec(SPEC)
+    builder, counter, _, _ = builder_from_spec(SPEC)
     local = BuildPrompts(SPEC).build_rows(convs)
-    batch = build_batch(builder, [{"messages": coerce_messages(c)} for c in convs])
-    for r, want, b, conv in zip(rows, local["messages"], batch, convs):
+    # the states as the command line makes them: the input's leading system messages are the persona
+    states = []
+    for c in convs:
+        persona, history = split_persona(coerce_messages(c))
+        states.append({"messages": history, "persona": persona})
+    batch = build_batch(builder, states)
+    for r, want, b, state in zip(rows, local["messages"], batch, states):
         assert r["error"] is None
         assert _normal(r["messages"]) == _normal(want)
-        assert _normal(r["messages"]) == _normal(b) == _normal(builder.build({"messages": coerce_messages(conv)}))
+        assert _normal(r["messages"]) == _normal(b) == _normal(builder.build(state))
         assert r["prompt_tokens"] == counter.count_messages(coerce_messages(want))
 
 
