@@ -40,6 +40,7 @@ from typing import Any, Iterable, Literal, Optional, Sequence
 import json
 import os
 import threading
+from itertools import chain
 from operator import countOf
 
 import numpy as np
@@ -360,12 +361,17 @@ class _WindowFilter:
         except JianmuError as exc:
             return [exc] * len(prompts)
         results: list[Any] = [None] * len(prompts)
-        todo = []
-        for i, msgs in enumerate(prompts):
-            if type(msgs) is not list or countOf(map(type, msgs), Message) != len(msgs):
-                results[i] = self._one(msgs, tools_schema, sanitize)
-            else:
-                todo.append(i)
+        todo: list[int] = []
+        if countOf(map(type, prompts), list) == len(prompts) and countOf(
+            map(type, chain.from_iterable(prompts)), Message
+        ) == sum(map(len, prompts)):  # the usual case: every prompt a list of Messages, one pass
+            todo = list(range(len(prompts)))
+        else:
+            for i, msgs in enumerate(prompts):
+                if type(msgs) is not list or countOf(map(type, msgs), Message) != len(msgs):
+                    results[i] = self._one(msgs, tools_schema, sanitize)
+                else:
+                    todo.append(i)
         if not todo or limit < 0:
             for i in todo:
                 results[i] = self._one(prompts[i], tools_schema, sanitize)
@@ -378,24 +384,23 @@ class _WindowFilter:
         return results
 
     def _plan_many(self, prompts, todo, limit, tools_schema, sanitize, results) -> None:
-        # one table of records: a row for each distinct message (by identity), C-level loops
-        objs: dict[int, Message] = {}
-        for i in todo:
-            msgs = prompts[i]
-            objs.update(zip(map(id, msgs), msgs))
+        # one table of records: a row for each distinct message (by identity), in C-level
+        # passes over all the prompts' references at once (no per-prompt loop)
+        sel = [prompts[i] for i in todo]
+        flat = list(chain.from_iterable(sel))
+        ids = list(map(id, flat))
+        objs: dict[int, Message] = dict(zip(ids, flat))
+        del flat
         distinct = list(objs.values())
         rowmap = dict(zip(objs, range(len(objs))))
         del objs
-        rows_list: list[int] = []
-        offsets = [0]
-        for i in todo:
-            rows_list += map(rowmap.__getitem__, map(id, prompts[i]))
-            offsets.append(len(rows_list))
-        rows = np.array(rows_list, dtype=np.int64)
-        del rows_list, rowmap
+        rows = np.fromiter(map(rowmap.__getitem__, ids), dtype=np.int64, count=len(ids))
+        del ids, rowmap
+        off = np.zeros(len(sel) + 1, dtype=np.int64)
+        np.cumsum(np.fromiter(map(len, sel), dtype=np.int64, count=len(sel)), out=off[1:])
+        offsets = off.tolist()
         table = _Records()
         table.append(distinct, {}, self._eager_counts_many(distinct, len(rows) / max(1, len(todo))))
-        off = np.array(offsets, dtype=np.int64)
         n_tab = table.n
         roles, counts = table.roles[:n_tab], table.counts[:n_tab]
         args = (self._mask, limit, self.trim_from_start, self.chunk, self._pinned_free)
@@ -418,14 +423,17 @@ class _WindowFilter:
             ).tolist()
         else:
             status = [1] * len(todo)
-        sizes = np.diff(off).tolist()
-        for p, (i, k, a, b, size) in enumerate(zip(todo, n_pinned.tolist(), lo.tolist(), hi.tolist(), sizes)):
-            if (a == b and k < size) or (k == size and not self._pinned_free and
-                                         int(counts[rows[offsets[p]:offsets[p] + k]].sum()) > limit):
-                results[i] = self._one(prompts[i], tools_schema, sanitize)
+        sizes = np.diff(off)
+        # the prompts whose plan keeps nothing, or whose pinned prefix alone is everything
+        # (checked against the limit below): their outcome is the one-prompt path's
+        odd = set(np.flatnonzero(((lo == hi) & (n_pinned < sizes)) | (n_pinned == sizes)).tolist())
+        clean = [st == 0 for st in status]
+        for p, i, msgs, k, a, b in zip(range(len(todo)), todo, sel, n_pinned.tolist(), lo.tolist(), hi.tolist()):
+            if p in odd and ((a == b and k < offsets[p + 1] - offsets[p]) or (
+                    not self._pinned_free and int(counts[rows[offsets[p]:offsets[p] + k]].sum()) > limit)):
+                results[i] = self._one(msgs, tools_schema, sanitize)
                 continue
-            msgs = prompts[i]
-            results[i] = (msgs[:k] + msgs[a:b] if k else msgs[a:b], status[p] == 0)
+            results[i] = (msgs[:k] + msgs[a:b] if k else msgs[a:b], clean[p])
 
     def _one(self, msgs: Any, tools_schema: Any, sanitize: bool) -> Any:
         try:
