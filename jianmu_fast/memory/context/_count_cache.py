@@ -239,6 +239,26 @@ class CachedChatCounter:
         return out
 
     def _fill(self, ms: Sequence[Any], missing: list[int], out: list[int], where: str) -> None:
+        if len(missing) == 1:  # the agent loop's turn: one new plain-text message at a time
+            i = missing[0]
+            m = ms[i]
+            c = m.content if type(m) is Message else None
+            if type(c) is str and m.name is None and m.tool_calls is None and (
+                not self.COUNT_TOOL_CALL_ID or m.tool_call_id is None
+            ):
+                fixed = self._role_base.get(m.role)
+                if fixed is None:
+                    fixed = self._role_cost(m.role)
+                n = self._texts.get(c)
+                encoded = n is None
+                if encoded:
+                    n = self._encode_counts([c])[0]
+                total = out[i] = fixed + n
+                with self._lock:
+                    if encoded:
+                        self._put_texts([c], [n])
+                    self._put_messages([(m, total)])
+                return
         tget = self._texts.get
         image = self._image_tokens
         per_name = self.PER_NAME
