@@ -8,7 +8,7 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 PIP_INSTALL := $(PY) -m pip install --quiet --disable-pip-version-check
 EDITABLE := --config-settings editable_mode=compat -e .
-SOURCES := pyproject.toml setup.py csrc/_filter_core.pyx
+SOURCES := pyproject.toml setup.py $(wildcard csrc/*.pyx)
 RUN_STAMP := $(VENV)/.jianmu_fast-run-report-installed
 STAMP := $(VENV)/.jianmu_fast-installed
 BENCH_STAMP := $(VENV)/.jianmu_fast-bench-installed
@@ -48,7 +48,7 @@ test: $(STAMP)
 	JIANMU_FAST_PURE_PYTHON=1 JIANMU_FAST_MAX_EXAMPLES=200 $(PY) -m pytest -q
 
 $(BENCH_STAMP): $(STAMP)
-	$(PY) -m pip install --quiet --disable-pip-version-check -e ".[bench]"
+	$(PIP_INSTALL) $(EDITABLE)"[dev,bench]"
 	touch $(BENCH_STAMP)
 
 # make bench: issue 13's targets table (benchmarks/test_regimes.py, ~3 min on 2 cores);
