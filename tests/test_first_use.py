@@ -94,3 +94,13 @@ def test_without_a_history_provider_any_state_is_fine():
 def test_batch_takes_bare_lists(builder):
     states = [_history(), {"messages": _history()[:1]}]
     assert [_dumps(p) for p in build_batch(builder, states)] == [_dumps(builder.build(s)) for s in states]
+
+
+def test_history_of_the_wrong_type_is_an_error_not_a_silent_empty_prompt():
+    """``{"messages": "hi"}`` must not be logged away by the builder's stage isolation."""
+    from jianmu_fast.errors import MessageValidationError
+    from jianmu_fast.memory.context import ContextBuilder
+
+    builder = ContextBuilder.for_chat(system_prompt="Be brief.")
+    with pytest.raises(MessageValidationError, match=r"local_state\['messages'\]: expected a list of messages.*got str"):
+        builder.build({"messages": "hi"})

@@ -150,7 +150,7 @@ def test_sources(kind, tmp_path):
 def test_missing_history_is_empty_and_a_bad_one_is_a_clear_error():
     p = StateHistoryProvider()
     assert p.get_messages({}) == [] and p.get_messages(None) == []
-    with pytest.raises(TypeError, match=r"local_state\['messages'\]: expected a list of messages"):
+    with pytest.raises(MessageValidationError, match=r"local_state\['messages'\]: expected a list of messages"):
         p.get_messages({"messages": "hello"})
     with pytest.raises(MessageValidationError, match=r"local_state\['messages'\]\[1\]\.role"):
         p.get_messages({"messages": [human("a"), {"role": "robot"}]})

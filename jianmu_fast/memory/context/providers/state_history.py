@@ -268,7 +268,8 @@ class StateHistoryProvider:
             return src.list()
         if isinstance(src, (list, tuple)):
             return src
-        raise TypeError(
+        # a library error, so the builder never logs it away and sends a prompt without the history
+        raise MessageValidationError(
             f"local_state[{key!r}]: expected a list of messages or a StateMessageStore, got {type(src).__name__}"
         )
 
