@@ -340,8 +340,17 @@ def run_lines(job: Any, chunks: Iterator[list[tuple[int, bytes]]]) -> Iterator[l
     ray = _require_ray()
     started = False
     if not ray.is_initialized():
-        ray.init(address=job.args.ray_address, include_dashboard=False, logging_level="ERROR",
-                 log_to_driver=False, configure_logging=False)
+        address = job.args.ray_address
+        try:
+            ray.init(address=address, include_dashboard=False, logging_level="ERROR",
+                     log_to_driver=False, configure_logging=False)
+        except Exception as exc:  # unreachable address, refused token, ...: a usage error, exit 2
+            from ..cli import UsageError
+
+            where = f"the cluster at {address}" if address else "a local Ray instance"
+            hint = (" (a token-authenticated cluster needs RAY_AUTH_MODE=token and its token in "
+                    "RAY_AUTH_TOKEN or ~/.ray/auth_token)" if address else "")
+            raise UsageError(f"--engine ray: cannot reach {where}: {type(exc).__name__}: {exc}{hint}") from None
         started = True
     try:
         ctx = ray.data.DataContext.get_current()
