@@ -554,10 +554,18 @@ def _parquet_rows(path: str, engine: str) -> Iterator[tuple[int, bytes]]:
 
 
 def _drop_nulls(value: Any) -> Any:
+    """``value`` without ``None``-valued keys, recursively: what a message struct Arrow filled
+    in with the column's other fields reads as (lists, tuples and numpy arrays of structs too).
+
+    >>> _drop_nulls([{"role": "user", "content": "hi", "tool_calls": None}])
+    [{'role': 'user', 'content': 'hi'}]
+    """
     if isinstance(value, dict):
         return {k: _drop_nulls(v) for k, v in value.items() if v is not None}
-    if isinstance(value, list):
+    if isinstance(value, (list, tuple)):
         return [_drop_nulls(v) for v in value]
+    if hasattr(value, "tolist") and not isinstance(value, (str, bytes)):  # numpy arrays of structs
+        return _drop_nulls(value.tolist())
     return value
 
 

@@ -44,6 +44,7 @@ import logging
 import pickle
 from typing import Any, Callable, Iterator, Mapping, Optional, Sequence, Union
 
+from ..cli import _drop_nulls as _strip_none  # Arrow's null-filled message structs, read as given
 from ..errors import BatchError
 
 __all__ = ["BuildPrompts", "build_dataset", "SPEC_KEYS", "builder_from_spec", "run_lines"]
@@ -117,17 +118,6 @@ def _budget_counter(builder: Any) -> Any:
         if isinstance(f, TokenBudgetFilter):
             return f.counter
     return TiktokenTokenCounter("o200k_base")
-
-
-def _strip_none(value: Any) -> Any:
-    """Drop ``None``-valued keys (Arrow fills them in when it unifies structs), recursively."""
-    if isinstance(value, dict):
-        return {k: _strip_none(v) for k, v in value.items() if v is not None}
-    if isinstance(value, (list, tuple)):
-        return [_strip_none(v) for v in value]
-    if hasattr(value, "tolist") and not isinstance(value, (str, bytes)):  # numpy arrays of structs
-        return _strip_none(value.tolist())
-    return value
 
 
 class BuildPrompts:
