@@ -6,12 +6,14 @@ every argument, is the pure-Python twin ``jianmu_fast/_filter_core_py.py``; both
 same names, signatures, results and error messages (proven by tests/test_filter_core.py).
 """
 
+from cpython.list cimport PyList_GET_ITEM, PyList_GET_SIZE
+from cpython.object cimport PyObject, PyObject_RichCompareBool, Py_EQ
 from libc.stdint cimport int64_t, int8_t
 from libc.stdlib cimport free, malloc
 
 import numpy as np
 
-__all__ = ["MAX_VALUE", "ROLE_CODES", "plan_window", "plan_windows", "sanitize_window", "sanitize_windows", "select_window", "select_windows"]
+__all__ = ["MAX_VALUE", "ROLE_CODES", "Records", "plan_window", "plan_windows", "sanitize_window", "sanitize_windows", "select_window", "select_windows"]
 
 ROLE_CODES = {"system": 0, "user": 1, "assistant": 2, "tool": 3}
 
@@ -528,3 +530,401 @@ def sanitize_windows(const int64_t[::1] rows, const int64_t[::1] offsets, const 
                 status[p] = _sanitize_status(&rows[offsets[p]], &roles[0], &call_off[0], cid, &result_ids[0],
                                              n_pinned[p], lo[p], hi[p])
     return status_arr
+
+
+# -- the records of one prompt that grows in place (the agent loop); see the twin ---------------
+
+cdef inline Py_ssize_t _lower_bound(const int64_t* ps, Py_ssize_t lo, Py_ssize_t hi, int64_t t) noexcept nogil:
+    """The first ``i`` in ``[lo, hi]`` with ``ps[i] >= t`` (``ps`` non-decreasing, ``ps[hi] >= t``)."""
+    cdef Py_ssize_t mid
+    while lo < hi:
+        mid = lo + (hi - lo) // 2
+        if ps[mid] < t:
+            lo = mid + 1
+        else:
+            hi = mid
+    return lo
+
+
+cdef class Records:
+    """The records of one prompt, extended in place as the prompt grows; see
+    ``jianmu_fast._filter_core_py.Records`` (the specification). Besides the records it keeps
+    prefix sums of the counts over the counted tail, so a plan is a binary search."""
+
+    cdef readonly Py_ssize_t n
+    cdef Py_ssize_t cap, ids_cap, n_ids, c0, pin_n
+    cdef int64_t pin_mask
+    cdef bint dirty, ps_ok
+    cdef object _ra, _ca, _rida, _offa, _idsa, _psa
+    cdef int8_t* r
+    cdef int64_t* c
+    cdef int64_t* rid
+    cdef int64_t* off
+    cdef int64_t* ids
+    cdef int64_t* ps
+    cdef list _msgs
+    cdef dict _intern
+    cdef object _type
+
+    def __init__(self, message_type=object):
+        self._type = message_type
+
+    def __cinit__(self, *args, **kwargs):
+        self._type = object
+        self._msgs = []
+        self._intern = {}
+        self.n = 0
+        self.n_ids = 0
+        self.cap = 0
+        self.ids_cap = 0
+        self.c0 = 0
+        self.pin_n = 0
+        self.pin_mask = -1
+        self.dirty = False
+        self.ps_ok = True
+        self._grow(16)
+        self._grow_ids(16, 0)
+        self.off[0] = 0
+        self.ps[0] = 0
+
+    cdef int _grow(self, Py_ssize_t need) except -1:
+        if need <= self.cap:
+            return 0
+        cdef Py_ssize_t cap = 2 * self.cap
+        if cap < need:
+            cap = need
+        cdef Py_ssize_t n = self.n
+        ra = np.empty(cap, dtype=np.int8)
+        ca = np.empty(cap, dtype=np.int64)
+        rida = np.empty(cap, dtype=np.int64)
+        offa = np.empty(cap + 1, dtype=np.int64)
+        psa = np.empty(cap + 1, dtype=np.int64)
+        if self._ra is not None:
+            ra[:n] = self._ra[:n]
+            ca[:n] = self._ca[:n]
+            rida[:n] = self._rida[:n]
+            offa[:n + 1] = self._offa[:n + 1]
+            psa[:n + 1] = self._psa[:n + 1]
+        cdef int8_t[::1] r8 = ra
+        cdef int64_t[::1] c64 = ca
+        cdef int64_t[::1] rid64 = rida
+        cdef int64_t[::1] off64 = offa
+        cdef int64_t[::1] ps64 = psa
+        self._ra, self._ca, self._rida, self._offa, self._psa = ra, ca, rida, offa, psa
+        self.r, self.c, self.rid, self.off, self.ps = &r8[0], &c64[0], &rid64[0], &off64[0], &ps64[0]
+        self.cap = cap
+        return 0
+
+    cdef int _grow_ids(self, Py_ssize_t need, Py_ssize_t have) except -1:
+        """Room for ``need`` call ids, ``have`` of them written."""
+        if need <= self.ids_cap:
+            return 0
+        cdef Py_ssize_t cap = 2 * self.ids_cap
+        if cap < need:
+            cap = need
+        idsa = np.empty(cap, dtype=np.int64)
+        if self._idsa is not None:
+            idsa[:have] = self._idsa[:have]
+        cdef int64_t[::1] v = idsa
+        self._idsa = idsa
+        self.ids = &v[0]
+        self.ids_cap = cap
+        return 0
+
+    cdef int64_t _interned(self, key) except -2:
+        if not key:
+            return -1
+        v = self._intern.get(key)
+        if v is None:
+            v = len(self._intern)
+            self._intern[key] = v
+        return v
+
+    # -- views (copies) ---------------------------------------------------------------------
+
+    @property
+    def msgs(self):
+        return list(self._msgs)
+
+    @property
+    def roles(self):
+        return self._ra[:self.n].copy()
+
+    @property
+    def counts(self):
+        return self._ca[:self.n].copy()
+
+    @property
+    def call_off(self):
+        return self._offa[:self.n + 1].copy()
+
+    @property
+    def call_ids(self):
+        return self._idsa[:self.n_ids].copy()
+
+    @property
+    def result_ids(self):
+        return self._rida[:self.n].copy()
+
+    @property
+    def interned(self):
+        return len(self._intern)
+
+    # -- growth -----------------------------------------------------------------------------
+
+    cdef Py_ssize_t _match(self, list msgs) except -2:
+        cdef Py_ssize_t n = self.n, i
+        cdef PyObject* a
+        cdef PyObject* b
+        if PyList_GET_SIZE(msgs) < n:
+            return -1
+        for i in range(n):
+            a = PyList_GET_ITEM(msgs, i)
+            b = PyList_GET_ITEM(self._msgs, i)
+            if a != b:
+                x = <object>a
+                y = <object>b
+                if not PyObject_RichCompareBool(x, y, Py_EQ):
+                    return -1
+                if PyList_GET_SIZE(msgs) < n:  # the comparison changed the list
+                    return -1
+                self._msgs[i] = x
+        return PyList_GET_SIZE(msgs) - n
+
+    def match(self, list msgs):
+        """See the twin."""
+        return self._match(msgs)
+
+    def advance(self, list msgs, count):
+        """See the twin."""
+        cdef Py_ssize_t k = self._match(msgs), i
+        if k <= 0:
+            return k
+        new = msgs[self.n:]
+        for i in range(k):
+            if type(<object>PyList_GET_ITEM(new, i)) is not self._type:
+                return -2
+        self.extend(new, count(new))
+        return k
+
+    def extend(self, list new, counts=None):
+        """See the twin."""
+        cdef Py_ssize_t k = len(new), n = self.n, i, j, nid = self.n_ids
+        cdef int64_t v, s
+        cdef int code
+        if counts is not None and len(counts) != k:
+            raise ValueError(f"counts has {len(counts)} entries, new has {k}")
+        self._grow(n + k)
+        for i in range(k):
+            m = <object>PyList_GET_ITEM(new, i)
+            code = ROLE_CODES[m.role]
+            j = n + i
+            if counts is None:
+                v = -1
+            else:
+                x = counts[i]
+                try:
+                    v = x
+                except OverflowError:
+                    v = C_MAX + 1
+                if v < -1 or v > C_MAX:
+                    raise ValueError(f"counts[{j}] must be -1 (not counted) or between 0 and 2**53, got {x}")
+            self.r[j] = code
+            self.c[j] = v
+            if code == 3:
+                self.rid[j] = self._interned(m.tool_call_id)
+            else:
+                self.rid[j] = -1
+                if code == 2:
+                    calls = m.tool_calls
+                    if calls:
+                        for call in calls:
+                            v = self._interned(call.get("id"))
+                            self._grow_ids(nid + 1, nid)
+                            self.ids[nid] = v
+                            nid += 1
+            self.off[j + 1] = nid
+        self.n_ids = nid
+        self._msgs.extend(new)
+        self.n = n + k
+        if not self.dirty:
+            for j in range(n, n + k):
+                v = self.c[j]
+                if v < 0:
+                    self.c0 = j + 1
+                    self.ps[j + 1] = 0
+                    self.ps_ok = True
+                elif self.ps_ok:
+                    s = self.ps[j] + v
+                    if s > SAT:
+                        self.ps_ok = False
+                    else:
+                        self.ps[j + 1] = s
+
+    def set_counts(self, index, values):
+        """See the twin."""
+        cdef Py_ssize_t k = len(index), j, i, n = self.n
+        cdef int64_t v
+        if len(values) != k:
+            raise ValueError(f"values has {len(values)} entries, index has {k}")
+        for j in range(k):
+            x = index[j]
+            if not 0 <= x < n:
+                raise ValueError(f"index[{j}] must be a record position (0..{n - 1}), got {x}")
+            x = values[j]
+            if not -1 <= x <= MAX_VALUE:
+                raise ValueError(f"values[{j}] must be -1 (not counted) or between 0 and 2**53, got {x}")
+        for j in range(k):
+            i = index[j]
+            v = values[j]
+            self.c[i] = v
+        self.dirty = True
+
+    # -- decisions --------------------------------------------------------------------------
+
+    cdef void _rebuild(self) noexcept:
+        cdef Py_ssize_t i = self.n, j
+        cdef int64_t s
+        while i > 0 and self.c[i - 1] >= 0:
+            i -= 1
+        self.c0 = i
+        self.ps[i] = 0
+        self.ps_ok = True
+        self.dirty = False
+        for j in range(i, self.n):
+            s = self.ps[j] + self.c[j]
+            if s > SAT:
+                self.ps_ok = False
+                return
+            self.ps[j + 1] = s
+
+    cdef inline Py_ssize_t _ustart(self, Py_ssize_t i, Py_ssize_t k) noexcept:
+        while i > k and self.r[i] == 3:
+            i -= 1
+        return i
+
+    cdef inline Py_ssize_t _newest(self, Py_ssize_t e, Py_ssize_t k, int64_t avail) noexcept:
+        """The first unit start ``u >= e`` whose units up to the end cost at most ``avail`` (n if none)."""
+        cdef Py_ssize_t n = self.n
+        cdef Py_ssize_t i = _lower_bound(self.ps, e, n, self.ps[n] - avail)
+        while i < n and i > k and self.r[i] == 3:
+            i += 1
+        return i
+
+    cdef void _decide(self, int64_t budget, int64_t mask, bint from_start, int64_t chunk, bint pinned_free,
+                      int64_t* out) noexcept:
+        cdef Py_ssize_t n = self.n, k, i, e, m, s, lo, j, c0, walked
+        cdef int64_t pinned = 0, avail, kept, v, per, step, a2, x_mod, t
+        cdef const int64_t* ps
+        if mask != self.pin_mask:
+            self.pin_mask = mask
+            self.pin_n = 0
+        k = self.pin_n
+        while k < n and (mask >> self.r[k]) & 1:
+            k += 1
+        self.pin_n = k
+        if self.dirty:
+            self._rebuild()
+        if not self.ps_ok:  # sums past 2**62: the general planner (saturating sums)
+            _plan(NULL, n, self.r, self.c, mask, budget, from_start, chunk, pinned_free, out)
+            return
+        ps = self.ps
+        c0 = self.c0
+        out[0] = 0
+        out[1] = k
+        if not pinned_free:
+            m = k if k < c0 else c0
+            for i in range(m):
+                v = self.c[i]
+                if v < 0:
+                    out[0] = 1
+                    out[2] = 0
+                    out[3] = k
+                    return
+                pinned += v
+                if pinned > SAT:
+                    pinned = SAT
+            if k > c0:
+                pinned += ps[k] - ps[c0]
+                if pinned > SAT:
+                    pinned = SAT
+        if k == n or pinned > budget:
+            out[2] = n if from_start else k
+            out[3] = out[2]
+            return
+        avail = budget - pinned
+        if from_start and chunk == 0:
+            e = k if k > c0 else c0
+            while e < n and e > k and self.r[e] == 3:
+                e += 1
+            kept = ps[n] - ps[e]
+            out[3] = n
+            if kept > avail:
+                out[2] = self._newest(e, k, avail)
+                return
+            if e == k:
+                out[2] = k
+                return
+            # every unit from e on fits and the one before holds an uncounted message: ask
+            # for counts as the walk of plan_window does
+            walked = n - e
+            if walked == 0:
+                step = 32
+            else:
+                per = kept // walked if kept // walked > 1 else 1
+                step = (avail - kept) // per * 5 // 4 + 2
+                if walked // 2 > step:
+                    step = walked // 2
+            s = self._ustart(e - 1, k)
+            lo = e - step if e - step > k else k
+            lo = self._ustart(lo, k)
+            out[0] = 1
+            out[2] = lo if lo < s else s
+            out[3] = e
+            return
+        if c0 > k:
+            out[0] = 1
+            out[2] = k
+            out[3] = n
+            return
+        if not from_start:  # the longest run of oldest units
+            out[2] = k
+            t = ps[k] + avail
+            if ps[n] <= t:
+                out[3] = n
+            else:
+                out[3] = self._ustart(_lower_bound(ps, k, n, t + 1) - 1, k)
+            return
+        lo = self._newest(k, k, avail)
+        out[3] = n
+        if lo == k:
+            out[2] = lo
+            return
+        x_mod = ((ps[n] - ps[k]) % chunk - avail % chunk) % chunk
+        x_mod = (x_mod + chunk) % chunk
+        a2 = avail - (chunk - x_mod) % chunk
+        j = n if a2 < 0 else self._newest(k, k, a2)
+        e = self._ustart(n - 1, k)
+        if j > e:
+            j = e
+        out[2] = lo if lo > j else j
+
+    def plan(self, int64_t budget, int64_t pinned_mask, bint from_start, int64_t chunk=0, bint pinned_free=False):
+        """See the twin."""
+        cdef int64_t out[4]
+        _check_plan_args(budget, chunk)
+        if self.n == 0:
+            return (0, 0, 0, 0)
+        self._decide(budget, pinned_mask, from_start, chunk, pinned_free, out)
+        if out[0] == 3:
+            raise MemoryError()
+        return (out[0], out[1], out[2], out[3])
+
+    def sanitize(self, Py_ssize_t n_pinned, Py_ssize_t lo, Py_ssize_t hi):
+        """See the twin."""
+        cdef Py_ssize_t n = self.n
+        if not (0 <= n_pinned <= lo <= hi <= n):
+            raise ValueError(f"need 0 <= n_pinned <= lo <= hi <= {n}, got {n_pinned}, {lo}, {hi}")
+        if n == 0:
+            return 0
+        return _sanitize_status(NULL, self.r, self.off, self.ids, self.rid, n_pinned, lo, hi)

@@ -1,9 +1,14 @@
+from typing import Any, Callable, Optional, Sequence
+
+from typing_extensions import disjoint_base
+
 import numpy as np
 import numpy.typing as npt
 
 __all__ = [
     "MAX_VALUE",
     "ROLE_CODES",
+    "Records",
     "plan_window",
     "plan_windows",
     "sanitize_window",
@@ -14,6 +19,36 @@ __all__ = [
 
 MAX_VALUE: int
 ROLE_CODES: dict[str, int]
+
+@disjoint_base
+class Records:
+    """One prompt's records, extended in place (see ``_filter_core_py.Records``)."""
+
+    @property
+    def n(self) -> int: ...
+    def __init__(self, message_type: type = ...) -> None: ...
+    @property
+    def msgs(self) -> list[Any]: ...
+    @property
+    def roles(self) -> npt.NDArray[np.int8]: ...
+    @property
+    def counts(self) -> npt.NDArray[np.int64]: ...
+    @property
+    def call_off(self) -> npt.NDArray[np.int64]: ...
+    @property
+    def call_ids(self) -> npt.NDArray[np.int64]: ...
+    @property
+    def result_ids(self) -> npt.NDArray[np.int64]: ...
+    @property
+    def interned(self) -> int: ...
+    def match(self, msgs: list[Any]) -> int: ...
+    def advance(self, msgs: list[Any], count: Callable[[list[Any]], Sequence[int]]) -> int: ...
+    def extend(self, new: list[Any], counts: Optional[Sequence[int]] = None) -> None: ...
+    def set_counts(self, index: Sequence[int], values: Sequence[int]) -> None: ...
+    def plan(
+        self, budget: int, pinned_mask: int, from_start: bool, chunk: int = 0, pinned_free: bool = False
+    ) -> tuple[int, int, int, int]: ...
+    def sanitize(self, n_pinned: int, lo: int, hi: int) -> int: ...
 
 def select_window(
     counts: npt.NDArray[np.int64],  # const int64_t[::1]

@@ -47,7 +47,7 @@ from __future__ import annotations
 
 import numpy as np
 
-__all__ = ["MAX_VALUE", "ROLE_CODES", "plan_window", "plan_windows", "sanitize_window", "sanitize_windows", "select_window", "select_windows"]
+__all__ = ["MAX_VALUE", "ROLE_CODES", "Records", "plan_window", "plan_windows", "sanitize_window", "sanitize_windows", "select_window", "select_windows"]
 
 MAX_VALUE = 1 << 53
 
@@ -404,3 +404,168 @@ def sanitize_windows(rows, offsets, roles, call_off, call_ids, result_ids, n_pin
         out[p] = sanitize_window(roles[r], np.array(off, dtype=np.int64), np.array(ids, dtype=np.int64),
                                  result_ids[r], int(n_pinned[p]), int(lo[p]), int(hi[p]))[0]
     return out
+
+
+class Records:
+    """The records of one prompt that grows in place (the agent loop): per message its role
+    code, its count (``-1`` until counted), the interned ids of its calls (``call_off`` /
+    ``call_ids``) and the interned id it answers (``result_ids``; ``-1`` a missing or empty
+    id), as ``plan_window`` and ``sanitize_window`` read them, plus the messages themselves.
+
+    The next prompt that starts with the recorded messages (``match``) only appends records
+    (``advance``), so a turn of the agent loop costs its new messages. ``plan`` and
+    ``sanitize`` equal ``plan_window`` and ``sanitize_window`` over ``roles``, ``counts``,
+    ``call_off``, ``call_ids`` and ``result_ids``; the compiled twin keeps prefix sums of
+    the counted tail, extended with each record, so that ``plan`` is a binary search
+    (O(log n) plus the messages of one unit) instead of a walk over the kept messages.
+    ``message_type`` is the type every appended message must have (``advance`` returns
+    ``-2`` otherwise); records read ``role``, ``tool_call_id`` and ``tool_calls``.
+
+    >>> from jianmu_fast.message import Message, ai, human, system, tool
+    >>> call = [{"id": "c1", "type": "function", "function": {"name": "f", "arguments": "{}"}}]
+    >>> history = [system("s"), human("q")]
+    >>> rec = Records(Message)
+    >>> rec.advance(history, lambda new: [5] * len(new)), rec.n
+    (2, 2)
+    >>> history += [ai(None, tool_calls=call), tool("r", tool_call_id="c1")]
+    >>> rec.advance(history, lambda new: [4, 9]), rec.counts.tolist(), rec.result_ids.tolist()
+    (2, [5, 5, 4, 9], [-1, -1, -1, 0])
+    >>> rec.plan(18, 1, True)         # system pinned (5); the call and its result (13) fit
+    (0, 1, 2, 4)
+    >>> rec.advance(history, len), rec.advance(history[1:], len), rec.advance(history + [{}], len)
+    (0, -1, -2)
+    """
+
+    def __init__(self, message_type=object):
+        self._type = message_type
+        self._msgs = []
+        self._intern = {}
+        self._roles = []
+        self._counts = []
+        self._rids = []
+        self._off = [0]
+        self._ids = []
+
+    @property
+    def n(self):
+        """How many messages are recorded."""
+        return len(self._msgs)
+
+    @property
+    def msgs(self):
+        """A copy of the recorded messages."""
+        return list(self._msgs)
+
+    @property
+    def roles(self):
+        return np.array(self._roles, dtype=np.int8)
+
+    @property
+    def counts(self):
+        return np.array(self._counts, dtype=np.int64)
+
+    @property
+    def call_off(self):
+        return np.array(self._off, dtype=np.int64)
+
+    @property
+    def call_ids(self):
+        return np.array(self._ids, dtype=np.int64)
+
+    @property
+    def result_ids(self):
+        return np.array(self._rids, dtype=np.int64)
+
+    @property
+    def interned(self):
+        """How many distinct call ids were interned."""
+        return len(self._intern)
+
+    def _interned(self, key):
+        return self._intern.setdefault(key, len(self._intern)) if key else -1
+
+    def match(self, msgs):
+        """``len(msgs) - n`` when the list ``msgs`` starts with the recorded messages, each the
+        same object or an equal one (which then replaces the recorded one), else ``-1``."""
+        n = len(self._msgs)
+        if len(msgs) < n:
+            return -1
+        for i in range(n):
+            a, b = msgs[i], self._msgs[i]
+            if a is not b:
+                if not (a == b):
+                    return -1
+                if len(msgs) < n:  # the comparison changed the list
+                    return -1
+                self._msgs[i] = a
+        return len(msgs) - n
+
+    def advance(self, msgs, count):
+        """Record what the list ``msgs`` appends to the recorded messages: ``-1`` if it does
+        not start with them (nothing changes), ``-2`` if an appended item is not a
+        ``message_type`` (nothing changes), else how many were appended, with the counts
+        ``count(new)`` returns (not called when nothing is new)."""
+        k = self.match(msgs)
+        if k <= 0:
+            return k
+        new = msgs[len(self._msgs):]
+        for m in new:
+            if type(m) is not self._type:
+                return -2
+        self.extend(new, count(new))
+        return k
+
+    def extend(self, new, counts=None):
+        """Append the records of the list ``new``, with ``counts`` (ints, ``-1`` for not
+        counted yet; ``None``: none counted)."""
+        k = len(new)
+        n = len(self._msgs)
+        if counts is not None and len(counts) != k:
+            raise ValueError(f"counts has {len(counts)} entries, new has {k}")
+        roles, cnts, rids, off, ids = [], [], [], [], []
+        n_ids = len(self._ids)
+        for i in range(k):
+            m = new[i]
+            code = ROLE_CODES[m.role]
+            v = -1
+            if counts is not None:
+                v = counts[i]
+                if not -1 <= v <= MAX_VALUE:
+                    raise ValueError(f"counts[{n + i}] must be -1 (not counted) or between 0 and 2**53, got {v}")
+            roles.append(code)
+            cnts.append(int(v))
+            if code == TOOL:
+                rids.append(self._interned(m.tool_call_id))
+            else:
+                rids.append(-1)
+                if code == ASSISTANT and m.tool_calls:
+                    for call in m.tool_calls:
+                        ids.append(self._interned(call.get("id")))
+            off.append(n_ids + len(ids))
+        self._roles += roles
+        self._counts += cnts
+        self._rids += rids
+        self._off += off
+        self._ids += ids
+        self._msgs.extend(new)
+
+    def set_counts(self, index, values):
+        """Set the counts of the records at positions ``index`` to ``values``."""
+        n = len(self._msgs)
+        if len(values) != len(index):
+            raise ValueError(f"values has {len(values)} entries, index has {len(index)}")
+        for j in range(len(index)):
+            if not 0 <= index[j] < n:
+                raise ValueError(f"index[{j}] must be a record position (0..{n - 1}), got {index[j]}")
+            if not -1 <= values[j] <= MAX_VALUE:
+                raise ValueError(f"values[{j}] must be -1 (not counted) or between 0 and 2**53, got {values[j]}")
+        for j in range(len(index)):
+            self._counts[int(index[j])] = int(values[j])
+
+    def plan(self, budget, pinned_mask, from_start, chunk=0, pinned_free=False):
+        """``plan_window`` over the records."""
+        return plan_window(self.roles, self.counts, pinned_mask, budget, from_start, chunk, pinned_free)
+
+    def sanitize(self, n_pinned, lo, hi):
+        """``sanitize_window``'s status over the records."""
+        return sanitize_window(self.roles, self.call_off, self.call_ids, self.result_ids, n_pinned, lo, hi)[0]

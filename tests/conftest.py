@@ -32,6 +32,7 @@ def core(request, monkeypatch):
         module = core_py
     monkeypatch.setattr(backend, "select_window", module.select_window)
     monkeypatch.setattr(backend, "select_windows", module.select_windows)
+    monkeypatch.setattr(backend, "Records", module.Records)  # the filters' per-prompt records
     return module
 
 

@@ -64,6 +64,12 @@ def test_twins_share_signatures(name):
 
 
 @needs_c
+@pytest.mark.parametrize("name", ["match", "advance", "extend", "set_counts", "plan", "sanitize"])
+def test_records_twins_share_method_signatures(name):
+    assert inspect.signature(getattr(core_c.Records, name)) == inspect.signature(getattr(core_py.Records, name))
+
+
+@needs_c
 def test_twins_share_constants():
     assert core_c.MAX_VALUE == core_py.MAX_VALUE == 2**53 and core_c.ROLE_CODES == core_py.ROLE_CODES
 
@@ -387,3 +393,132 @@ def test_sanitize_windows_status_equals_sanitize_window(units, data):
             expected = core_py.sanitize_window(roles[r], np.array(o, dtype=np.int64), np.array(ids, dtype=np.int64),
                                                rids[r], *bounds[p])[0] if len(r) else 0
             assert status[p] == expected
+
+
+# -- Records: one prompt's records, grown in place (the agent loop) ---------------------------
+
+def _record_messages(units):
+    """Messages of random units (roles, call ids and result ids as in ``_records``)."""
+    return _records(units)[4]
+
+
+def _record_cores():
+    from jianmu_fast.message import Message
+
+    return [core.Records(Message) for core in _cores()]
+
+
+@given(steps=st.lists(st.tuples(sanitize_units, st.integers(0, 3)), min_size=1, max_size=8), data=st.data())
+@settings(deadline=None, max_examples=max(50, MAX_EXAMPLES // 2))
+def test_records_twin_equals_compiled_and_the_stateless_plans(steps, data):
+    """Grown in place by random units with counts known, unknown or filled later, the
+    records plan and sanitize exactly as ``plan_window``/``sanitize_window`` over their
+    arrays, on both twins (the compiled one by prefix sums and binary search)."""
+    recs = _record_cores()
+    history: list = []
+    big = data.draw(st.booleans())
+    for units, how in steps:
+        new = _record_messages(units)
+        history.extend(new)
+        if how == 0:
+            counts = None
+        else:
+            pool = st.integers(0, 40) if not big else st.sampled_from([0, 7, 2**53])
+            counts = data.draw(st.lists(st.one_of(pool, st.just(-1)) if how == 3 else pool,
+                                        min_size=len(new), max_size=len(new)))
+        assert [r.advance(history, lambda new_: counts) for r in recs] == [len(new)] * len(recs) or not new
+        n = len(history)
+        if n and data.draw(st.booleans()):  # fill some counts, as the filter does when asked
+            index = data.draw(st.lists(st.integers(0, n - 1), max_size=6, unique=True))
+            values = data.draw(st.lists(st.integers(-1, 50), min_size=len(index), max_size=len(index)))
+            for r in recs:
+                r.set_counts(np.array(index, dtype=np.int64), values)
+        views = [(r.roles.tolist(), r.counts.tolist(), r.call_off.tolist(), r.call_ids.tolist(),
+                  r.result_ids.tolist(), r.n, r.interned) for r in recs]
+        assert all(v == views[0] for v in views)
+        roles, counts = recs[0].roles, recs[0].counts
+        for _ in range(3):
+            mask = data.draw(st.integers(0, 15))
+            budget = data.draw(st.one_of(st.integers(0, 300), st.just(2**53)))
+            from_start = data.draw(st.booleans())
+            chunk = data.draw(st.sampled_from([0, 0, 1, 5, 40])) if from_start else 0
+            free = data.draw(st.booleans())
+            want = core_py.plan_window(roles, counts, mask, budget, from_start, chunk, free)
+            assert [r.plan(budget, mask, from_start, chunk, free) for r in recs] == [want] * len(recs)
+        if n:
+            k = data.draw(st.integers(0, n))
+            lo = data.draw(st.integers(k, n))
+            hi = data.draw(st.integers(lo, n))
+            want_s = core_py.sanitize_window(roles, recs[0].call_off, recs[0].call_ids, recs[0].result_ids, k, lo, hi)[0]
+            assert [r.sanitize(k, lo, hi) for r in recs] == [want_s] * len(recs)
+
+
+@given(n=st.integers(1, 400), budget=st.integers(0, 3000), data=st.data())
+@settings(deadline=None, max_examples=max(30, MAX_EXAMPLES // 5))
+def test_records_plan_on_long_histories_with_counted_tails(n, budget, data):
+    """Long histories whose older records are uncounted (the hot loop's state after the
+    first trim): the compiled binary search equals the walk of ``plan_window``."""
+    from jianmu_fast.message import Message, ai, human, system, tool
+
+    seed = data.draw(st.integers(0, 10**6))
+    import random
+
+    rng = random.Random(seed)
+    msgs: list = [system("s")]
+    while len(msgs) < n:
+        r = rng.random()
+        if r < 0.3:
+            calls = [{"id": f"c{len(msgs)}_{j}", "type": "function", "function": {"name": "f", "arguments": "{}"}}
+                     for j in range(rng.choice([1, 1, 2]))]
+            msgs.append(ai(None, tool_calls=calls))
+            msgs += [tool("r", tool_call_id=c["id"]) for c in calls]
+        else:
+            msgs.append(human("u") if r < 0.7 else ai("a"))
+    true = [rng.randint(0, 60) for _ in msgs]
+    cut = data.draw(st.integers(0, len(msgs)))  # counted from here on
+    recs = [core.Records(Message) for core in _cores()]
+    for r in recs:
+        r.extend(msgs, [-1] * cut + true[cut:])
+    for from_start, chunk in ((True, 0), (True, 37), (False, 0)):
+        roles, counts = recs[0].roles, recs[0].counts
+        for _ in range(40):  # fill what is asked for, as the filter does, until decided
+            want = core_py.plan_window(roles, counts, 1, budget, from_start, chunk)
+            assert [r.plan(budget, 1, from_start, chunk) for r in recs] == [want] * len(recs)
+            if want[0] == 0:
+                break
+            idx = np.arange(want[2], want[3], dtype=np.int64)
+            for r in recs:
+                r.set_counts(idx, [true[i] for i in idx])
+            counts = recs[0].counts
+        # one more unit appended, counted: still equal
+        extra, cost = [human("x")], rng.randint(0, 60)
+        for r in recs:
+            r.extend(extra, [cost])
+        msgs += extra
+        true.append(cost)
+
+
+def test_records_match_identity_equality_and_errors():
+    from jianmu_fast.message import Message, human, system
+
+    for core in _cores():
+        a, b = system("s"), human("q")
+        rec = core.Records(Message)
+        assert rec.advance([a, b], lambda new: [1] * len(new)) == 2
+        twin = b.model_copy()  # equal, not the same object: matches and replaces the recorded one
+        assert rec.match([a, twin, human("r")]) == 1 and rec.msgs[1] is twin
+        assert rec.match([a]) == -1 and rec.match([a, human("other")]) == -1
+        assert rec.advance([a, twin, {"role": "user", "content": "x"}], len) == -2 and rec.n == 2
+        with pytest.raises(ValueError, match=r"counts\[2\] must be -1 \(not counted\) or between 0 and 2\*\*53, got 9007199254740993"):
+            rec.extend([human("x")], [2**53 + 1])
+        with pytest.raises(ValueError, match=r"counts has 2 entries, new has 1"):
+            rec.extend([human("x")], [1, 2])
+        with pytest.raises(ValueError, match=r"index\[0\] must be a record position \(0..1\), got 2"):
+            rec.set_counts([2], [1])
+        with pytest.raises(ValueError, match=r"values\[0\] must be -1 \(not counted\) or between 0 and 2\*\*53, got -2"):
+            rec.set_counts([1], [-2])
+        with pytest.raises(ValueError, match=r"budget must be between 0 and 2\*\*53, got -1"):
+            rec.plan(-1, 1, True)
+        with pytest.raises(ValueError, match=r"need 0 <= n_pinned <= lo <= hi <= 2, got 0, 1, 3"):
+            rec.sanitize(0, 1, 3)
+        assert rec.n == 2 and rec.counts.tolist() == [1, 1]
