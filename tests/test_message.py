@@ -139,3 +139,51 @@ def test_text_joins_text_blocks():
     m = human([{"type": "text", "text": "a"}, {"type": "image_url", "image_url": {"url": "u"}}, {"type": "text", "text": "b"}])
     assert m.text() == "a\nb"
     assert ai(None, tool_calls=[{"id": "c", "type": "function", "function": {"name": "f", "arguments": ""}}]).text() == ""
+
+
+_CALLS = [{"id": "c1", "type": "function", "function": {"name": "f", "arguments": "{}"}}]
+
+
+@pytest.mark.parametrize("update", [
+    None,
+    {},
+    {"content": "note", "metadata": {"semantic_kind": "self_tool_plan"}},
+    {"content": [{"type": "text", "text": "b", "extra": [1, {"x": 2}]}]},
+    {"tool_calls": [{"id": "c2", "type": "function", "function": {"name": "g", "arguments": "{}"}}]},
+    {"tool_call_id": "c9", "name": "calc"},
+    {"content": None},
+])
+@pytest.mark.parametrize("make", [
+    lambda: ai(None, tool_calls=_CALLS, metadata={"k": 1}),
+    lambda: human("a", name="n"),
+    lambda: Message.from_openai({"role": "assistant", "content": "x", "refusal": None}),
+])
+def test_model_copy_is_pydantics_shallow_copy_with_frozen_lists(update, make):
+    """The shallow ``model_copy`` (the hot loop's annotated copies) builds exactly what
+    pydantic's does, with new content blocks and tool calls frozen, and leaves the original alone."""
+    from pydantic import BaseModel
+
+    from jianmu_fast.message.model import FrozenDict, FrozenList, freeze
+
+    m = make()
+    before = m.model_dump()
+    ours = m.model_copy(update=update)
+    frozen = {k: freeze(v) if k in ("content", "tool_calls") else v for k, v in (update or {}).items()}
+    theirs = BaseModel.model_copy(m, update=frozen)
+    assert type(ours) is Message and ours is not m
+    assert ours.__dict__ == theirs.__dict__ and ours.model_fields_set == theirs.model_fields_set
+    assert ours.__pydantic_extra__ is None and ours.__pydantic_private__ is None
+    assert ours == theirs and ours.to_openai() == theirs.to_openai() and ours.id == m.id
+    assert m.model_dump() == before and ours.__dict__ is not m.__dict__
+    for key in ("content", "tool_calls"):
+        v = getattr(ours, key)
+        if isinstance(v, list):
+            assert type(v) is FrozenList and all(type(x) is FrozenDict for x in v)
+            with pytest.raises(TypeError):
+                v.append({})
+    with pytest.raises(Exception):
+        ours.content = "changed"  # frozen model
+    # unknown keys, deep copies and subclasses keep pydantic's own path
+    assert m.model_copy(update={"bogus": 1}).__dict__["bogus"] == 1
+    deep = m.model_copy(update=update, deep=True)
+    assert deep == ours

@@ -221,12 +221,29 @@ class Message(BaseModel):
         >>> type(m.content).__name__, m.text()
         ('FrozenList', 'b')
         """
-        if update and ("content" in update or "tool_calls" in update):
-            update = dict(update)
+        if deep or type(self) is not Message or (update and not _FIELDS.issuperset(update)):
+            if update and ("content" in update or "tool_calls" in update):
+                update = dict(update)
+                for key in ("content", "tool_calls"):
+                    if key in update:
+                        update[key] = freeze(update[key])
+            return super().model_copy(update=update, deep=deep)
+        # what pydantic's shallow model_copy does (__copy__, then the update), without its
+        # generic steps: the hot loop's annotated copies (StateHistoryProvider) take this path
+        d = self.__dict__.copy()
+        fields_set = set(self.__pydantic_fields_set__)
+        if update:
+            d.update(update)
+            fields_set.update(update)
             for key in ("content", "tool_calls"):
-                if key in update:
-                    update[key] = freeze(update[key])
-        return super().model_copy(update=update, deep=deep)
+                if key in update and type(d[key]) is not str:
+                    d[key] = freeze(d[key])
+        new = _new_message(Message)
+        _setattr(new, "__dict__", d)
+        _setattr(new, "__pydantic_extra__", None)
+        _setattr(new, "__pydantic_fields_set__", fields_set)
+        _setattr(new, "__pydantic_private__", None)
+        return new
 
     # -- conversion -------------------------------------------------------------------
 
@@ -280,6 +297,11 @@ class Message(BaseModel):
         if isinstance(c, str):
             return c
         return "\n".join(b["text"] for b in c if b.get("type") == "text")
+
+
+_FIELDS = frozenset(Message.model_fields)
+_new_message = object.__new__
+_setattr = object.__setattr__
 
 
 def _format_loc(loc: tuple[Any, ...]) -> str:

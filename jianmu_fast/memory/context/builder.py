@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import inspect
 import logging
+import threading
 from operator import countOf
 from typing import Any, Callable, Iterable, Optional, Sequence
 
@@ -69,6 +70,16 @@ def _history_provider_cls() -> Any:
     return cls
 
 
+def _static_prompt_cls() -> Any:
+    """``StaticPromptProvider``, imported on first use (a dict hit afterwards)."""
+    cls = _LAZY.get("static")
+    if cls is None:
+        from .providers.static_prompt import StaticPromptProvider
+
+        cls = _LAZY["static"] = StaticPromptProvider
+    return cls
+
+
 def _is_trimming(flt: Any) -> bool:
     """Whether ``flt`` is one of the library's trimming filters (their failure is never skipped)."""
     return isinstance(flt, _window_filter_cls())
@@ -105,6 +116,64 @@ def _limit_filters(max_messages: Optional[int], max_tokens: Optional[int], token
     if max_tokens is not None:
         out.append(TokenBudgetFilter(max_tokens, counter=token_counter))
     return out
+
+
+def _derive_hot(providers: list[Any], filters: list[Any]) -> Optional["_Hot"]:
+    """The hot plan of these stages, or None (see ``_Hot``)."""
+    from .filters import MaxMessagesFilter, TokenBudgetFilter
+
+    history_cls = _history_provider_cls()
+    if not providers or not filters or type(providers[-1]) is not history_cls:
+        return None
+    if not all(type(f) in (MaxMessagesFilter, TokenBudgetFilter) for f in filters):
+        return None  # the library's own (no subclass): they never keep the list they are given
+    heads = providers[:-1]
+    if not all(_returns_messages(p) and type(p) is not history_cls for p in heads):
+        return None
+    return _Hot(providers, filters)
+
+
+class _Hot:
+    """How ``build()`` may keep its prompt between calls (the agent loop), derived from the
+    stages: every provider before the last is one of the library's fixed ones
+    (``StaticPromptProvider``, ``ToolsDescProvider``), the last is a ``StateHistoryProvider``,
+    and every filter is one of the library's trimming filters (which never keep, change or
+    return the list they are given)."""
+
+    __slots__ = ("heads", "static", "history", "single", "dicts")
+
+    def __init__(self, providers: list[Any], filters: list[Any]) -> None:
+        self.heads = providers[:-1]
+        static_cls = _static_prompt_cls()
+        #: all heads are StaticPromptProviders: their messages are read directly
+        self.static = all(type(p) is static_cls for p in self.heads)
+        self.history = providers[-1]
+        self.single = filters[0] if len(filters) == 1 else None
+        #: the stages' instance dicts, where a replaced get_messages / apply would show
+        self.dicts = [(vars(p), "get_messages") for p in providers] + [(vars(f), "apply") for f in filters]
+
+    def patched(self) -> bool:
+        """Whether a stage's method was replaced on the instance since (the plan then does not apply)."""
+        for d, name in self.dicts:
+            if name in d:
+                return True
+        return False
+
+
+class _Turn:
+    """The prompt (before the filters) of the last hot ``build()``: the fixed providers'
+    messages, the history provider's note and its history list, how much of that list the
+    prompt holds, and the prompt itself (the builder's own list, grown in place while the
+    history provider's list grows; the filters only read it)."""
+
+    __slots__ = ("head", "note", "history", "n", "prompt")
+
+    def __init__(self, head: list[Message], note: Optional[Message], history: list[Message], prompt: list[Message]) -> None:
+        self.head = head
+        self.note = note
+        self.history = history
+        self.n = len(history)
+        self.prompt = prompt
 
 
 class ContextBuilder:
@@ -148,10 +217,30 @@ class ContextBuilder:
         )
         self.filters.extend(_limit_filters(max_messages, max_tokens, token_counter))
         self.sanitize = bool(sanitize)
+        self._derive_stage_flags()
+        self._fresh_hot()
+
+    def _derive_stage_flags(self) -> None:
         self._provider_takes_tools = [_accepts(p.get_messages, "tools_schema") for p in self.providers]
         self._provider_trusted = [_returns_messages(p) for p in self.providers]
         self._filter_takes_tools = [_accepts(f.apply, "tools_schema") for f in self.filters]
         self._filter_builtin = [_is_trimming(f) for f in self.filters]
+
+    def _fresh_hot(self) -> None:
+        self._hot: Optional[_Hot] = None
+        self._hot_stages: Optional[tuple[list[Any], list[Any]]] = None
+        self._turn: Optional[_Turn] = None
+        self._turn_lock = threading.Lock()
+
+    _HOT_ATTRS = ("_hot", "_hot_stages", "_turn", "_turn_lock")
+
+    def __getstate__(self) -> dict[str, Any]:
+        """Everything but the hot loop's prompt and lock (recreated empty on unpickling)."""
+        return {k: v for k, v in self.__dict__.items() if k not in self._HOT_ATTRS}
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.__dict__.update(state)
+        self._fresh_hot()
 
     def __repr__(self) -> str:
         return f"ContextBuilder(providers={self.providers!r}, filters={self.filters!r})"
@@ -243,6 +332,17 @@ class ContextBuilder:
         ...
         jianmu_fast.errors.MessageValidationError: local_state: expected the history under 'messages' ...
         """
+        hot = self._hot_plan()
+        if hot is not None and self._turn_lock.acquire(False):
+            try:  # the builder's own prompt, grown by the new history (see _provide_hot)
+                prompt = self._provide_hot(hot, local_state, global_state, ctx, tools_schema)
+                flt = hot.single
+                if flt is not None and self.sanitize:  # _filter's path for one trimming filter
+                    out, clean = flt._trim(prompt, tools_schema, True)
+                    return out if clean else self._finish(out, tools_schema)
+                return self._filter(prompt, local_state, global_state, ctx, tools_schema)
+            finally:
+                self._turn_lock.release()
         messages = self._provide(local_state, global_state, ctx, tools_schema)
         return self._filter(messages, local_state, global_state, ctx, tools_schema)
 
@@ -284,6 +384,75 @@ class ContextBuilder:
             except Exception:
                 logger.exception("providers[%d] (%s) failed; its messages are skipped", i, type(provider).__name__)
         return messages
+
+    def _hot_plan(self) -> Optional[_Hot]:
+        """The hot path's plan, or None when the stages do not allow it; derived again when
+        ``providers`` or ``filters`` changed (a C-level comparison of two short lists), and
+        checked for methods replaced on an instance."""
+        stages = self._hot_stages
+        if stages is None or stages[0] != self.providers or stages[1] != self.filters:
+            if stages is not None:  # the lists were changed after __init__: derive again
+                self._derive_stage_flags()
+            self._turn = None
+            self._hot = _derive_hot(self.providers, self.filters)
+            self._hot_stages = (list(self.providers), list(self.filters))
+        hot = self._hot
+        return None if hot is None or hot.patched() else hot
+
+    def _provide_hot(self, hot: _Hot, local_state: Any, global_state: Any, ctx: Any, tools_schema: Any) -> list[Message]:
+        """``_provide`` for the hot plan's stages, into the builder's own list: when the fixed
+        messages and the note are the same as last time and the history is the provider's
+        same list (which only grows: see ``StateHistoryProvider._blocks``), last call's prompt
+        is extended by the new history instead of copied whole."""
+        if hot.static:
+            head = [p._message for p in hot.heads if p.text]
+        else:
+            head = []
+            for i, provider in enumerate(hot.heads):
+                block = self._provider_block(i, provider, local_state, global_state, ctx, tools_schema)
+                if block:
+                    head.extend(block)
+        try:
+            note, history = hot.history._blocks(local_state, global_state, ctx)
+        except JianmuError:
+            raise
+        except Exception:
+            logger.exception("providers[%d] (%s) failed; its messages are skipped", len(hot.heads),
+                             type(hot.history).__name__)
+            self._turn = None
+            return head
+        turn = self._turn
+        if turn is not None and turn.history is history and turn.note is note and turn.head == head:
+            k, n = turn.n, len(history)
+            if k == n:
+                return turn.prompt
+            if k < n:
+                turn.prompt.extend(history[k:])
+                turn.n = n
+                return turn.prompt
+        prompt = head.copy()
+        if note is not None:
+            prompt.append(note)
+        prompt.extend(history)
+        self._turn = _Turn(head, note, history, prompt)
+        return prompt
+
+    def _provider_block(self, i: int, provider: Any, local_state: Any, global_state: Any, ctx: Any,
+                        tools_schema: Any) -> Optional[list[Message]]:
+        """``providers[i]``'s messages, or None (logged) when it fails with a non-library error."""
+        try:
+            if self._provider_takes_tools[i]:
+                block = provider.get_messages(local_state, global_state, ctx, tools_schema=tools_schema)
+            else:
+                block = provider.get_messages(local_state, global_state, ctx)
+            if self._provider_trusted[i] or (type(block) is list and countOf(map(type, block), Message) == len(block)):
+                return block  # already Messages: skip the per-item coercion loop
+            return coerce_messages(block, f"providers[{i}] ({type(provider).__name__}) output")
+        except JianmuError:
+            raise
+        except Exception:
+            logger.exception("providers[%d] (%s) failed; its messages are skipped", i, type(provider).__name__)
+            return None
 
     def _filter(self, messages, local_state, global_state, ctx, tools_schema) -> list[Message]:
         last = len(self.filters) - 1

@@ -99,13 +99,11 @@ def _call_name(call: dict[str, Any]) -> Optional[str]:
 
 def annotate_plan(m: Message) -> Message:
     """The ``self_tool_plan`` copy of an assistant message with ``tool_calls``."""
-    lines = [PLAN_NOTE]
     text = m.text()
-    if text:
-        lines.append(f"Original message: {text}")
-    return m.model_copy(
-        update={"content": "\n".join(lines), "metadata": {**m.metadata, "semantic_kind": "self_tool_plan"}}
-    )
+    return m.model_copy(update={
+        "content": f"{PLAN_NOTE}\nOriginal message: {text}" if text else PLAN_NOTE,
+        "metadata": {**m.metadata, "semantic_kind": "self_tool_plan"},
+    })
 
 
 def annotate_receipt(m: Message, tool_name: Optional[str]) -> Message:
@@ -154,14 +152,19 @@ def _no_history(key: str, got: str) -> MessageValidationError:
     )
 
 
-@dataclass
 class _Prev:
-    items: list[Any]  # snapshot of the source items of the last call
-    msgs: list[Message]  # those items as Messages
-    out: list[Message]  # the annotated history (before working_memory)
-    names: dict[Any, Optional[str]]  # call id -> tool name of the open transaction at the end
-    n_annot: int
-    all_messages: bool
+    """What the last call converted, for the next call that extends it."""
+
+    __slots__ = ("items", "msgs", "out", "names", "n_annot", "all_messages")
+
+    def __init__(self, items: list[Any], msgs: list[Message], out: list[Message],
+                 names: dict[Any, Optional[str]], n_annot: int, all_messages: bool) -> None:
+        self.items = items  # snapshot of the source items of the last call
+        self.msgs = msgs  # those items as Messages
+        self.out = out  # the annotated history (before working_memory); only ever grows
+        self.names = names  # call id -> tool name of the open transaction at the end
+        self.n_annot = n_annot
+        self.all_messages = all_messages
 
 
 class StateHistoryProvider:
@@ -201,13 +204,14 @@ class StateHistoryProvider:
         self._ann: dict[int, tuple[Message, Any, Message]] = {}
         self._coerced: dict[int, tuple[Any, Any, Message]] = {}
         self._prev: Optional[_Prev] = None
+        self._annotating = self.annotate  # the setting the caches were made with
         self._semantics: Optional[Message] = None
         self._sem_key: tuple[Any, int] = (None, -1)  # (prompt function, config generation)
         self._sem_until = 0  # monotonic ns until which the text is not resolved again
         self._n_annotated = 0
         self._n_reused = 0
 
-    _CACHE_ATTRS = ("_lock", "_ann", "_coerced", "_prev", "_semantics", "_sem_key", "_sem_until",
+    _CACHE_ATTRS = ("_lock", "_ann", "_coerced", "_prev", "_annotating", "_semantics", "_sem_key", "_sem_until",
                     "_n_annotated", "_n_reused")
 
     def __getstate__(self) -> dict[str, Any]:
@@ -292,7 +296,9 @@ class StateHistoryProvider:
         """``(semantics note or None, history)``: ``get_messages`` without its final copy.
         The history list may be this provider's own: read it, never change it (the builder
         extends its prompt with it)."""
-        items = self._read(local_state)
+        items = local_state.get(self.messages_key) if type(local_state) is dict else None
+        if type(items) is not list:
+            items = self._read(local_state)
         with self._lock:
             history, n_annot = self._convert(items)
         if self.working_memory is not None:
@@ -305,13 +311,15 @@ class StateHistoryProvider:
         """The semantics note; its text is resolved again only when the cached one may be
         stale (see the module docstring: at most once a second, at once after
         ``clear_config_cache()`` or when ``history_semantics_prompt`` is replaced)."""
-        prompts, loader = _config_modules()
+        prompts, loader = _CONFIG_MODULES or _config_modules()
         fn = prompts.history_semantics_prompt
         now = time.monotonic_ns()
         m = self._semantics
+        if m is not None and now < self._sem_until:
+            key = self._sem_key
+            if key[0] is fn and key[1] == loader._generation:
+                return m
         key = (fn, loader._generation)
-        if m is not None and now < self._sem_until and self._sem_key[0] is fn and self._sem_key[1] == key[1]:
-            return m
         text = fn()
         if m is None or m.content != text:
             # the id is derived from the text, so every provider and process sends the same bytes
@@ -321,13 +329,29 @@ class StateHistoryProvider:
         return m
 
     def _convert(self, items: Sequence[Any]) -> tuple[list[Message], int]:
+        if self.annotate != self._annotating:  # the setting changed: annotate anew
+            self._ann, self._prev, self._annotating = {}, None, self.annotate
         prev = self._prev
         start = 0
+        grown = False  # prev.items already holds the new items
         if prev is not None and prev.all_messages:
-            k = len(prev.items)
-            # C-level list comparison: identical items compare equal without calling __eq__
-            # (no slice when the length is unchanged: the repeated call)
-            if k and len(items) >= k and (items[:k] == prev.items if len(items) > k else items == prev.items):
+            old = prev.items
+            k = len(old)
+            n = len(items)
+            # C-level list comparisons: identical items compare equal without calling __eq__
+            if not k or n < k:
+                pass
+            elif n == k:  # the repeated call
+                start = k if items == old else 0
+            elif type(items) is list:
+                # the agent loop: the snapshot grows by the new items first, so the comparison
+                # needs no slice of the whole history
+                old.extend(items[k:])
+                if items == old:
+                    start, grown = k, True
+                else:
+                    del old[k:]
+            elif items[:k] == old:
                 start = k
         if start:
             assert prev is not None
@@ -380,7 +404,8 @@ class StateHistoryProvider:
         # a copy of the source: the caller may append to its own list in place
         if start:
             assert prev is not None
-            prev.items.extend(items[start:])
+            if not grown:
+                prev.items.extend(items[start:])
             prev.names, prev.n_annot, prev.all_messages = names, n_annot, all_msgs
             self._prev = prev
         else:
