@@ -16,6 +16,7 @@ if os.environ.get("JIANMU_FAST_PURE_PYTHON") == "1":
         MAX_VALUE, ROLE_CODES, plan_window, plan_windows, sanitize_window, sanitize_windows, select_window, select_windows,
     )
     from ._editing_core_py import plan_clearing
+    from ._batch_core_py import intern_rows, need_rows, slice_outputs, table_records
 
     BACKEND = "python"
 else:
@@ -24,6 +25,7 @@ else:
             MAX_VALUE, ROLE_CODES, plan_window, plan_windows, sanitize_window, sanitize_windows, select_window, select_windows,
         )
         from ._editing_core import plan_clearing
+        from ._batch_core import intern_rows, need_rows, slice_outputs, table_records
     except ImportError as exc:  # pragma: no cover - exercised by a subprocess test
         raise ImportError(
             "jianmu_fast._filter_core is not compiled: run `pip install -e .` (or `make install`) "

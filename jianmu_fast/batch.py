@@ -39,7 +39,8 @@ import multiprocessing
 import sys
 from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass, field
-from operator import countOf
+from itertools import accumulate, chain
+from operator import countOf, is_, is_not
 from typing import Any, Iterable, Literal, Optional, Sequence
 
 from .errors import BatchError
@@ -292,23 +293,12 @@ def _progress_bar(total: int, enabled: bool) -> Any:
 def _run(builder, states, lists, global_state, ctx, tools_schema, bar=None) -> BatchReport:
     """The single-process pipeline; never raises for a state, returns its failure."""
     n = len(states)
-    prompts: list[Optional[list[Message]]] = [None] * n
     errors: dict[int, BaseException] = {}
     tick = bar.update if bar is not None else None
-    for i in _provider_order(states) if lists is None else range(n):  # providers, per state
-        try:
-            if lists is None:
-                prompts[i] = builder._provide(states[i], global_state, ctx, tools_schema)
-            else:
-                items = lists[i]
-                if type(items) is list and countOf(map(type, items), Message) == len(items):
-                    prompts[i] = items[:]  # already Messages: skip the per-item coercion loop
-                else:
-                    prompts[i] = coerce_messages(items)
-        except Exception as exc:
-            errors[i] = exc
-        if tick is not None and (i & 255) == 255:
-            tick(256)
+    if lists is None:
+        prompts = _provide_all(builder, states, global_state, ctx, tools_schema, errors, tick)
+    else:
+        prompts = _coerce_all(lists, errors, tick)
     alive = [i for i in range(n) if i not in errors]
     last = len(builder.filters) - 1
     clean: set[int] = set()
@@ -317,10 +307,14 @@ def _run(builder, states, lists, global_state, ctx, tools_schema, bar=None) -> B
             final = fi == last and bool(getattr(builder, "sanitize", False))
             _window_stage(flt, prompts, alive, tools_schema, errors, clean if final else None)
         else:
+            if lists is not None:
+                _unshare(prompts, lists, alive)
             for i in alive:
                 _python_stage(builder, fi, prompts, i, states, global_state, ctx, tools_schema, errors)
         if errors:
             alive = [i for i in alive if i not in errors]
+    if lists is not None:
+        _unshare(prompts, lists, alive)
     for i in alive:
         if i in clean:  # the last trimming stage found it valid: nothing to sanitize
             continue
@@ -333,6 +327,143 @@ def _run(builder, states, lists, global_state, ctx, tools_schema, bar=None) -> B
     if tick is not None:
         tick(n - (n // 256) * 256)
     return BatchReport(prompts, [BatchFailure(i, errors[i]) for i in sorted(errors)])
+
+
+def _provide_all(builder, states, global_state, ctx, tools_schema, errors, tick) -> list[Any]:
+    """Every state's provided prompt (``None`` where it failed: the error is in ``errors``)."""
+    n = len(states)
+    prompts: list[Any] = [None] * n
+    rest = _provide_grouped(builder, states, global_state, ctx, prompts)
+    done = 0 if rest is None else n - len(rest)
+    if tick is not None and done >= 256:
+        tick(done - done % 256)
+    provide = builder._provide
+    for i in _provider_order(states) if rest is None else _provider_order([states[i] for i in rest]):
+        if rest is not None:
+            i = rest[i]
+        try:
+            prompts[i] = provide(states[i], global_state, ctx, tools_schema)
+        except Exception as exc:
+            errors[i] = exc
+        done += 1
+        if tick is not None and not done & 255:
+            tick(256)
+    return prompts
+
+
+def _fixed_providers(builder, global_state, ctx) -> Optional[tuple[list[Message], Any, list[Message]]]:
+    """``(head, history provider, tail)`` when the builder's providers are the library's own
+    fixed-text providers around one ``StateHistoryProvider`` (no working memory), none of
+    them overridden: the prompt of a state is then ``head + [note] + history + tail``."""
+    from .memory.context.providers.state_history import StateHistoryProvider
+    from .memory.context.providers.static_prompt import StaticPromptProvider
+    from .memory.context.providers.tools_desc import ToolsDescProvider
+
+    head: list[Message] = []
+    tail: list[Message] = []
+    history = None
+    for p in builder.providers:
+        cls = type(p)
+        if "get_messages" in vars(p):
+            return None
+        if cls is StateHistoryProvider and history is None and p.working_memory is None and "_blocks" not in vars(p):
+            history = p
+        elif cls is StaticPromptProvider or cls is ToolsDescProvider:
+            try:
+                block = p.get_messages(None, global_state, ctx)
+            except Exception:  # its error belongs to each state: the per-state path raises it
+                return None
+            (tail if history is not None else head).extend(block)
+        else:
+            return None
+    return None if history is None else (head, history, tail)
+
+
+def _provide_grouped(builder, states, global_state, ctx, prompts) -> Optional[list[int]]:
+    """The provider stage of the usual builder (``_fixed_providers``) for states that are
+    dicts holding a list of Messages: states whose histories are prefixes of one longest
+    history (by identity) share one provider call on it, and each gets a slice of its
+    output (the history provider annotates each message from it and the messages before
+    it only; the semantics note goes with any annotated message). Fills ``prompts`` and
+    returns the indices left to the per-state path, or ``None`` when not applicable."""
+    fixed = _fixed_providers(builder, global_state, ctx)
+    if fixed is None:
+        return None
+    head, hp, tail = fixed
+    key = hp.messages_key
+    srcs = [s.get(key) if type(s) is dict else None for s in states]
+    groups: dict[int, list[int]] = {}
+    rest: list[int] = []
+    for i, src in enumerate(srcs):
+        if type(src) is list and src:
+            g = groups.get(id(src[0]))
+            if g is None:
+                groups[id(src[0])] = [i]
+            else:
+                g.append(i)
+        else:
+            rest.append(i)
+    for members in groups.values():
+        top = max(members, key=lambda i: len(srcs[i]))
+        longest = srcs[top]
+        n = len(longest)
+        if countOf(map(type, longest), Message) != n:
+            rest.extend(members)
+            continue
+        try:
+            note, hist = hp._blocks(states[top], global_state, ctx)
+        except Exception:  # the per-state path raises or logs it for each state
+            rest.extend(members)
+            continue
+        if len(hist) != n:
+            rest.extend(members)
+            continue
+        annotated = list(accumulate(map(is_not, hist, longest)))
+        with_note = head + [note] if note is not None else head
+        for i in members:
+            src = srcs[i]
+            k = len(src)
+            if src is not longest and not all(map(is_, src, longest)):
+                rest.append(i)
+                continue
+            p = (with_note if annotated[k - 1] else head) + hist[:k]
+            if tail:
+                p += tail
+            prompts[i] = p
+    rest.sort()
+    return rest
+
+
+def _coerce_all(lists, errors, tick) -> list[Any]:
+    """The input lists as lists of Messages. Lists that already hold only Messages are used
+    as they are (no copy: trimming stages never change their input and return new lists;
+    ``_unshare`` copies one before anything else could see it)."""
+    n = len(lists)
+    if countOf(map(type, lists), list) == n and countOf(
+        map(type, chain.from_iterable(lists)), Message
+    ) == sum(map(len, lists)):  # the usual case, in two C-level passes
+        if tick is not None and n >= 256:
+            tick(n - n % 256)
+        return list(lists)
+    prompts: list[Any] = [None] * n
+    for i, items in enumerate(lists):
+        try:
+            if type(items) is list and countOf(map(type, items), Message) == len(items):
+                prompts[i] = items  # already Messages: skip the per-item coercion loop
+            else:
+                prompts[i] = coerce_messages(items)
+        except Exception as exc:
+            errors[i] = exc
+        if tick is not None and (i & 255) == 255:
+            tick(256)
+    return prompts
+
+
+def _unshare(prompts: list[Any], lists: Sequence[Any], alive: list[int]) -> None:
+    """Copy every prompt that is still the caller's own list."""
+    for i in alive:
+        if prompts[i] is lists[i]:
+            prompts[i] = prompts[i][:]
 
 
 def _provider_order(states: list[Any]) -> Sequence[int]:
@@ -357,16 +488,19 @@ def _python_stage(builder, fi, prompts, i, states, global_state, ctx, tools_sche
 
 def _window_stage(flt, prompts, alive, tools_schema, errors, clean: Optional[set[int]]) -> None:
     """One trimming filter over every live prompt: ``_trim_many`` (one table of records, one
-    compiled plan per round, one count call per round). With ``clean`` (the pipeline's last
-    stage, sanitizing on), the prompts it found valid are added there."""
-    results = flt._trim_many([prompts[i] for i in alive], tools_schema, clean is not None)
-    for i, res in zip(alive, results):
-        if isinstance(res, BaseException):
+    compiled plan per round, one count call per round, outputs sliced in C). With ``clean``
+    (the pipeline's last stage, sanitizing on), the prompts it found valid are added there."""
+    outs, ok = flt._trim_many([prompts[i] for i in alive] if len(alive) < len(prompts) else prompts,
+                              tools_schema, clean is not None)
+    for i, res in zip(alive, outs):
+        if type(res) is not list:
             errors[i] = res
+            if clean is not None:
+                clean.discard(i)
             continue
-        prompts[i], ok = res
-        if ok and clean is not None:
-            clean.add(i)
+        prompts[i] = res
+    if clean is not None:
+        clean.update(i for i, good in zip(alive, ok) if good)
 
 
 # -- processes --------------------------------------------------------------------------------

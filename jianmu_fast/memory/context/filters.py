@@ -346,107 +346,28 @@ class _WindowFilter:
         self._plan = (rec, n, args, sanitize, n_pinned, lo, hi, clean)
         return out, clean
 
-    def _trim_many(
-        self, prompts: list[list[Message]], tools_schema: Any, sanitize: bool
-    ) -> list[Any]:
-        """``_trim`` for many prompts, each an ``(output, clean)`` pair or the exception
-        ``_trim`` raises for it. Every distinct message (by identity) gets one record in one
-        table; one ``plan_windows`` call per round plans every prompt, and the counts a round
-        asks for are counted in one ``count_array`` call (each distinct message once); one
-        ``sanitize_windows`` call decides which outputs need the sanitizing step. A prompt
-        whose plan keeps nothing (or whose limit is below zero) goes through ``_trim``, so its
-        error is exactly the one-prompt error."""
-        try:
-            limit = self._limit(tools_schema)
-        except JianmuError as exc:
-            return [exc] * len(prompts)
-        results: list[Any] = [None] * len(prompts)
-        todo: list[int] = []
-        if countOf(map(type, prompts), list) == len(prompts) and countOf(
-            map(type, chain.from_iterable(prompts)), Message
-        ) == sum(map(len, prompts)):  # the usual case: every prompt a list of Messages, one pass
-            todo = list(range(len(prompts)))
-        else:
-            for i, msgs in enumerate(prompts):
-                if type(msgs) is not list or countOf(map(type, msgs), Message) != len(msgs):
-                    results[i] = self._one(msgs, tools_schema, sanitize)
-                else:
-                    todo.append(i)
-        if not todo or limit < 0:
-            for i in todo:
-                results[i] = self._one(prompts[i], tools_schema, sanitize)
-            return results
-        try:
-            self._plan_many(prompts, todo, limit, tools_schema, sanitize, results)
-        except Exception:  # a counter failing on one message: each prompt gets its own outcome
-            for i in todo:
-                results[i] = self._one(prompts[i], tools_schema, sanitize)
-        return results
+    # -- the batch path: the routine lives in _batch_plan (one compiled pass per step) --------
 
-    def _plan_many(self, prompts, todo, limit, tools_schema, sanitize, results) -> None:
-        # one table of records: a row for each distinct message (by identity), in C-level
-        # passes over all the prompts' references at once (no per-prompt loop)
-        sel = [prompts[i] for i in todo]
-        flat = list(chain.from_iterable(sel))
-        ids = list(map(id, flat))
-        objs: dict[int, Message] = dict(zip(ids, flat))
-        del flat
-        distinct = list(objs.values())
-        rowmap = dict(zip(objs, range(len(objs))))
-        del objs
-        rows = np.fromiter(map(rowmap.__getitem__, ids), dtype=np.int64, count=len(ids))
-        del ids, rowmap
-        off = np.zeros(len(sel) + 1, dtype=np.int64)
-        np.cumsum(np.fromiter(map(len, sel), dtype=np.int64, count=len(sel)), out=off[1:])
-        offsets = off.tolist()
-        table = _Records()
-        table.append(distinct, {}, self._eager_counts_many(distinct, len(rows) / max(1, len(todo))))
-        n_tab = table.n
-        roles, counts = table.roles[:n_tab], table.counts[:n_tab]
-        args = (self._mask, limit, self.trim_from_start, self.chunk, self._pinned_free)
-        while True:
-            plans = _backend.plan_windows(rows, off, roles, counts, *args)
-            asking = np.flatnonzero(plans[:, 0])
-            if not len(asking):
-                break
-            need: list[np.ndarray] = []
-            for p, lo, hi in zip(asking.tolist(), plans[asking, 2].tolist(), plans[asking, 3].tolist()):
-                need.append(rows[offsets[p] + lo:offsets[p] + hi])
-            want = np.unique(np.concatenate(need))
-            want = want[counts[want] < 0]
-            counts[want] = self._counts_many([distinct[r] for r in want.tolist()])
-        n_pinned, lo, hi = plans[:, 1], plans[:, 2], plans[:, 3]
-        if sanitize:
-            status = _backend.sanitize_windows(
-                rows, off, roles, table.call_off[:n_tab + 1], table.call_ids[:table.n_ids], table.rids[:n_tab],
-                np.ascontiguousarray(n_pinned), np.ascontiguousarray(lo), np.ascontiguousarray(hi),
-            ).tolist()
-        else:
-            status = [1] * len(todo)
-        sizes = np.diff(off)
-        # the prompts whose plan keeps nothing, or whose pinned prefix alone is everything
-        # (checked against the limit below): their outcome is the one-prompt path's
-        odd = set(np.flatnonzero(((lo == hi) & (n_pinned < sizes)) | (n_pinned == sizes)).tolist())
-        clean = [st == 0 for st in status]
-        for p, i, msgs, k, a, b in zip(range(len(todo)), todo, sel, n_pinned.tolist(), lo.tolist(), hi.tolist()):
-            if p in odd and ((a == b and k < offsets[p + 1] - offsets[p]) or (
-                    not self._pinned_free and int(counts[rows[offsets[p]:offsets[p] + k]].sum()) > limit)):
-                results[i] = self._one(msgs, tools_schema, sanitize)
-                continue
-            results[i] = (msgs[:k] + msgs[a:b] if k else msgs[a:b], clean[p])
+    def _trim_many(self, prompts: list[Any], tools_schema: Any, sanitize: bool) -> tuple[list[Any], Any]:
+        """``_trim`` for many prompts: ``(outputs, clean)``; see ``_batch_plan.trim_many``."""
+        from ._batch_plan import trim_many
+
+        return trim_many(self, prompts, tools_schema, sanitize)
 
     def _one(self, msgs: Any, tools_schema: Any, sanitize: bool) -> Any:
-        try:
-            return self._trim(msgs, tools_schema, sanitize)
-        except Exception as exc:
-            return exc
+        from ._batch_plan import one
+
+        return one(self, msgs, tools_schema, sanitize)
 
     def _eager_counts_many(self, distinct: list[Message], mean_len: float) -> Optional[np.ndarray]:
-        """Counts for every record at once when prompts are short (most of each is kept)."""
-        return self._counts_many(distinct) if mean_len <= 64 else None
+        from ._batch_plan import eager_counts_many
+
+        return eager_counts_many(self, distinct, mean_len)
 
     def _counts_many(self, msgs: list[Message]) -> np.ndarray:
-        return self._counts(msgs, 0, len(msgs))
+        from ._batch_plan import counts_many
+
+        return counts_many(self, msgs)
 
     def _check_decision(self, msgs: list[Message], rec: _Records, n_pinned: int, lo: int, hi: int, limit: int) -> None:
         """Raise the ``ContextBudgetError`` of a plan that keeps nothing (or is over)."""

@@ -1,0 +1,162 @@
+"""Pure-Python reference of the compiled batch core (``csrc/_batch_core.pyx``).
+
+The batch path (``jianmu_fast.memory.context._batch_plan``) turns many prompts (lists of
+Messages, sharing most of their messages) into one table of records, plans every prompt in
+compiled code, and slices the outputs. The Python-object work around the planner lives here,
+so that it runs as C loops in the compiled twin:
+
+``intern_rows``
+    one pass over every prompt's references: each distinct object (by identity) gets a row,
+    each prompt becomes a run of row numbers (CSR: ``rows`` and ``offsets``);
+``table_records``
+    one pass over the distinct messages: role code, the interned ids of the calls an
+    assistant message makes (CSR: ``call_off``/``call_ids``) and the interned id a tool
+    result answers (``-1``: none, or empty);
+``need_rows``
+    the distinct rows a planning round asks to count;
+``slice_outputs``
+    every prompt's output list, ``prompt[:n_pinned] + prompt[lo:hi]``.
+
+This module is the specification: the compiled twin has the same names, signatures, results
+and error messages, and ``tests/test_batch_core.py`` proves it on random inputs.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Sequence
+
+import numpy as np
+
+__all__ = ["intern_rows", "need_rows", "slice_outputs", "table_records"]
+
+
+def intern_rows(prompts: Sequence[Any], cls: type) -> tuple[np.ndarray, np.ndarray, list[Any], list[int]]:
+    """``(rows, offsets, distinct, bad)``: prompt ``p`` is ``distinct[r]`` for ``r`` in
+    ``rows[offsets[p]:offsets[p+1]]``; ``distinct`` holds each object once, in order of first
+    appearance. A prompt that is not a ``list`` whose items are all of exact type ``cls`` is
+    listed in ``bad`` and gets no rows.
+
+    >>> a, b = object(), object()
+    >>> rows, off, distinct, bad = intern_rows([[a, b], [a], "x", [b, b]], object)
+    >>> rows.tolist(), off.tolist(), distinct == [a, b], bad
+    ([0, 1, 0, 1, 1], [0, 2, 3, 3, 5], True, [2])
+    """
+    if not isinstance(cls, type):
+        raise TypeError(f"cls must be a type, got {type(cls).__name__}")
+    rowmap: dict[int, int] = {}
+    distinct: list[Any] = []
+    rows: list[int] = []
+    offsets = [0]
+    bad: list[int] = []
+    for p, msgs in enumerate(prompts):
+        if type(msgs) is not list or any(type(m) is not cls for m in msgs):
+            bad.append(p)
+        else:
+            for m in msgs:
+                r = rowmap.get(id(m))
+                if r is None:
+                    r = rowmap[id(m)] = len(distinct)
+                    distinct.append(m)
+                rows.append(r)
+        offsets.append(len(rows))
+    return np.array(rows, dtype=np.int64), np.array(offsets, dtype=np.int64), distinct, bad
+
+
+def table_records(
+    distinct: Sequence[Any], role_codes: dict[str, int]
+) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """``(roles, call_off, call_ids, result_ids)`` of messages (``role``, ``tool_calls``,
+    ``tool_call_id``): ``roles`` (int8) by ``role_codes``; the calls of an assistant message
+    (code 2) ``call_ids[call_off[i]:call_off[i+1]]``, each call's ``"id"``; the id a tool
+    result (code 3) answers ``result_ids[i]``. Ids are interned to ints in order of first
+    appearance (calls before the result, message by message); ``-1`` is a missing or empty id.
+
+    >>> from jianmu_fast.message import ai, human, tool
+    >>> call = [{"id": "c1", "type": "function", "function": {"name": "f", "arguments": "{}"}}]
+    >>> recs = table_records([human("q"), ai(None, tool_calls=call), tool("r", tool_call_id="c1")],
+    ...                      {"system": 0, "user": 1, "assistant": 2, "tool": 3})
+    >>> [a.tolist() for a in recs]
+    [[1, 2, 3], [0, 0, 1, 1], [0], [-1, -1, 0]]
+    """
+    n = len(distinct)
+    roles = np.empty(n, dtype=np.int8)
+    call_off = np.zeros(n + 1, dtype=np.int64)
+    result_ids = np.full(n, -1, dtype=np.int64)
+    ids: list[int] = []
+    intern: dict[Any, int] = {}
+    for i, m in enumerate(distinct):
+        code = role_codes[m.role]
+        roles[i] = code
+        if code == 3:
+            key = m.tool_call_id
+            result_ids[i] = intern.setdefault(key, len(intern)) if key else -1
+        elif code == 2:
+            calls = m.tool_calls
+            if calls:
+                for c in calls:
+                    key = c.get("id")
+                    ids.append(intern.setdefault(key, len(intern)) if key else -1)
+        call_off[i + 1] = len(ids)
+    return roles, call_off, np.array(ids, dtype=np.int64), result_ids
+
+
+def need_rows(rows: np.ndarray, offsets: np.ndarray, plans: np.ndarray, counts: np.ndarray) -> np.ndarray:
+    """The rows a planning round asks to count, ascending, each once: for every prompt ``p``
+    whose plan (``plans[p]``, ``plan_windows``' ``(status, n_pinned, lo, hi)``) has status 1,
+    the rows of its positions ``[lo, hi)`` whose count is ``-1``.
+
+    >>> i64 = lambda *x: np.array(x, dtype=np.int64)
+    >>> need_rows(i64(0, 1, 2, 2, 3), i64(0, 3, 5), i64(1, 0, 1, 3, 0, 0, 0, 2).reshape(2, 4),
+    ...           i64(-1, -1, -1, -1)).tolist()
+    [1, 2]
+    """
+    n_prompts = len(offsets) - 1
+    _check_plans(plans, offsets, n_prompts, len(rows))
+    n_tab = len(counts)
+    want: set[int] = set()
+    for p in range(n_prompts):
+        if plans[p, 0] != 1:
+            continue
+        base = int(offsets[p])
+        for x in range(base + int(plans[p, 2]), base + int(plans[p, 3])):
+            r = int(rows[x])
+            if r < 0 or r >= n_tab:
+                raise ValueError(f"rows[{x}] must index the records (0..{n_tab - 1}), got {r}")
+            if counts[r] < 0:
+                want.add(r)
+    return np.array(sorted(want), dtype=np.int64)
+
+
+def slice_outputs(prompts: Sequence[list[Any]], plans: np.ndarray) -> list[list[Any]]:
+    """``[prompts[p][:n_pinned] + prompts[p][lo:hi] for each p]``, from ``plans[p]`` =
+    ``(status, n_pinned, lo, hi)``; every output is a new list.
+
+    >>> slice_outputs([["s", "a", "b", "c"], ["x"]], np.array([[0, 1, 2, 4], [0, 0, 0, 1]]))
+    [['s', 'b', 'c'], ['x']]
+    """
+    if plans.ndim != 2 or plans.shape[0] != len(prompts) or plans.shape[1] != 4:
+        raise ValueError(f"plans must have shape ({len(prompts)}, 4), got {tuple(plans.shape)}")
+    out = []
+    for p, msgs in enumerate(prompts):
+        if type(msgs) is not list:
+            raise TypeError(f"prompts[{p}] must be a list, got {type(msgs).__name__}")
+        k, lo, hi = int(plans[p, 1]), int(plans[p, 2]), int(plans[p, 3])
+        if not 0 <= k <= lo <= hi <= len(msgs):
+            raise ValueError(f"prompt {p}: need 0 <= n_pinned <= lo <= hi <= {len(msgs)}, got {k}, {lo}, {hi}")
+        out.append(msgs[:k] + msgs[lo:hi])
+    return out
+
+
+def _check_plans(plans: np.ndarray, offsets: np.ndarray, n_prompts: int, n_rows: int) -> None:
+    if n_prompts < 0:
+        raise ValueError("offsets must have at least one entry")
+    if offsets[0] != 0 or offsets[n_prompts] != n_rows:
+        raise ValueError(f"offsets must start at 0 and end at {n_rows}")
+    if plans.ndim != 2 or plans.shape[0] != n_prompts or plans.shape[1] != 4:
+        raise ValueError(f"plans must have shape ({n_prompts}, 4), got {tuple(plans.shape)}")
+    for p in range(n_prompts):
+        size = int(offsets[p + 1] - offsets[p])
+        if size < 0:
+            raise ValueError(f"offsets must be non-decreasing (at index {p + 1})")
+        if plans[p, 0] == 1 and not 0 <= plans[p, 2] <= plans[p, 3] <= size:
+            raise ValueError(f"prompt {p}: need 0 <= lo <= hi <= {size}, got {plans[p, 2]}, {plans[p, 3]}")

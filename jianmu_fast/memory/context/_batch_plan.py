@@ -1,0 +1,153 @@
+"""The batch routine of the trimming filters: many prompts, one compiled pass per step.
+
+``trim_many(flt, prompts, tools_schema, sanitize)`` is ``flt._trim`` (the routine of
+``apply()``) for every prompt at once, with the same outputs and the same errors. The data
+path, one direction:
+
+1. **rows** (``_backend.intern_rows``): one C pass over every prompt's references gives each
+   distinct message (by identity) a row of one table, and each prompt a run of rows (CSR);
+2. **records** (``_backend.table_records``): role code, interned call ids and result id of
+   each distinct message; counts: every row at once when prompts are short (most of each is
+   kept), otherwise only what the planner asks for;
+3. **decision** (``_backend.plan_windows``): pinned prefix, units and window of every prompt
+   in one compiled call per round; the rows a round asks to count (``need_rows``) are counted
+   in one counter call (each distinct message once; the counters cache per text); with
+   ``sanitize``, one ``sanitize_windows`` call tells the outputs that need no sanitizing;
+4. **output slices** (``_backend.slice_outputs``): every output list built in C.
+
+A prompt that is not a list of Messages, or whose plan keeps nothing or only its pinned
+prefix (the rare ones that may be errors), goes through ``flt._trim`` alone, so its outcome
+(error message included) is exactly the one-prompt outcome.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Optional, Sequence
+
+import numpy as np
+
+from ... import _backend
+from ...errors import JianmuError
+from ...message import Message
+
+__all__ = ["trim_many", "one", "eager_counts_many", "counts_many"]
+
+#: mean prompt length (messages) up to which every distinct message is counted up front
+EAGER_MEAN_LEN = 64
+
+
+def trim_many(flt: Any, prompts: Sequence[Any], tools_schema: Any, sanitize: bool) -> tuple[list[Any], Optional[list[bool]]]:
+    """``(outputs, clean)``: ``outputs[p]`` is ``flt._trim(prompts[p], ...)``'s output list, or
+    the exception it raises; with ``sanitize``, ``clean[p]`` says that output needs no
+    sanitizing (``False`` for a failed prompt), else ``clean`` is ``None``.
+
+    >>> from jianmu_fast.memory.context import MaxMessagesFilter
+    >>> from jianmu_fast.message import system, human
+    >>> s = system("sys")
+    >>> outs, clean = trim_many(MaxMessagesFilter(1), [[s, human("a"), human("b")], [s], "x"], None, True)
+    >>> [[m.content for m in o] for o in outs[:2]], clean[:2], type(outs[2]).__name__
+    ([['sys', 'b'], ['sys']], [True, True], 'MessageValidationError')
+    """
+    n = len(prompts)
+    try:
+        limit = flt._limit(tools_schema)
+    except JianmuError as exc:
+        return [exc] * n, ([False] * n if sanitize else None)
+    rows, off, distinct, bad = _backend.intern_rows(prompts, Message)
+    if not distinct or limit < 0:
+        return _each(flt, prompts, range(n), tools_schema, sanitize)
+    try:
+        outs, clean = _plan(flt, prompts, rows, off, distinct, bad, limit, tools_schema, sanitize)
+    except Exception:  # a counter failing on one message: each prompt gets its own outcome
+        return _each(flt, prompts, range(n), tools_schema, sanitize)
+    return outs, clean
+
+
+def _each(flt: Any, prompts: Sequence[Any], which: Any, tools_schema: Any, sanitize: bool) -> tuple[list[Any], Optional[list[bool]]]:
+    outs: list[Any] = []
+    clean: list[bool] = []
+    for p in which:
+        res = one(flt, prompts[p], tools_schema, sanitize)
+        if isinstance(res, BaseException):
+            outs.append(res)
+            clean.append(False)
+        else:
+            outs.append(res[0])
+            clean.append(res[1])
+    return outs, (clean if sanitize else None)
+
+
+def _plan(flt, prompts, rows, off, distinct, bad, limit, tools_schema, sanitize):
+    n = len(prompts)
+    roles, call_off, call_ids, result_ids = _backend.table_records(distinct, _backend.ROLE_CODES)
+    eager = flt._eager_counts_many(distinct, len(rows) / max(1, n - len(bad)))
+    # a copy: the counter's array is not ours to write into
+    counts = np.full(len(distinct), -1, dtype=np.int64) if eager is None else np.array(eager, dtype=np.int64)
+    args = (flt._mask, limit, flt.trim_from_start, flt.chunk, flt._pinned_free)
+    while True:
+        plans = _backend.plan_windows(rows, off, roles, counts, *args)
+        want = _backend.need_rows(rows, off, plans, counts)
+        if not len(want):
+            if plans[:, 0].any():  # pragma: no cover - the planner asks only for missing counts
+                raise RuntimeError("plan_windows asked for counts it already has")
+            break
+        counts[want] = flt._counts_many([distinct[r] for r in want.tolist()])
+    n_pinned, lo, hi = plans[:, 1], plans[:, 2], plans[:, 3]
+    clean: Optional[list[bool]] = None
+    if sanitize:
+        status = _backend.sanitize_windows(
+            rows, off, roles, call_off, call_ids, result_ids,
+            np.ascontiguousarray(n_pinned), np.ascontiguousarray(lo), np.ascontiguousarray(hi),
+        )
+        clean = (status == 0).tolist()
+    sel = prompts
+    if bad:
+        sel = list(prompts)
+        for p in bad:
+            sel[p] = []
+    outs = _backend.slice_outputs(sel, plans)
+    # the prompts whose plan keeps nothing, or whose pinned prefix alone is everything
+    # (checked against the limit here): their outcome is the one-prompt path's
+    sizes = np.diff(off)
+    odd = np.flatnonzero(((lo == hi) & (n_pinned < sizes)) | (n_pinned == sizes)).tolist()
+    if odd:
+        bad_set = set(bad)
+        for p in odd:
+            if p in bad_set:
+                continue
+            k, a, b, size = int(n_pinned[p]), int(lo[p]), int(hi[p]), int(sizes[p])
+            if (a == b and k < size) or (
+                    not flt._pinned_free and int(counts[rows[off[p]:off[p] + k]].sum()) > limit):
+                _redo(flt, prompts, p, outs, clean, tools_schema, sanitize)
+    for p in bad:
+        _redo(flt, prompts, p, outs, clean, tools_schema, sanitize)
+    return outs, clean
+
+
+def _redo(flt, prompts, p, outs, clean, tools_schema, sanitize) -> None:
+    res = one(flt, prompts[p], tools_schema, sanitize)
+    if isinstance(res, BaseException):
+        outs[p] = res
+        ok = False
+    else:
+        outs[p], ok = res
+    if clean is not None:
+        clean[p] = ok
+
+
+def one(flt: Any, msgs: Any, tools_schema: Any, sanitize: bool) -> Any:
+    """``flt._trim(msgs, ...)``'s ``(output, clean)``, or the exception it raises."""
+    try:
+        return flt._trim(msgs, tools_schema, sanitize)
+    except Exception as exc:
+        return exc
+
+
+def eager_counts_many(flt: Any, distinct: list[Message], mean_len: float) -> Optional[np.ndarray]:
+    """Counts for every record at once when prompts are short (most of each is kept)."""
+    return flt._counts_many(distinct) if mean_len <= EAGER_MEAN_LEN else None
+
+
+def counts_many(flt: Any, msgs: list[Message]) -> np.ndarray:
+    """int64 counts of many distinct messages (the filter's own ``_counts``)."""
+    return flt._counts(msgs, 0, len(msgs))
