@@ -128,6 +128,19 @@ _POST: dict[str, list[dict[str, Any]]] = {
     "system": [_S_SYS2, _S_USER3],
 }
 
+_PRE_KEYS = {k: tuple(json.dumps(d) for d in v) for k, v in _PRE.items()}
+_POST_KEYS = {k: tuple(json.dumps(d) for d in v) for k, v in _POST.items()}
+_STANDIN_DICTS = {json.dumps(d): d for v in (*_PRE.values(), *_POST.values()) for d in v}
+
+#: attributes of a plain dict (anything else the sandbox looks up as a key)
+_DICT_ATTRS = frozenset(dir(dict))
+#: str methods the sandbox lets templates read as they are (public, not str.format/format_map,
+#: which it wraps)
+_SAFE_STR_METHODS = frozenset(
+    a for a in dir(str) if not a.startswith("_") and a not in ("format", "format_map")
+)
+_BUILTIN_METHOD = type("".strip)
+
 
 def _parse_arguments(args: Any) -> Any:
     if isinstance(args, str):
@@ -241,24 +254,40 @@ def _compile(template: str) -> Any:
                 )
 
     class _Env(ImmutableSandboxedEnvironment):
-        # The sandbox's verdict on an attribute of a plain str/dict/list/tuple depends only on
-        # the type and the name (jinja2.sandbox: is_internal_attribute, modifies_known_mutable),
+        # The immutable sandbox's verdict on an attribute depends only on the object's type and
+        # the name (jinja2.sandbox: the leading underscore, is_internal_attribute and
+        # modifies_known_mutable are isinstance checks and name sets; the value is not read),
         # so it is cached per (type, name): the same verdicts, without the ABC checks each time.
-        _plain = (str, dict, list, tuple)
-
         def __init__(self, *args: Any, **kwargs: Any) -> None:
             super().__init__(*args, **kwargs)
             self._verdicts: dict[tuple[type, str], bool] = {}
 
         def is_safe_attribute(self, obj: Any, attr: str, value: Any) -> bool:
+            key = (type(obj), attr)
+            verdict = self._verdicts.get(key)
+            if verdict is None:
+                verdict = self._verdicts[key] = super().is_safe_attribute(obj, attr, value)
+            return verdict
+
+        # Fast paths with the sandbox's own outcomes. ``m.role`` on a plain dict: the sandbox
+        # tries the attribute, which a dict has only for the names in dir(dict), then the key.
+        def getattr(self, obj: Any, attribute: str) -> Any:
             t = type(obj)
-            if t in self._plain:
-                key = (t, attr)
-                verdict = self._verdicts.get(key)
-                if verdict is None:
-                    verdict = self._verdicts[key] = super().is_safe_attribute(obj, attr, value)
-                return verdict
-            return super().is_safe_attribute(obj, attr, value)
+            if t is dict and attribute not in _DICT_ATTRS:
+                try:
+                    return obj[attribute]
+                except (TypeError, LookupError):
+                    return self.undefined(obj=obj, name=attribute)
+            if t is str and attribute in _SAFE_STR_METHODS:  # not format/format_map: no wrapping
+                return getattr(obj, attribute)
+            return super().getattr(obj, attribute)
+
+        def call(__self, __context: Any, __obj: Any, *args: Any, **kwargs: Any) -> Any:  # noqa: N805
+            # a builtin method has no attributes of its own: never ``unsafe_callable`` or
+            # ``alters_data``, so the sandbox's check always passes
+            if type(__obj) is _BUILTIN_METHOD:
+                return __context.call(__obj, *args, **kwargs)
+            return super().call(__context, __obj, *args, **kwargs)
 
     env = _Env(trim_blocks=True, lstrip_blocks=True, extensions=[_Generation, jinja2.ext.loopcontrols])
     env.filters["tojson"] = tojson
@@ -416,6 +445,7 @@ class ChatTemplateTokenCounter:
         tok.no_truncation()
         tok.no_padding()
         self._tok = tok
+        self._encode_batch = getattr(tok, "encode_batch_fast", None) or tok.encode_batch
         self.chat_template: str = template
         if special_tokens:
             special.update(special_tokens)
@@ -426,8 +456,12 @@ class ChatTemplateTokenCounter:
         self._pieces: dict[str, int] = {}  # text between added tokens -> tokens
         self._split = self._piecewise_splitter()
         self._memo: dict[int, tuple[Any, ...]] = {}  # id(message) -> (weakref, snapshot, dict, key)
+        self._by_key: dict[str, dict[str, Any]] = dict(_STANDIN_DICTS)  # message key -> template dict
         self._texts: dict[Any, int] = {}  # key of a rendered conversation -> tokens
         self._units: dict[Any, Any] = {}  # (unit keys, pred, succ) -> per-message costs
+        # unit keys -> per-message costs, for units (not tool-first) without reasoning whose
+        # cost does not depend on their neighbours: the hot loop's one lookup per unit
+        self._local_units: dict[tuple[str, ...], list[int]] = {}
         self._local: dict[Any, bool] = {}  # role pattern -> neighbour-independent?
         self._calls: dict[str, str] = {}  # tool-call id -> key of the assistant message that made it
         self._last: Optional[tuple[list[Any], list[int], list[int]]] = None
@@ -470,36 +504,49 @@ class ChatTemplateTokenCounter:
     def _count(self, text: str) -> int:
         """Tokens of a rendering, as ``tokenizer.encode(text, add_special_tokens=False)``
         counts them; piece by piece between added tokens where that is exact (cached)."""
+        return self._count_many((text,))[0]
+
+    def _encode_lengths(self, texts: list[str]) -> list[int]:
+        """``len(encode(t, add_special_tokens=False))`` for each text, in one batch call (no
+        offsets where the tokenizer offers that; the batch runs on every core)."""
+        return [len(e) for e in self._encode_batch(texts, add_special_tokens=False)]
+
+    def _count_many(self, texts: Sequence[str]) -> list[int]:
+        """``_count`` of each text, encoding every piece not seen before in one batch."""
         split = self._split
         if split is None:
-            return len(self._tok.encode(text, add_special_tokens=False).ids)
-        parts = split(text)
+            return self._encode_lengths(list(texts))
         pieces = self._pieces
-        total = len(parts) // 2  # the added tokens between the pieces
+        totals: list[int] = []
+        parts_of: list[Optional[list[str]]] = []
         missing: dict[str, None] = {}
-        for piece in parts[::2]:
-            if piece:
-                n = pieces.get(piece)
-                if n is None:
-                    missing[piece] = None
-                else:
-                    total += n
-        if missing:
-            new = list(missing)
-            if len(new) == 1:
-                counts = [len(self._tok.encode(new[0], add_special_tokens=False).ids)]
-            else:
-                counts = [len(e.ids) for e in self._tok.encode_batch(new, add_special_tokens=False)]
-            found = dict(zip(new, counts))
-            with self._lock:
-                if len(pieces) >= self.cache_size:
-                    for k in list(pieces)[: self.cache_size // 4]:
-                        del pieces[k]
-                pieces.update(found)
+        for text in texts:
+            parts = split(text)
+            total = len(parts) // 2  # the added tokens between the pieces
+            lacking = False
             for piece in parts[::2]:
-                if piece in found:
-                    total += found[piece]
-        return total
+                if piece:
+                    n = pieces.get(piece)
+                    if n is None:
+                        missing[piece] = None
+                        lacking = True
+                    else:
+                        total += n
+            totals.append(total)
+            parts_of.append(parts if lacking else None)
+        if not missing:
+            return totals
+        new = list(missing)
+        found = dict(zip(new, self._encode_lengths(new)))
+        with self._lock:
+            if len(pieces) >= self.cache_size:
+                for k in list(pieces)[: self.cache_size // 4]:
+                    del pieces[k]
+            pieces.update(found)
+        for i, parts in enumerate(parts_of):
+            if parts is not None:
+                totals[i] += sum(found[piece] for piece in parts[::2] if piece in found)
+        return totals
 
     def _piecewise_splitter(self) -> Any:
         """A function splitting text around the tokenizer's added tokens, when counting the
@@ -536,14 +583,39 @@ class ChatTemplateTokenCounter:
         n = self._texts.get(ck)
         if n is None:
             if dicts is None:
-                dicts = [json.loads(k) for k in keys]
+                dicts = self._dicts_of(keys)
             n = self._count(self._render(dicts, tools, True))
-            with self._lock:
-                if len(self._texts) >= self.cache_size:
-                    for k in list(self._texts)[: self.cache_size // 4]:
-                        del self._texts[k]
-                self._texts[ck] = n
+            self._store({ck: n})
         return n
+
+    def _store(self, found: Mapping[Any, int]) -> None:
+        with self._lock:
+            if len(self._texts) >= self.cache_size:
+                for k in list(self._texts)[: self.cache_size // 4]:
+                    del self._texts[k]
+            self._texts.update(found)
+
+    def _prefill(self, convs: Iterable[tuple[str, ...]]) -> None:
+        """Render the conversations (message keys, no tools) not counted yet and count them
+        in one tokenizer batch; one the template refuses is left for ``_tokens`` to report."""
+        texts = self._texts
+        todo: dict[Any, str] = {}
+        for keys in convs:
+            ck = (keys, None)
+            if ck in texts or ck in todo:
+                continue
+            try:
+                todo[ck] = self._render(self._dicts_of(keys), None, True)
+            except _Refused:
+                continue
+        if todo:
+            self._store(dict(zip(todo, self._count_many(list(todo.values())))))
+
+    def _dicts_of(self, keys: Iterable[str]) -> list[dict[str, Any]]:
+        """The template dicts of message keys: the dict ``_entry`` made (the sandbox cannot
+        change it, so one dict serves every rendering), or the key parsed back."""
+        by_key = self._by_key
+        return [by_key.get(k) or json.loads(k) for k in keys]
 
     # -- messages -> template dicts, memoized by identity -------------------------------------
 
@@ -576,6 +648,10 @@ class ChatTemplateTokenCounter:
                     for k in list(self._memo)[: self.cache_size // 4]:
                         del self._memo[k]
                 self._memo[id(m)] = (weakref.ref(m), snap, d, key)
+                if len(self._by_key) >= self.cache_size:
+                    for k in list(self._by_key)[: self.cache_size // 4]:
+                        del self._by_key[k]
+                self._by_key[key] = d
         return key, d
 
     # -- unit costs ------------------------------------------------------------------------------
@@ -592,10 +668,8 @@ class ChatTemplateTokenCounter:
         costs = self._units.get(ck)
         if costs is not None:
             return costs
-        pre = tuple(json.dumps(d) for d in _PRE[pred])
-        if caller is not None:  # the real assistant message that made the calls stands before
-            pre = pre[:2] + (caller,) + pre[3:]
-        post = () if succ == "open" else tuple(json.dumps(d) for d in _POST[succ])
+        pre, post = self._context(pred, succ, caller)
+        self._prefill([pre + post] + [pre + keys[:j] + post for j in range(1, len(keys) + 1)])
         prev = self._tokens(pre + post)
         costs = []
         for j in range(1, len(keys) + 1):
@@ -608,6 +682,16 @@ class ChatTemplateTokenCounter:
                     del self._units[k]
             self._units[ck] = costs
         return costs
+
+    @staticmethod
+    def _context(pred: str, succ: str, caller: Optional[str] = None) -> tuple[tuple[str, ...], tuple[str, ...]]:
+        """The stand-in keys before and after a unit (``succ`` "end" counts as "user")."""
+        if succ == "end":
+            succ = "user"
+        pre = _PRE_KEYS[pred]
+        if caller is not None:  # the real assistant message that made the calls stands before
+            pre = pre[:2] + (caller,) + pre[3:]
+        return pre, () if succ == "open" else _POST_KEYS[succ]
 
     def _end_cost(self, last_role: str) -> Optional[int]:
         """What a request costs beyond its units' costs when its last message has
@@ -694,6 +778,13 @@ class ChatTemplateTokenCounter:
         smallest rendering), or the call a tool-first unit answers."""
         return "call" if first_role == "tool" else "first"
 
+    def _remember_local(self, keys: tuple[str, ...], costs: list[int]) -> None:
+        with self._lock:
+            if len(self._local_units) >= self.cache_size:
+                for k in list(self._local_units)[: self.cache_size // 4]:
+                    del self._local_units[k]
+            self._local_units[keys] = costs
+
     def _upper_costs(self, keys: tuple[str, ...], dicts: Sequence[dict[str, Any]], preds: list[str],
                      succs: list[str], exact: tuple[str, str], caller: Optional[str] = None) -> list[int]:
         """The most each message of a unit costs over the neighbours ``preds`` x ``succs``;
@@ -708,6 +799,8 @@ class ChatTemplateTokenCounter:
         except _Refused as exc:
             raise MessageValidationError(f"the chat template refused the conversation: {exc}") from None
         if not reasoning and self._is_local(dicts):
+            if caller is None and dicts[0]["role"] != "tool":
+                self._remember_local(keys, best)
             return best
         for pred in preds:
             for succ in succs:
@@ -789,15 +882,25 @@ class ChatTemplateTokenCounter:
             if k <= n and len(lstarts) >= 2 and keys[:k] == lkeys:
                 reuse = len(lstarts) - 1
                 costs = lcosts[:reuse]
+        local_units = self._local_units
         for u in range(reuse, len(starts)):
             a = starts[u]
             b = starts[u + 1] if u + 1 < len(starts) else n
+            ukeys = tuple(keys[a:b])
+            known = local_units.get(ukeys)
+            if known is not None:
+                costs.append(sum(known))
+                continue
             if self._is_local(dicts[a:b]):  # any neighbours will do: share the cache entry
                 pred, succ = self._canonical(dicts[a]["role"]), "user"
+                unit = self._unit_cost(ukeys, pred, succ)
+                if dicts[a]["role"] != "tool":
+                    self._remember_local(ukeys, unit)
             else:
                 pred = "first" if a == 0 else self._role_of(dicts[a - 1])
                 succ = "end" if b == n else dicts[b]["role"]
-            costs.append(sum(self._unit_cost(tuple(keys[a:b]), pred, succ)))
+                unit = self._unit_cost(ukeys, pred, succ)
+            costs.append(sum(unit))
         self._last = (keys, starts, costs)
         end = self._end_cost(dicts[-1]["role"])
         if end is None:
@@ -819,9 +922,15 @@ class ChatTemplateTokenCounter:
         keys, dicts = self._entries(ms)
         starts = self._starts(dicts)
         n = len(ms)
+        self._prefill_units(keys, dicts, starts)
+        local_units = self._local_units
         for u, a in enumerate(starts):
             b = starts[u + 1] if u + 1 < len(starts) else n
             first_role = dicts[a]["role"]
+            known = local_units.get(tuple(keys[a:b])) if first_role != "tool" else None
+            if known is not None:
+                out[a:b] = known
+                continue
             if a > 0:
                 true_pred: Optional[str] = self._role_of(dicts[a - 1])
             elif first_role == "system":
@@ -840,6 +949,28 @@ class ChatTemplateTokenCounter:
             costs = self._upper_costs(tuple(keys[a:b]), dicts[a:b], preds, succs, (exact_pred, true_succ), caller)
             out[a:b] = costs
         return out
+
+    def _prefill_units(self, keys: Sequence[str], dicts: Sequence[dict[str, Any]], starts: Sequence[int]) -> None:
+        """Render every not-yet-costed neighbour-independent unit's prefixes, and count them
+        all in one tokenizer batch (the turn's new units: one batch, not one per rendering)."""
+        n = len(keys)
+        convs: list[tuple[str, ...]] = []
+        for u, a in enumerate(starts):
+            b = starts[u + 1] if u + 1 < len(starts) else n
+            ukeys = tuple(keys[a:b])
+            if ukeys in self._local_units:
+                continue
+            unit = dicts[a:b]
+            if any(_has_reasoning(d) for d in unit) or not self._is_local(unit):
+                continue
+            pred = self._canonical(unit[0]["role"])
+            if (ukeys, pred, "user", None) in self._units:
+                continue
+            pre, post = self._context(pred, "user")
+            convs.append(pre + post)
+            convs.extend(pre + ukeys[:j] + post for j in range(1, b - a + 1))
+        if convs:
+            self._prefill(convs)
 
     def count_tools(self, tools_schema: Optional[Sequence[Mapping[str, Any]]], messages: Optional[Sequence[Any]] = None) -> int:
         """Marginal tokens of ``tools_schema`` in a request of ``messages`` (default: one user
@@ -887,8 +1018,10 @@ class ChatTemplateTokenCounter:
         """Forget cached renderings and costs (the tokenizer and template stay loaded)."""
         with self._lock:
             self._memo = {}
+            self._by_key = dict(_STANDIN_DICTS)
             self._texts = {}
             self._units = {}
+            self._local_units = {}
             self._last = None
 
     def _fixed_cost(self) -> int:
