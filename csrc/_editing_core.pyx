@@ -1,18 +1,19 @@
 # cython: language_level=3
 """Compiled context-editing core: which tool results ``ClearToolResultsFilter`` clears.
 
-Arithmetic only, over contiguous int64/int8 memoryviews, one pass over the history. The
-specification, with the meaning of every argument, is the pure-Python twin
-``jianmu_fast/_editing_core_py.py``; both have the same names, signatures, results and error
-messages (proven by tests/test_context_editing_core.py).
+Arithmetic only, over contiguous int64/int8 memoryviews, one pass over the new part of the
+history (a resumable scan). The specification, with the meaning of every argument, is the
+pure-Python twin ``jianmu_fast/_editing_core_py.py``; both have the same names, signatures,
+results and error messages (proven by tests/test_context_editing_core.py).
 """
 
 from libc.stdint cimport int64_t, int8_t
 from libc.stdlib cimport free, malloc
 
-__all__ = ["MAX_VALUE", "plan_clearing"]
+__all__ = ["MAX_VALUE", "STATE_LEN", "plan_clearing"]
 
 MAX_VALUE = 1 << 53
+STATE_LEN = 7
 cdef int64_t C_MAX = (<int64_t>1) << 53
 cdef int64_t C_SUM = (<int64_t>1) << 62
 
@@ -23,30 +24,53 @@ cdef int _check(str name, int64_t value) except -1:
     return 0
 
 
-cdef inline int64_t _level(int64_t total, int64_t trigger, int64_t step, int64_t prev) noexcept nogil:
-    if total <= trigger:
-        return 0
-    if step > 0:
-        return (total - trigger + step - 1) // step
-    return prev + 1
+cdef int64_t _room(const int64_t[::1] counts, const int8_t[::1] kinds, const int64_t[::1] savings,
+                   Py_ssize_t n_pinned, Py_ssize_t end, int64_t cleared, int64_t x, int64_t step) noexcept nogil:
+    """Room of the chunked cut over ``[:end]`` with the first ``cleared`` results cleared."""
+    cdef int64_t target, acc, r, c
+    cdef Py_ssize_t j
+    cdef int8_t k
+    cdef bint tool
+    if x <= 0:
+        return -x
+    target = (x + step - 1) // step * step
+    acc = 0
+    r = 0
+    for j in range(n_pinned, end):
+        k = kinds[j]
+        tool = k == 1 or k == 2
+        if (j == n_pinned or not tool) and acc >= target:
+            return acc // step * step - x
+        c = counts[j]
+        if tool:
+            if r < cleared:
+                c -= savings[j]
+            r += 1
+        acc += c
+    return 0
 
 
-cdef inline int64_t _room(int64_t total, int64_t trigger, int64_t step) noexcept nogil:
-    if step == 0:
-        return 0
-    if total <= trigger:
-        return trigger - total + step
-    return trigger + (total - trigger + step - 1) // step * step - total
+cdef int64_t *_positions(const int8_t[::1] kinds, Py_ssize_t n) noexcept nogil:
+    """The indices of the tool results (kinds 1 and 2), or NULL when out of memory."""
+    cdef int64_t *positions = <int64_t *>malloc((n if n > 0 else 1) * sizeof(int64_t))
+    cdef Py_ssize_t i, r = 0
+    if positions != NULL:
+        for i in range(n):
+            if kinds[i] == 1 or kinds[i] == 2:
+                positions[r] = i
+                r += 1
+    return positions
 
 
 def plan_clearing(const int64_t[::1] counts, const int8_t[::1] kinds, const int64_t[::1] savings,
-                  int64_t base, int64_t trigger, int64_t step, int64_t keep):
+                  int64_t base, int64_t trigger, int64_t step, int64_t keep, int64_t[::1] state=None):
     """Which tool results to clear: ``(cleared, total)``; see ``_editing_core_py``."""
     cdef Py_ssize_t n = counts.shape[0]
-    cdef Py_ssize_t i
-    cdef int64_t k, s, total, n_results, cleared, need, level, level_prev
-    cdef int64_t eligible, best_k, best_room, best_saved, saved, room
+    cdef Py_ssize_t i, done
+    cdef int64_t k, s, total, check, cleared, limit, pending, n_pinned, n_results, need, eligible, x
+    cdef int64_t best_k, best_saved, saved, r, r0, room
     cdef int64_t *positions
+    cdef bint failed = 0
     if kinds.shape[0] != n or savings.shape[0] != n:
         raise ValueError(
             f"counts, kinds and savings must have the same length, got {n}, {kinds.shape[0]}, {savings.shape[0]}")
@@ -54,58 +78,105 @@ def plan_clearing(const int64_t[::1] counts, const int8_t[::1] kinds, const int6
     _check("trigger", trigger)
     _check("step", step)
     _check("keep", keep)
-    total = base
-    for i in range(n):
+    if state is None:
+        done = 0
+    else:
+        if state.shape[0] != STATE_LEN:
+            raise ValueError(f"state must have {STATE_LEN} entries, got {state.shape[0]}")
+        if state[0] < 0 or state[0] > n:
+            raise ValueError(f"state[0] (messages scanned) must be between 0 and {n}, got {state[0]}")
+        done = <Py_ssize_t>state[0]
+    if done == 0:
+        total, cleared, limit, pending, n_pinned, n_results = base, 0, 0, 0, 0, 0
+    else:
+        total, cleared, limit, pending, n_pinned, n_results = state[1], state[2], state[3], state[4], state[5], state[6]
+    check = total
+    for i in range(done, n):
         if counts[i] < 0 or counts[i] > C_MAX:
             raise ValueError(f"counts[{i}] must be between 0 and 2**53, got {counts[i]}")
-        total += counts[i]
-        if total > C_SUM:
+        check += counts[i]
+        if check > C_SUM:
             raise ValueError(f"base + sum(counts[:{i + 1}]) must be at most 2**62")
         k = kinds[i]
-        if k < 0 or k > 2:
-            raise ValueError(f"kinds[{i}] must be 0, 1 or 2, got {k}")
+        if k < 0 or k > 4:
+            raise ValueError(f"kinds[{i}] must be between 0 and 4, got {k}")
+        if k == 3 and i != n_pinned:
+            raise ValueError(f"kinds[{i}] is 3 (pinned) after a message that is not pinned")
+        if k == 3:
+            n_pinned += 1
         s = savings[i]
         if s < 0 or s > counts[i] or (k != 2 and s != 0):
             raise ValueError(
                 f"savings[{i}] must be between 0 and counts[{i}], and 0 unless kinds[{i}] == 2, got {s}")
-    positions = <int64_t *>malloc((n if n > 0 else 1) * sizeof(int64_t))
-    if positions == NULL:
-        raise MemoryError()
-    total = base
-    n_results = 0
-    cleared = 0
-    need = step if step > 0 else 1
-    level_prev = 0
+    positions = NULL  # the tool results' indices, found when a step is considered
     try:
         with nogil:
-            for i in range(n):
-                total += counts[i]  # at most 2**62 (checked above): no overflow
-                if kinds[i]:
-                    positions[n_results] = i
+            need = step if step > 0 else 1
+            for i in range(done, n):
+                total += counts[i]
+                k = kinds[i]
+                if k == 1 or k == 2:
                     n_results += 1
-                if step == 0 or total > trigger + level_prev * step:  # else the level is unchanged
-                    level = _level(total, trigger, step, level_prev)
-                else:
-                    level = level_prev
                 eligible = n_results - keep
-                if level > level_prev and eligible > cleared:
+                x = total - trigger
+                if step == 0:
+                    if x > 0 and eligible > cleared:
+                        if positions == NULL:
+                            positions = _positions(kinds, n)
+                            if positions == NULL:
+                                failed = 1
+                                break
+                        best_k = -1
+                        best_saved = 0
+                        saved = 0
+                        for r in range(cleared, eligible):
+                            saved += savings[positions[r]]
+                            if saved >= need:
+                                best_k = r + 1
+                                best_saved = saved
+                        if best_k >= 0:
+                            total -= best_saved
+                            cleared = best_k
+                    continue
+                if k == 3:
+                    continue
+                if x > limit:
+                    pending = 1
+                if not pending or k == 4:
+                    continue
+                if eligible > cleared:
+                    if positions == NULL:
+                        positions = _positions(kinds, n)
+                        if positions == NULL:
+                            failed = 1
+                            break
+                    r0 = _room(counts, kinds, savings, n_pinned, i + 1, cleared, x, step)
                     best_k = -1
-                    best_room = -1
-                    best_saved = 0
+                    best_saved = -1
                     saved = 0
-                    for k in range(cleared, eligible):
-                        saved += savings[positions[k]]
-                        if saved >= need:
-                            room = _room(total - saved, trigger, step)
-                            if room >= best_room:
-                                best_k = k + 1
-                                best_room = room
+                    for r in range(cleared, eligible):
+                        saved += savings[positions[r]]
+                        if saved > best_saved and (saved >= need or (r + 1 == eligible and saved > 0)):
+                            room = _room(counts, kinds, savings, n_pinned, i + 1, r + 1, x - saved, step)
+                            if 10 * room >= 9 * r0:
+                                best_k = r + 1
                                 best_saved = saved
                     if best_k >= 0:
                         total -= best_saved
                         cleared = best_k
-                        level = _level(total, trigger, step, level)
-                level_prev = level
+                        x = total - trigger
+                limit = x + _room(counts, kinds, savings, n_pinned, i + 1, cleared, x, step)
+                pending = 0
+        if failed:
+            raise MemoryError()
     finally:
         free(positions)
+    if state is not None:
+        state[0] = n
+        state[1] = total
+        state[2] = cleared
+        state[3] = limit
+        state[4] = pending
+        state[5] = n_pinned
+        state[6] = n_results
     return (cleared, total)

@@ -1,8 +1,9 @@
 """Type stubs of the compiled context-editing core (``csrc/_editing_core.pyx``)."""
 
-from typing import Any
+from typing import Any, Optional
 
 MAX_VALUE: int
+STATE_LEN: int
 
 def plan_clearing(counts: Any, kinds: Any, savings: Any, base: int, trigger: int, step: int,
-                  keep: int) -> tuple[int, int]: ...
+                  keep: int, state: Optional[Any] = None) -> tuple[int, int]: ...

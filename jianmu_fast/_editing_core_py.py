@@ -10,8 +10,12 @@ per-message records (computed once per distinct message and cached by the filter
 ``counts``
     int64, the cost of each message as sent uncleared.
 ``kinds``
-    int8, ``0`` not a tool result, ``1`` a tool result that is never cleared (its tool is in
-    ``exclude_tools``; it still counts for ``keep``), ``2`` a tool result that may be cleared.
+    int8, what each message is: ``0`` a message that starts a unit (a user message, a
+    system message after the pinned prefix), ``1`` a tool result that is never cleared (its
+    tool is in ``exclude_tools``; it still counts for ``keep``), ``2`` a tool result that may
+    be cleared, ``3`` a message of the pinned prefix (the leading system messages; only at
+    the start), ``4`` an assistant message (it starts a unit, but no prompt ends with it, so
+    a step waits for the next message that is not an assistant message).
 ``savings``
     int64, the tokens clearing that result saves (its content, and with
     ``clear_tool_inputs`` its call's arguments); ``0`` where ``kinds != 2``.
@@ -19,35 +23,52 @@ per-message records (computed once per distinct message and cached by the filter
     What the request costs before its messages: the request's fixed overhead and its tools.
 ``trigger``, ``step``, ``keep``
     ``trigger_tokens``, ``clear_at_least`` and ``keep`` of the filter.
+``state``
+    ``None``, or an int64 array of :data:`STATE_LEN` entries, zeros at first, updated in
+    place: the scan's position and running values, so that the next call over a longer
+    history (the same records, extended; the same ``base``, ``trigger``, ``step`` and
+    ``keep``) scans only the new messages. A resumed scan returns what a fresh scan of the
+    whole history returns.
 
 The rule, a scan over the prefixes of the history (one message at a time), so the result
 is a function of the messages only and never moves back as the history grows:
 
 - ``total`` is the cost of the prefix as cleared so far (``base`` plus the counts, minus
-  what was cleared); a result becomes *eligible* once ``keep`` newer results follow it;
-  ``pending`` is what clearing every eligible, not yet cleared result would save.
-- With ``step == 0``: whenever ``total > trigger``, every eligible result is cleared (a step).
-- With ``step > 0``: the level of ``total`` is ``0`` up to ``trigger``, then
-  ``ceil((total - trigger) / step)``. A step is taken when a message raises the level and the
-  eligible results not yet cleared would save at least ``step``. These are exactly the
-  moments when ``TokenBudgetFilter(trigger, eviction="chunked", chunk=step)`` moves its cut,
-  so with those settings a step costs no prompt-cache miss of its own. A step clears the
-  oldest of those results, as many as leave ``total`` with the most room below the next
-  level boundary (the longest such run on ties), saving at least ``step``: the next cut move
-  is then as far away as it can be.
+  what was cleared), ``x = total - trigger`` what a budget of ``trigger`` tokens must drop;
+  a result becomes *eligible* once ``keep`` newer results follow it.
+- With ``step == 0``: at every message while ``x > 0``, every eligible result is cleared
+  (the longest run of them that saves something).
+- With ``step > 0`` the scan follows ``TokenBudgetFilter(trigger, eviction="chunked",
+  chunk=step)`` (pinned prefix: the ``kinds == 3`` messages; units start at every message
+  that is not a tool result, and at the first one after the pinned prefix). That filter
+  cuts at the first unit start where the cost before it (after the pinned prefix, as
+  cleared) reaches ``ceil(x / step) * step``, and keeps that cut while ``x`` stays at most
+  ``limit``: the largest multiple of ``step`` that the cost before the cut reaches (``0``
+  while ``x <= 0``: nothing is cut; the cut is capped at the newest unit start, which any
+  growth moves). Its *room* is ``limit - x``, what the prompt may grow before the cut moves.
+  When a message takes ``x`` past ``limit``, the cut moves (the prompt stops extending the
+  previous one), and at that message, or at the next one that is not an assistant message,
+  a *step* may be taken with no cache miss of its own. The candidates clear the oldest
+  eligible results not yet cleared, as a run that saves at least ``step`` or the whole run
+  of them; a candidate is kept if its room (the cut recomputed on the cleared costs) is at
+  least nine tenths of the room without a step, and the step is the kept candidate that
+  saves the most (the shortest such run). Then ``limit`` is recomputed.
 
 Result: ``(cleared, total)``: the results (in order, counting every tool result, kinds 1
 and 2 alike) whose clearable ones are cleared are the first ``cleared``; ``total`` is the
-cost of the whole history as cleared. ``ValueError`` names a bad argument (``base`` plus
-all counts must stay at most ``2**62``, so the compiled sums never overflow).
+cost of the whole history as cleared. ``ValueError`` names a bad argument (``total`` plus
+the counts must stay at most ``2**62``, so the compiled sums never overflow).
 """
 
 from __future__ import annotations
 
-__all__ = ["MAX_VALUE", "plan_clearing"]
+__all__ = ["MAX_VALUE", "STATE_LEN", "plan_clearing"]
 
 MAX_VALUE = 1 << 53
 MAX_SUM = 1 << 62
+#: entries of ``state``: messages scanned, total, cleared, limit, step pending, pinned prefix,
+#: tool results scanned
+STATE_LEN = 7
 
 
 def _check(name, value):
@@ -55,23 +76,28 @@ def _check(name, value):
         raise ValueError(f"{name} must be between 0 and 2**53, got {value}")
 
 
-def _level(total, trigger, step, prev):
-    if total <= trigger:
-        return 0
-    if step > 0:
-        return (total - trigger + step - 1) // step
-    return prev + 1
+def _room(counts, kinds, savings, n_pinned, end, cleared, x, step):
+    """Room of the chunked cut over ``[:end]`` with the first ``cleared`` results cleared."""
+    if x <= 0:
+        return -x
+    target = (x + step - 1) // step * step
+    acc = 0
+    r = 0
+    for j in range(n_pinned, end):
+        k = kinds[j]
+        tool = k == 1 or k == 2
+        if (j == n_pinned or not tool) and acc >= target:
+            return acc // step * step - x
+        c = int(counts[j])
+        if tool:
+            if r < cleared:
+                c -= int(savings[j])
+            r += 1
+        acc += c
+    return 0  # no unit start reaches it: the cut is capped at the newest unit
 
 
-def _room(total, trigger, step):
-    if step == 0:
-        return 0
-    if total <= trigger:
-        return trigger - total + step
-    return trigger + (total - trigger + step - 1) // step * step - total
-
-
-def plan_clearing(counts, kinds, savings, base, trigger, step, keep):
+def plan_clearing(counts, kinds, savings, base, trigger, step, keep, state=None):
     """Which tool results to clear; see the module docstring.
 
     >>> import numpy as np
@@ -80,10 +106,15 @@ def plan_clearing(counts, kinds, savings, base, trigger, step, keep):
     >>> savings = np.array([0, 390, 0, 390, 0, 390], dtype=np.int64)
     >>> plan_clearing(counts, kinds, savings, 3, 600, 0, 1)   # the 2 older results cleared
     (2, 493)
-    >>> plan_clearing(counts, kinds, savings, 3, 600, 500, 1)  # steps of >= 500 saved
+    >>> plan_clearing(counts, kinds, savings, 3, 600, 500, 1)  # one step of >= 500 saved
     (2, 493)
     >>> plan_clearing(counts, kinds, savings, 3, 5000, 0, 1)   # under the trigger
     (0, 1273)
+    >>> st = np.zeros(STATE_LEN, dtype=np.int64)                # resumable: the same result
+    >>> plan_clearing(counts[:4], kinds[:4], savings[:4], 3, 600, 500, 1, st)
+    (1, 473)
+    >>> plan_clearing(counts, kinds, savings, 3, 600, 500, 1, st)
+    (2, 493)
     """
     n = len(counts)
     if len(kinds) != n or len(savings) != n:
@@ -92,43 +123,81 @@ def plan_clearing(counts, kinds, savings, base, trigger, step, keep):
     _check("trigger", trigger)
     _check("step", step)
     _check("keep", keep)
-    total = int(base)
-    for i in range(n):
+    if state is None:
+        done, total, cleared, limit, pending, n_pinned, n_results = 0, int(base), 0, 0, 0, 0, 0
+    else:
+        if len(state) != STATE_LEN:
+            raise ValueError(f"state must have {STATE_LEN} entries, got {len(state)}")
+        done = int(state[0])
+        if done < 0 or done > n:
+            raise ValueError(f"state[0] (messages scanned) must be between 0 and {n}, got {done}")
+        if done == 0:
+            total, cleared, limit, pending, n_pinned, n_results = int(base), 0, 0, 0, 0, 0
+        else:
+            total, cleared, limit, pending, n_pinned, n_results = (int(v) for v in state[1:STATE_LEN])
+    check = total
+    for i in range(done, n):
         if counts[i] < 0 or counts[i] > MAX_VALUE:
             raise ValueError(f"counts[{i}] must be between 0 and 2**53, got {counts[i]}")
-        total += int(counts[i])
-        if total > MAX_SUM:
+        check += int(counts[i])
+        if check > MAX_SUM:
             raise ValueError(f"base + sum(counts[:{i + 1}]) must be at most 2**62")
         k = kinds[i]
-        if k < 0 or k > 2:
-            raise ValueError(f"kinds[{i}] must be 0, 1 or 2, got {k}")
+        if k < 0 or k > 4:
+            raise ValueError(f"kinds[{i}] must be between 0 and 4, got {k}")
+        if k == 3 and i != n_pinned:
+            raise ValueError(f"kinds[{i}] is 3 (pinned) after a message that is not pinned")
+        if k == 3:
+            n_pinned += 1
         s = savings[i]
         if s < 0 or s > counts[i] or (k != 2 and s != 0):
             raise ValueError(f"savings[{i}] must be between 0 and counts[{i}], and 0 unless kinds[{i}] == 2, got {s}")
-    total = int(base)
-    n_results = 0
-    cleared = 0
-    positions = []
+    positions = None  # the tool results' indices, found when a step is considered
     need = step if step > 0 else 1
-    level_prev = 0
-    for i in range(n):
+    for i in range(done, n):
         total += int(counts[i])
-        if kinds[i]:
-            positions.append(i)
+        k = kinds[i]
+        if k == 1 or k == 2:
             n_results += 1
-        level = _level(total, trigger, step, level_prev)
         eligible = n_results - keep
-        if level > level_prev and eligible > cleared:
-            best_k, best_room, best_saved, saved = -1, -1, 0, 0
-            for k in range(cleared, eligible):
-                saved += int(savings[positions[k]])
-                if saved >= need:
-                    room = _room(total - saved, trigger, step)
-                    if room >= best_room:
-                        best_k, best_room, best_saved = k + 1, room, saved
+        x = total - trigger
+        if step == 0:
+            if x > 0 and eligible > cleared:
+                if positions is None:
+                    positions = [j for j in range(n) if kinds[j] == 1 or kinds[j] == 2]
+                best_k, best_saved, saved = -1, 0, 0
+                for r in range(cleared, eligible):
+                    saved += int(savings[positions[r]])
+                    if saved >= need:
+                        best_k, best_saved = r + 1, saved
+                if best_k >= 0:
+                    total -= best_saved
+                    cleared = best_k
+            continue
+        if k == 3:
+            continue
+        if x > limit:
+            pending = 1
+        if not pending or k == 4:
+            continue
+        if eligible > cleared:
+            if positions is None:
+                positions = [j for j in range(n) if kinds[j] == 1 or kinds[j] == 2]
+            r0 = _room(counts, kinds, savings, n_pinned, i + 1, cleared, x, step)
+            best_k, best_saved, saved = -1, -1, 0
+            for r in range(cleared, eligible):
+                saved += int(savings[positions[r]])
+                if saved > best_saved and (saved >= need or (r + 1 == eligible and saved > 0)):
+                    room = _room(counts, kinds, savings, n_pinned, i + 1, r + 1, x - saved, step)
+                    if 10 * room >= 9 * r0:
+                        best_k, best_saved = r + 1, saved
             if best_k >= 0:
                 total -= best_saved
                 cleared = best_k
-                level = _level(total, trigger, step, level)
-        level_prev = level
+                x = total - trigger
+        limit = x + _room(counts, kinds, savings, n_pinned, i + 1, cleared, x, step)
+        pending = 0
+    if state is not None:
+        state[0], state[1], state[2], state[3], state[4], state[5], state[6] = (
+            n, total, cleared, limit, pending, n_pinned, n_results)
     return (cleared, total)

@@ -221,17 +221,50 @@ def test_clearing_counts_the_tools_in_the_trigger():
     assert f.cleared_results(msgs, TOOLS) == [3, 5, 7]  # then the prompt, as cleared, is under the trigger
 
 
-def test_clear_at_least_makes_steps():
-    f = ClearToolResultsFilter(100, SIMPLE, keep=1, clear_at_least=300)
-    msgs = [system("s"), human("q")]
-    seen = []
-    for i in range(12):
-        msgs += [ai(None, tool_calls=[_call(f"c{i}")]), tool("r" * 400, tool_call_id=f"c{i}")]
-        seen.append(len(f.cleared_results(msgs)))
-    assert seen == sorted(seen) and seen[-1] >= 8
-    jumps = [b - a for a, b in zip(seen, seen[1:]) if b != a]
-    # every step clears at least clear_at_least tokens: results save ~100 tokens each here
-    assert all(j >= 3 for j in jumps[1:]) and len(jumps) < 8
+def _agent_loop(seed: int, rounds: int) -> list[Message]:
+    import random
+
+    rng = random.Random(seed)
+    msgs = [system("s" * 200)]
+    for i in range(rounds):
+        if rng.random() < 0.4:
+            msgs.append(human("q" * rng.randint(20, 400)))
+        msgs += [ai(None, tool_calls=[_call(f"c{i}")]), tool("r" * rng.randint(40, 3000), tool_call_id=f"c{i}")]
+        if rng.random() < 0.5:
+            msgs.append(ai("a" * rng.randint(20, 600)))
+    return msgs
+
+
+@pytest.mark.parametrize("seed", [1, 2, 3])
+def test_clear_at_least_steps_where_the_chunked_cut_moves(seed):
+    """Each step saves at least clear_at_least tokens or clears all that is eligible, and is
+    taken at a turn where the chunked budget filter's cut moves anyway (its prompt would not
+    extend the previous one even without the step), so between steps prompts extend."""
+    msgs = _agent_loop(seed, 120)
+    trigger, step = 2000, 500
+    f = ClearToolResultsFilter(trigger, SIMPLE, keep=2, clear_at_least=step)
+    prev_out = prev_prompt = None
+    prev_cleared: list[int] = []
+    steps = 0
+    for end in turn_ends(msgs):
+        out = f.apply(msgs[:end])
+        cleared = f.cleared_results(msgs[:end])
+        assert cleared[:len(prev_cleared)] == prev_cleared  # monotone
+        budget = TokenBudgetFilter(trigger, SIMPLE, eviction="chunked", chunk=step)
+        if prev_out is not None and cleared != prev_cleared:
+            steps += 1
+            new = [i for i in cleared if i not in prev_cleared]
+            saved = sum(SIMPLE.count_message(msgs[i]) - SIMPLE.count_message(out[i]) for i in new)
+            n_results = sum(1 for m in msgs[:end] if m.role == "tool")
+            assert saved >= step or len(cleared) == n_results - 2
+            # without the step, the budget's prompt would not extend the previous one either
+            without = budget.apply(prev_out + msgs[len(prev_out):end])
+            assert without[:len(prev_prompt)] != prev_prompt
+        elif prev_out is not None:
+            assert out[:len(prev_out)] == prev_out
+        prev_out, prev_cleared = out, cleared
+        prev_prompt = TokenBudgetFilter(trigger, SIMPLE, eviction="chunked", chunk=step).apply(out)
+    assert steps >= 3
 
 
 def test_clear_rejects_bad_arguments():

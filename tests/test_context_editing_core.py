@@ -1,8 +1,11 @@
-"""The compiled clearing decision equals its pure-Python twin (``_editing_core_py``)."""
+"""The compiled clearing decision equals its pure-Python twin (``_editing_core_py``), and a
+resumed scan equals a fresh one."""
+
+import inspect
 
 import numpy as np
 import pytest
-from hypothesis import given, settings
+from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
 from jianmu_fast import _editing_core_py as py
@@ -13,8 +16,10 @@ core = pytest.importorskip("jianmu_fast._editing_core")
 @st.composite
 def records(draw):
     n = draw(st.integers(0, 60))
+    n_pinned = draw(st.integers(0, min(n, 2)))
     counts = draw(st.lists(st.integers(0, 3000), min_size=n, max_size=n))
-    kinds = draw(st.lists(st.sampled_from([0, 0, 1, 2, 2]), min_size=n, max_size=n))
+    kinds = [3] * n_pinned + draw(st.lists(st.sampled_from([0, 4, 4, 1, 2, 2, 2]), min_size=n - n_pinned,
+                                           max_size=n - n_pinned))
     savings = [draw(st.integers(0, c)) if k == 2 else 0 for c, k in zip(counts, kinds)]
     return (np.array(counts, dtype=np.int64), np.array(kinds, dtype=np.int8), np.array(savings, dtype=np.int64))
 
@@ -31,15 +36,34 @@ def _both(*args):
     return a
 
 
+def test_twins_share_signatures_and_constants():
+    assert inspect.signature(core.plan_clearing) == inspect.signature(py.plan_clearing)
+    assert (core.MAX_VALUE, core.STATE_LEN) == (py.MAX_VALUE, py.STATE_LEN)
+
+
 @settings(max_examples=400, deadline=None)
 @given(records(), st.integers(0, 100), st.integers(0, 20000), st.sampled_from([0, 1, 300, 2000]), st.integers(0, 5))
+@example((np.zeros(0, dtype=np.int64), np.zeros(0, dtype=np.int8), np.zeros(0, dtype=np.int64)), 0, 0, 0, 0)
 def test_twin_equals_compiled(rec, base, trigger, step, keep):
     counts, kinds, savings = rec
-    out = _both(counts, kinds, savings, base, trigger, step, keep)
-    cleared, total = out
-    n_results = int((kinds > 0).sum())
+    cleared, total = _both(counts, kinds, savings, base, trigger, step, keep)
+    n_results = int(((kinds == 1) | (kinds == 2)).sum())
     assert 0 <= cleared <= max(0, n_results - keep)
-    assert total <= base + int(counts.sum())
+    positions = np.flatnonzero((kinds == 1) | (kinds == 2))[:cleared]
+    assert total == base + int(counts.sum()) - int(savings[positions].sum())
+
+
+@settings(max_examples=300, deadline=None)
+@given(records(), st.integers(0, 20000), st.sampled_from([0, 1, 300, 2000]), st.integers(0, 5), st.data())
+def test_resumed_scan_equals_fresh_scan_on_both_backends(rec, trigger, step, keep, data):
+    counts, kinds, savings = rec
+    cuts = sorted(data.draw(st.lists(st.integers(0, len(counts)), max_size=4)))
+    for mod in (py, core):
+        state = np.zeros(mod.STATE_LEN, dtype=np.int64)
+        for k in cuts + [len(counts)]:
+            got = mod.plan_clearing(counts[:k], kinds[:k], savings[:k], 3, trigger, step, keep, state)
+            assert got == py.plan_clearing(counts[:k], kinds[:k], savings[:k], 3, trigger, step, keep)
+            assert state[0] == k
 
 
 @settings(max_examples=200, deadline=None)
@@ -52,12 +76,27 @@ def test_monotone_along_growing_histories(rec, trigger, step, keep, data):
     assert long[0] >= short[0]
 
 
+def test_a_step_waits_for_a_message_that_is_not_an_assistant_message():
+    # user, result, then a message that moves the budget's cut (x = 200 past the trigger, and
+    # no unit start reaches the chunk mark: room 0): a user message takes the step at once,
+    # an assistant message (no prompt ends with it) leaves it to the next message
+    counts = np.array([100, 300, 800, 900], dtype=np.int64)
+    savings = np.array([0, 290, 0, 0], dtype=np.int64)
+    for mod in (py, core):
+        user = np.array([0, 2, 0, 1], dtype=np.int8)
+        assistant = np.array([0, 2, 4, 1], dtype=np.int8)
+        assert mod.plan_clearing(counts[:3], user[:3], savings[:3], 0, 1000, 500, 0) == (1, 910)
+        assert mod.plan_clearing(counts[:3], assistant[:3], savings[:3], 0, 1000, 500, 0) == (0, 1200)
+        assert mod.plan_clearing(counts, assistant, savings, 0, 1000, 500, 1) == (1, 1810)
+
+
 @pytest.mark.parametrize("args, message", [
     (([1, 2], [0], [0, 0], 0, 0, 0, 0), "counts, kinds and savings must have the same length, got 2, 1, 2"),
     (([1], [0], [0], -1, 0, 0, 0), "base must be between 0 and 2**53, got -1"),
     (([1], [0], [0], 0, 0, 0, -2), "keep must be between 0 and 2**53, got -2"),
     (([-1], [0], [0], 0, 0, 0, 0), "counts[0] must be between 0 and 2**53, got -1"),
-    (([5], [3], [0], 0, 0, 0, 0), "kinds[0] must be 0, 1 or 2, got 3"),
+    (([5], [5], [0], 0, 0, 0, 0), "kinds[0] must be between 0 and 4, got 5"),
+    (([5, 5], [0, 3], [0, 0], 0, 0, 0, 0), "kinds[1] is 3 (pinned) after a message that is not pinned"),
     (([5], [1], [2], 0, 0, 0, 0), "savings[0] must be between 0 and counts[0], and 0 unless kinds[0] == 2, got 2"),
     (([5], [2], [6], 0, 0, 0, 0), "savings[0] must be between 0 and counts[0], and 0 unless kinds[0] == 2, got 6"),
     (([1 << 53] * 600, [0] * 600, [0] * 600, 0, 0, 0, 0), "base + sum(counts[:513]) must be at most 2**62"),
@@ -69,3 +108,12 @@ def test_errors_name_the_argument(args, message):
         with pytest.raises(ValueError) as info:
             mod.plan_clearing(*arrays, *rest)
         assert str(info.value) == message
+
+
+def test_bad_state_is_named():
+    arrays = (np.ones(2, dtype=np.int64), np.zeros(2, dtype=np.int8), np.zeros(2, dtype=np.int64))
+    for mod in (py, core):
+        with pytest.raises(ValueError, match=r"^state must have 7 entries, got 2$"):
+            mod.plan_clearing(*arrays, 0, 0, 0, 0, np.zeros(2, dtype=np.int64))
+        with pytest.raises(ValueError, match=r"^state\[0\] \(messages scanned\) must be between 0 and 2, got 3$"):
+            mod.plan_clearing(*arrays, 0, 0, 0, 0, np.array([3, 0, 0, 0, 0, 0, 0], dtype=np.int64))

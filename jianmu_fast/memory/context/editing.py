@@ -22,6 +22,7 @@ Run them before the budget filter, in this order: cap, clear, budget (``for_reac
 
 from __future__ import annotations
 
+import array
 import asyncio
 import concurrent.futures
 import hashlib
@@ -36,6 +37,7 @@ from typing import Any, Callable, Iterable, Optional, Sequence
 import numpy as np
 
 from ... import _backend
+from ..._editing_core_py import STATE_LEN
 from ...errors import ContextBudgetError, JianmuError, TrimmingError
 from ...message import Message
 from .counters import SimpleTokenCounter
@@ -397,49 +399,38 @@ class ToolResultCapFilter:
 
 # -- ClearToolResultsFilter -------------------------------------------------------------------
 
+#: ``kinds`` codes of the clearing core (see ``jianmu_fast/_editing_core_py.py``)
+_UNIT, _EXCLUDED, _CLEARABLE, _PINNED, _ASSISTANT = 0, 1, 2, 3, 4
+
 
 class _ClearRecords:
-    """Per-message records of a history for the clearing decision, extended as it grows
-    (buffers with spare capacity: appending costs what is appended)."""
+    """Everything the clearing stage knows about one history, extended as it grows: its
+    messages (a copy), per-message records in ``array`` buffers (appending costs what is
+    appended; the compiled core reads them in place), the compiled scan's ``state`` (so a
+    longer history scans only its new messages) and the output for the history so far (the
+    cleared copies in place)."""
 
-    __slots__ = ("messages", "n", "_counts", "_kinds", "_savings", "results", "result_kinds", "calls", "owner")
+    __slots__ = ("messages", "counts", "kinds", "savings", "results", "result_kinds", "calls", "owner",
+                 "n_pinned", "base", "state", "out", "cleared")
 
-    def __init__(self) -> None:
+    def __init__(self, base: int) -> None:
         self.messages: list[Message] = []
-        self.n = 0
-        self._counts = np.zeros(64, dtype=np.int64)
-        self._kinds = np.zeros(64, dtype=np.int8)
-        self._savings = np.zeros(64, dtype=np.int64)
+        self.counts = array.array("q")        # cost of each message, uncleared
+        self.kinds = array.array("b")         # the core's kinds (see _editing_core_py)
+        self.savings = array.array("q")       # what clearing each result saves
         self.results: list[int] = []          # indices of tool results, in order
         self.result_kinds: list[int] = []     # their kinds (1 excluded, 2 clearable)
         self.calls: dict[str, tuple[int, int]] = {}  # call id -> (assistant index, position in its calls)
         self.owner: dict[int, tuple[int, int]] = {}  # result index -> (assistant index, call position)
-
-    def extend(self, counts: np.ndarray, kinds: np.ndarray, savings: np.ndarray) -> None:
-        n, end = self.n, self.n + len(counts)
-        if end > len(self._counts):
-            cap = max(2 * len(self._counts), end)
-            for name in ("_counts", "_kinds", "_savings"):
-                old = getattr(self, name)
-                buf = np.zeros(cap, dtype=old.dtype)
-                buf[:n] = old[:n]
-                setattr(self, name, buf)
-        self._counts[n:end] = counts
-        self._kinds[n:end] = kinds
-        self._savings[n:end] = savings
-        self.n = end
+        self.n_pinned = 0                     # leading system messages so far
+        self.base = base                      # the request's fixed cost and tools the scan used
+        self.state = array.array("q", bytes(8 * STATE_LEN))
+        self.out: list[Message] = []          # the output for ``messages``
+        self.cleared = 0                      # results of ``out`` cleared (the core's ``cleared``)
 
     @property
-    def counts(self) -> np.ndarray:
-        return self._counts[:self.n]
-
-    @property
-    def kinds(self) -> np.ndarray:
-        return self._kinds[:self.n]
-
-    @property
-    def savings(self) -> np.ndarray:
-        return self._savings[:self.n]
+    def n(self) -> int:
+        return len(self.messages)
 
 
 class ClearToolResultsFilter:
@@ -453,17 +444,22 @@ class ClearToolResultsFilter:
     were cleared become ``{}``. Every message keeps its role and ids.
 
     The decision is a pure function of the messages and settings, made by the compiled core
-    (``plan_clearing``, see ``jianmu_fast/_editing_core_py.py``) in one pass over per-message
-    records: a scan over the growing history where a *step* clears every eligible result at
-    once. With ``clear_at_least=0`` a step is taken whenever the prompt is over the trigger
-    (all but the ``keep`` newest results are cleared). With ``clear_at_least=C > 0`` a step is
-    taken when the prompt, as cleared so far, grows past ``trigger_tokens + j*C`` for some ``j``
-    and clears at least ``C`` tokens: exactly where
-    ``TokenBudgetFilter(trigger_tokens, eviction="chunked", chunk=C)`` moves its cut anyway, so
-    with those settings a step costs no extra prompt-cache miss. The decision is monotone: as a
-    conversation grows, a result once cleared stays cleared, so between two steps each prompt
-    extends the previous one. (It depends on the messages before it, the pinned system prompt
-    and the tools included: change those and the steps move.)
+    (``plan_clearing``, see ``jianmu_fast/_editing_core_py.py``) in a scan over per-message
+    records of the growing history, resumed where the previous call stopped when the history
+    extends the previous one. With ``clear_at_least=0`` every eligible result is cleared
+    whenever the prompt is over the trigger (all but the ``keep`` newest results). With
+    ``clear_at_least=C > 0`` the two stages' steps are designed together: the scan follows
+    ``TokenBudgetFilter(trigger_tokens, eviction="chunked", chunk=C)`` (pinned system prompt,
+    units), and a *step* is taken only where that filter's cut moves anyway (the prompt stops
+    extending the previous one there, so the step costs no cache miss of its own; at the
+    moving message, or at the next one that is not an assistant message). A step clears the
+    oldest eligible results, at least ``C`` tokens of them or all that are eligible, as many as
+    keep the cut's room (how far the prompt may grow before the cut moves again, computed on
+    the cleared costs) at nine tenths of what the move alone leaves or more; none if no run
+    does. The decision is monotone: as a conversation grows, a result once cleared stays
+    cleared, so between two steps each prompt extends the previous one. (It depends on the
+    messages before it, the pinned system prompt and the tools included: change those and the
+    steps move.)
 
     >>> from jianmu_fast.message import human, ai, tool
     >>> def call(i):
@@ -508,15 +504,20 @@ class ClearToolResultsFilter:
         self.placeholder = placeholder
         self.counter = _check_counter(counter)
         # counters whose message count is additive in the content: savings without a copy
-        self._additive = type(self.counter).__name__ in ("SimpleTokenCounter", "TiktokenTokenCounter", "HFTokenCounter")
+        self._additive = self._trusted = type(self.counter).__name__ in _TRUSTED
         self._tools = TokenBudgetFilter(MAX_VALUE, self.counter)  # its cached tools_cost
         self._reset()
 
     def _reset(self) -> None:
         self._lock = threading.RLock()
-        self._rec = _ClearRecords()
+        request = self.counter.count_messages([])
+        if isinstance(request, bool) or not isinstance(request, (int, np.integer)) or not 0 <= request <= MAX_VALUE:
+            raise TypeError(f"counter {self.counter!r}: count_messages([]) must be an int between 0 and 2**53, got {request!r}")
+        self._request = int(request)  # the request's fixed cost
+        self._placeholder_cost = int(self.counter.count_text(self.placeholder)) if self._additive else 0
+        self._rec = _ClearRecords(-1)
         self._cleared_cache = _ObjectCache()
-        self._last: Optional[tuple[_ClearRecords, int, list[Message], int]] = None
+        self._inputs_cache = _ObjectCache()
 
     def __repr__(self) -> str:
         opts = f", keep={self.keep}, clear_at_least={self.clear_at_least}"
@@ -528,7 +529,7 @@ class ClearToolResultsFilter:
 
     def __getstate__(self) -> dict[str, Any]:
         state = self.__dict__.copy()
-        for k in ("_rec", "_cleared_cache", "_last", "_lock"):
+        for k in ("_rec", "_cleared_cache", "_inputs_cache", "_lock"):
             state.pop(k, None)
         return state
 
@@ -560,10 +561,13 @@ class ClearToolResultsFilter:
                 cost = sum(ct(b["text"]) if b.get("type") == "text" else image for b in c)
             else:
                 cost = 0
-            return cost - ct(self.placeholder)
+            return cost - self._placeholder_cost
         return count - int(self.counter.count_message(self._cleared_result(m)))
 
     def _without_inputs(self, a: Message, positions: frozenset[int]) -> Message:
+        got = self._inputs_cache.get(a)
+        if got is not None and got[0] == positions:
+            return got[1]
         calls = [dict(c) for c in a.tool_calls or ()]
         ids = []
         for p in sorted(positions):
@@ -571,64 +575,121 @@ class ClearToolResultsFilter:
             fn["arguments"] = "{}"
             calls[p]["function"] = fn
             ids.append(calls[p].get("id"))
-        return _edited(a, {"tool_calls": calls}, {"kind": "inputs_cleared", "calls": ids})
+        out = _edited(a, {"tool_calls": calls}, {"kind": "inputs_cleared", "calls": ids})
+        self._inputs_cache.put(a, (positions, out))
+        return out
 
-    def _records(self, msgs: list[Message]) -> _ClearRecords:
-        rec = self._rec
-        k = len(rec.messages)
-        if not (k and len(msgs) >= k and msgs[:k] == rec.messages):
-            rec = self._rec = _ClearRecords()
-            k = 0
-        if len(msgs) == k:
-            return rec
+    def _new_counts(self, new: list[Message]) -> list[int]:
+        if len(new) <= 4:
+            count = self.counter.count_message
+            counts = [count(m) for m in new]
+            if not self._trusted and (min(counts) < 0 or max(counts) > MAX_VALUE or
+                                      not all(isinstance(c, (int, np.integer)) for c in counts)):
+                raise TrimmingError(f"counter {self.counter!r} returned a count outside [0, 2**53]")
+            return counts
+        return _counts(self.counter, new).tolist()
+
+    def _append(self, rec: _ClearRecords, msgs: list[Message], k: int) -> None:
+        """Records of ``msgs[k:]`` (``msgs[:k]`` is ``rec.messages``)."""
         new = msgs[k:]
-        counts = _counts(self.counter, new)
-        kinds = np.zeros(len(new), dtype=np.int8)
-        savings = np.zeros(len(new), dtype=np.int64)
+        counts = self._new_counts(new)
+        kinds = rec.kinds
+        savings = rec.savings
         for j, m in enumerate(new):
             i = k + j
-            if m.role == "assistant" and m.tool_calls:
-                for p, c in enumerate(m.tool_calls):
-                    cid = c.get("id")
-                    if cid:
-                        rec.calls[cid] = (i, p)
-            elif m.role == "tool":
-                rec.results.append(i)
-                owner = rec.calls.get(m.tool_call_id) if m.tool_call_id else None
-                if owner is None:
-                    a = i - 1
-                    while a >= 0 and msgs[a].role == "tool":
-                        a -= 1
-                    if a >= 0 and msgs[a].role == "assistant" and len(msgs[a].tool_calls or ()) == 1:
-                        owner = (a, 0)
-                name = m.name
-                if owner is not None:
-                    rec.owner[i] = owner
-                    name = (msgs[owner[0]].tool_calls or ())[owner[1]]["function"]["name"]
-                if name in self.exclude_tools:
-                    kinds[j] = 1
-                    rec.result_kinds.append(1)
-                    continue
-                kinds[j] = 2
-                rec.result_kinds.append(2)
-                saved = self._result_saving(m, int(counts[j]))
-                if self.clear_tool_inputs and owner is not None:
-                    call_msg = msgs[owner[0]]
-                    saved += int(self.counter.count_message(call_msg)) - int(
-                        self.counter.count_message(self._without_inputs(call_msg, frozenset((owner[1],)))))
-                savings[j] = min(max(0, saved), int(counts[j]))
-        rec.messages = msgs[:]
-        rec.extend(counts, kinds, savings)
-        return rec
+            role = m.role
+            if role == "tool":
+                kind, saved = self._result_record(rec, msgs, i, m, counts[j])
+                kinds.append(kind)
+                savings.append(saved)
+                continue
+            if role == "assistant":
+                kinds.append(_ASSISTANT)
+                if m.tool_calls:
+                    for p, c in enumerate(m.tool_calls):
+                        cid = c.get("id")
+                        if cid:
+                            rec.calls[cid] = (i, p)
+            elif role == "system" and i == rec.n_pinned:
+                kinds.append(_PINNED)
+                rec.n_pinned += 1
+            else:
+                kinds.append(_UNIT)
+            savings.append(0)
+        rec.counts.extend(counts)
+        rec.messages.extend(new)
+
+    def _result_record(self, rec: _ClearRecords, msgs: list[Message], i: int, m: Message,
+                       count: int) -> tuple[int, int]:
+        """The kind of the tool result ``msgs[i]`` and what clearing it saves."""
+        rec.results.append(i)
+        owner = rec.calls.get(m.tool_call_id) if m.tool_call_id else None
+        if owner is None:
+            a = i - 1
+            while a >= 0 and msgs[a].role == "tool":
+                a -= 1
+            if a >= 0 and msgs[a].role == "assistant" and len(msgs[a].tool_calls or ()) == 1:
+                owner = (a, 0)
+        name = m.name
+        if owner is not None:
+            rec.owner[i] = owner
+            name = (msgs[owner[0]].tool_calls or ())[owner[1]]["function"]["name"]
+        if name in self.exclude_tools:
+            rec.result_kinds.append(_EXCLUDED)
+            return _EXCLUDED, 0
+        rec.result_kinds.append(_CLEARABLE)
+        saved = self._result_saving(m, count)
+        if self.clear_tool_inputs and owner is not None:
+            call_msg = msgs[owner[0]]
+            saved += int(self.counter.count_message(call_msg)) - int(
+                self.counter.count_message(self._without_inputs(call_msg, frozenset((owner[1],)))))
+        return _CLEARABLE, min(max(0, saved), count)
 
     # -- the filter --------------------------------------------------------------------------
 
-    def _plan(self, msgs: list[Message], tools_schema: Any) -> tuple[_ClearRecords, int]:
-        rec = self._records(msgs)
-        base = int(self.counter.count_messages([])) + self._tools.tools_cost(tools_schema)
+    def _base(self, tools_schema: Any) -> int:
+        return self._request + (self._tools.tools_cost(tools_schema) if tools_schema else 0)
+
+    def _update(self, msgs: list[Message], tools_schema: Any) -> _ClearRecords:
+        """The records of ``msgs``, their decision made and their output up to date. A history
+        that extends the previous one (the agent loop) costs only its new messages: one C-level
+        comparison of the old part, records and a resumed compiled scan for the new part, and
+        the previous output objects extended (the cleared copies are the same objects turn
+        after turn, so the next stage sees a prompt that extends its previous one)."""
+        base = self._base(tools_schema)
+        rec = self._rec
+        k = rec.n
+        if not (rec.base == base and len(msgs) >= k and (msgs[:k] == rec.messages if len(msgs) > k else msgs == rec.messages)):
+            rec = self._rec = _ClearRecords(base)
+            k = 0
+        if len(msgs) == k:
+            return rec
+        self._append(rec, msgs, k)
         cleared, _ = _backend.plan_clearing(rec.counts, rec.kinds, rec.savings, base, self.trigger_tokens,
-                                            self.clear_at_least, self.keep)
-        return rec, cleared
+                                            self.clear_at_least, self.keep, rec.state)
+        rec.out.extend(msgs[k:])
+        if cleared > rec.cleared:
+            self._edit(rec, cleared)
+        return rec
+
+    def _edit(self, rec: _ClearRecords, cleared: int) -> None:
+        """Clear the results ``rec.cleared:cleared`` in ``rec.out`` (and their calls' inputs)."""
+        msgs, out = rec.messages, rec.out
+        new = [i for i, kind in zip(rec.results[rec.cleared:cleared], rec.result_kinds[rec.cleared:cleared])
+               if kind == _CLEARABLE]
+        rec.cleared = cleared
+        for i in new:
+            out[i] = self._cleared_result(msgs[i])
+        if self.clear_tool_inputs and new:
+            owner = rec.owner
+            touched = {owner[i][0] for i in new if i in owner}
+            cleared_calls: dict[int, set[int]] = {}
+            for i, kind in zip(rec.results[:cleared], rec.result_kinds):
+                o = owner.get(i)
+                if kind == _CLEARABLE and o is not None and o[0] in touched:
+                    cleared_calls.setdefault(o[0], set()).add(o[1])
+            for a, positions in cleared_calls.items():
+                out[a] = self._without_inputs(msgs[a], frozenset(positions))
 
     def cleared_results(self, messages: Sequence[Message], tools_schema: Any = None) -> list[int]:
         """Indices of the tool results of ``messages`` that ``apply`` clears.
@@ -639,8 +700,8 @@ class ClearToolResultsFilter:
         """
         msgs = messages if isinstance(messages, list) else list(messages)
         with self._lock:
-            rec, cleared = self._plan(msgs, tools_schema)
-            return [i for i, k in zip(rec.results[:cleared], rec.result_kinds) if k == 2]
+            rec = self._update(msgs, tools_schema)
+            return [i for i, k in zip(rec.results[:rec.cleared], rec.result_kinds) if k == _CLEARABLE]
 
     def apply(self, messages: Sequence[Message], local_state: Any = None, global_state: Any = None,
               ctx: Any = None, *, tools_schema: Optional[Sequence[dict[str, Any]]] = None,
@@ -648,45 +709,13 @@ class ClearToolResultsFilter:
         """``messages`` with the old tool results cleared (a new list; the input is untouched)."""
         try:
             with self._lock:
-                return self._apply(messages, tools_schema)
+                msgs = messages if type(messages) is list else list(messages)
+                return self._update(msgs, tools_schema).out[:]
         except JianmuError:
             raise
         except Exception as exc:
+            self._rec = _ClearRecords(-1)  # never resume from a half-updated history
             raise TrimmingError(f"{type(self).__name__}: could not clear tool results ({type(exc).__name__}: {exc})") from exc
-
-    def _apply(self, messages: Sequence[Message], tools_schema: Any) -> list[Message]:
-        msgs = messages if isinstance(messages, list) else list(messages)
-        rec, cleared = self._plan(msgs, tools_schema)
-        last = self._last
-        if last is not None and last[0] is rec and last[3] <= cleared:
-            # the same records, extended (the history grew) and the clearing only went further
-            # (monotone): the previous output plus what is new, and only the new edits
-            _, k, out_ref, done = last
-            out = out_ref + msgs[k:] if len(msgs) > k else list(out_ref)
-            start = done
-        else:
-            out = list(msgs)
-            start = 0
-        if cleared > start:
-            new = [i for i, kind in zip(rec.results[start:cleared], rec.result_kinds[start:cleared]) if kind == 2]
-            self._edit(out, msgs, new, cleared)
-        self._last = (rec, len(msgs), out, cleared)
-        return list(out)
-
-    def _edit(self, out: list[Message], msgs: list[Message], new: list[int], cleared: int) -> None:
-        for i in new:
-            out[i] = self._cleared_result(msgs[i])
-        if self.clear_tool_inputs and new:
-            rec = self._rec
-            owner = rec.owner
-            touched = {owner[i][0] for i in new if i in owner}
-            cleared_calls: dict[int, set[int]] = {}
-            for i, kind in zip(rec.results[:cleared], rec.result_kinds):
-                o = owner.get(i)
-                if kind == 2 and o is not None and o[0] in touched:
-                    cleared_calls.setdefault(o[0], set()).add(o[1])
-            for a, positions in cleared_calls.items():
-                out[a] = self._without_inputs(msgs[a], frozenset(positions))
 
 
 # -- SummarizingBudgetFilter ------------------------------------------------------------------
