@@ -6,10 +6,12 @@ every argument, is the pure-Python twin ``jianmu_fast/_filter_core_py.py``; both
 same names, signatures, results and error messages (proven by tests/test_filter_core.py).
 """
 
-from cpython.list cimport PyList_GET_ITEM, PyList_GET_SIZE
+from cpython.list cimport PyList_GET_ITEM, PyList_GET_SIZE, PyList_New, PyList_SET_ITEM
+from cpython.ref cimport Py_INCREF
 from cpython.object cimport PyObject, PyObject_RichCompareBool, Py_EQ
 from libc.stdint cimport int64_t, int8_t
 from libc.stdlib cimport free, malloc
+from libc.string cimport memcmp
 
 import numpy as np
 
@@ -534,6 +536,11 @@ def sanitize_windows(const int64_t[::1] rows, const int64_t[::1] offsets, const 
 
 # -- the records of one prompt that grows in place (the agent loop); see the twin ---------------
 
+cdef extern from "Python.h":
+    ctypedef struct PyListObject:
+        PyObject** ob_item
+
+
 cdef inline Py_ssize_t _lower_bound(const int64_t* ps, Py_ssize_t lo, Py_ssize_t hi, int64_t t) noexcept nogil:
     """The first ``i`` in ``[lo, hi]`` with ``ps[i] >= t`` (``ps`` non-decreasing, ``ps[hi] >= t``)."""
     cdef Py_ssize_t mid
@@ -678,6 +685,9 @@ cdef class Records:
         cdef PyObject* b
         if PyList_GET_SIZE(msgs) < n:
             return -1
+        if n == 0 or memcmp((<PyListObject*>msgs).ob_item, (<PyListObject*>self._msgs).ob_item,
+                            n * sizeof(PyObject*)) == 0:
+            return PyList_GET_SIZE(msgs) - n  # the same objects: one vectorized comparison
         for i in range(n):
             a = PyList_GET_ITEM(msgs, i)
             b = PyList_GET_ITEM(self._msgs, i)
@@ -919,6 +929,42 @@ cdef class Records:
         if out[0] == 3:
             raise MemoryError()
         return (out[0], out[1], out[2], out[3])
+
+    def window(self, list msgs, count, int64_t budget, tuple settings, bint sanitize):
+        """See the twin."""
+        cdef int64_t out[4]
+        cdef Py_ssize_t k = self._match(msgs), i, n_pinned, lo, hi, j
+        if k < 0:
+            return None
+        if k > 0:
+            new = msgs[self.n:]
+            for i in range(k):
+                if type(<object>PyList_GET_ITEM(new, i)) is not self._type:
+                    return None
+            self.extend(new, count(new))
+        if len(settings) != 4:
+            raise ValueError(f"settings must be (pinned_mask, from_start, chunk, pinned_free), got {settings!r}")
+        mask, from_start, chunk, pinned_free = settings
+        _check_plan_args(budget, chunk)
+        if self.n == 0:
+            return None
+        self._decide(budget, mask, from_start, chunk, pinned_free, out)
+        n_pinned, lo, hi = out[1], out[2], out[3]
+        if out[0] != 0 or n_pinned == self.n or lo == hi:
+            return None
+        result = PyList_New(n_pinned + hi - lo)
+        for i in range(n_pinned):
+            x = <object>PyList_GET_ITEM(msgs, i)
+            Py_INCREF(x)
+            PyList_SET_ITEM(result, i, x)
+        j = n_pinned
+        for i in range(lo, hi):
+            x = <object>PyList_GET_ITEM(msgs, i)
+            Py_INCREF(x)
+            PyList_SET_ITEM(result, j, x)
+            j += 1
+        clean = sanitize and _sanitize_status(NULL, self.r, self.off, self.ids, self.rid, n_pinned, lo, hi) == 0
+        return (result, clean)
 
     def sanitize(self, Py_ssize_t n_pinned, Py_ssize_t lo, Py_ssize_t hi):
         """See the twin."""

@@ -13,19 +13,21 @@ BACKEND: Literal["cython", "python"]
 
 if os.environ.get("JIANMU_FAST_PURE_PYTHON") == "1":
     from ._filter_core_py import (  # noqa: F401
-        MAX_VALUE, ROLE_CODES, plan_window, plan_windows, sanitize_window, sanitize_windows, select_window, select_windows,
+        MAX_VALUE, ROLE_CODES, Records, plan_window, plan_windows, sanitize_window, sanitize_windows, select_window,
+        select_windows,
     )
     from ._editing_core_py import plan_clearing
-    from ._batch_core_py import intern_rows, need_rows, slice_outputs, table_records
+    from ._batch_core_py import intern_rows, need_rows, prefix_prompts, slice_outputs, table_records
 
     BACKEND = "python"
 else:
     try:
         from ._filter_core import (  # noqa: F401
-            MAX_VALUE, ROLE_CODES, plan_window, plan_windows, sanitize_window, sanitize_windows, select_window, select_windows,
+            MAX_VALUE, ROLE_CODES, Records, plan_window, plan_windows, sanitize_window, sanitize_windows, select_window,
+            select_windows,
         )
         from ._editing_core import plan_clearing
-        from ._batch_core import intern_rows, need_rows, slice_outputs, table_records
+        from ._batch_core import intern_rows, need_rows, prefix_prompts, slice_outputs, table_records
     except ImportError as exc:  # pragma: no cover - exercised by a subprocess test
         raise ImportError(
             "jianmu_fast._filter_core is not compiled: run `pip install -e .` (or `make install`) "
@@ -33,4 +35,4 @@ else:
         ) from exc
     BACKEND = "cython"
 
-__all__ = ["BACKEND", "MAX_VALUE", "plan_clearing", "select_window", "select_windows"]
+__all__ = ["BACKEND", "MAX_VALUE", "Records", "plan_clearing", "select_window", "select_windows"]

@@ -48,6 +48,14 @@ class Records:
     def plan(
         self, budget: int, pinned_mask: int, from_start: bool, chunk: int = 0, pinned_free: bool = False
     ) -> tuple[int, int, int, int]: ...
+    def window(
+        self,
+        msgs: list[Any],
+        count: Callable[[list[Any]], Sequence[int]],
+        budget: int,
+        settings: tuple[int, bool, int, bool],
+        sanitize: bool,
+    ) -> Optional[tuple[list[Any], bool]]: ...
     def sanitize(self, n_pinned: int, lo: int, hi: int) -> int: ...
 
 def select_window(

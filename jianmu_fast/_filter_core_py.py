@@ -566,6 +566,27 @@ class Records:
         """``plan_window`` over the records."""
         return plan_window(self.roles, self.counts, pinned_mask, budget, from_start, chunk, pinned_free)
 
+    def window(self, msgs, count, budget, settings, sanitize):
+        """The agent loop's turn in one call: ``advance(msgs, count)``, then ``plan(budget,
+        *settings)`` (``settings``: ``(pinned_mask, from_start, chunk, pinned_free)``); when
+        that plan is decided and keeps something besides the pinned prefix, returns
+        ``(msgs[:n_pinned] + msgs[lo:hi], clean)``, ``clean`` being ``sanitize and
+        self.sanitize(n_pinned, lo, hi) == 0``. Otherwise returns ``None``: the caller takes
+        the general path (the records stay advanced when ``msgs`` extended them)."""
+        if self.advance(msgs, count) < 0:
+            return None
+        if len(settings) != 4:
+            raise ValueError(f"settings must be (pinned_mask, from_start, chunk, pinned_free), got {settings!r}")
+        mask, from_start, chunk, pinned_free = settings
+        _check_range("", "budget", budget)
+        _check_range("", "chunk", chunk)
+        if not self._msgs:
+            return None
+        status, n_pinned, lo, hi = self.plan(budget, mask, from_start, chunk, pinned_free)
+        if status or n_pinned == len(self._msgs) or lo == hi:
+            return None
+        return msgs[:n_pinned] + msgs[lo:hi], bool(sanitize) and self.sanitize(n_pinned, lo, hi) == 0
+
     def sanitize(self, n_pinned, lo, hi):
         """``sanitize_window``'s status over the records."""
         return sanitize_window(self.roles, self.call_off, self.call_ids, self.result_ids, n_pinned, lo, hi)[0]

@@ -64,7 +64,7 @@ def test_twins_share_signatures(name):
 
 
 @needs_c
-@pytest.mark.parametrize("name", ["match", "advance", "extend", "set_counts", "plan", "sanitize"])
+@pytest.mark.parametrize("name", ["match", "advance", "extend", "set_counts", "plan", "sanitize", "window"])
 def test_records_twins_share_method_signatures(name):
     assert inspect.signature(getattr(core_c.Records, name)) == inspect.signature(getattr(core_py.Records, name))
 
@@ -522,3 +522,39 @@ def test_records_match_identity_equality_and_errors():
         with pytest.raises(ValueError, match=r"need 0 <= n_pinned <= lo <= hi <= 2, got 0, 1, 3"):
             rec.sanitize(0, 1, 3)
         assert rec.n == 2 and rec.counts.tolist() == [1, 1]
+
+
+@given(steps=st.lists(st.tuples(sanitize_units, st.booleans()), min_size=1, max_size=8), data=st.data())
+@settings(deadline=None, max_examples=max(50, MAX_EXAMPLES // 2))
+def test_records_window_is_advance_plan_and_slice_on_both_twins(steps, data):
+    """``window`` (the agent loop's turn in one call) equals advance + plan + sanitize +
+    the output slice on both twins, or says None exactly when the general path must decide."""
+    from jianmu_fast.message import human
+
+    recs = _record_cores()
+    refs = _record_cores()
+    history: list = []
+    for units, repeat in steps:
+        new = _record_messages(units)
+        history.extend(new)
+        costs = data.draw(st.lists(st.integers(0, 30), min_size=len(new), max_size=len(new)))
+        settings_ = (data.draw(st.integers(0, 15)), data.draw(st.booleans()), data.draw(st.sampled_from([0, 0, 7])),
+                     data.draw(st.booleans()))
+        budget = data.draw(st.integers(0, 200))
+        sanitize = data.draw(st.booleans())
+        for _ in range(2 if repeat else 1):
+            got = [r.window(history, lambda new_: costs, budget, settings_, sanitize) for r in recs]
+            assert all(g == got[0] for g in got)
+            for ref in refs:
+                assert ref.advance(history, lambda new_: costs) >= 0
+                status, k, lo, hi = ref.plan(budget, *settings_)
+                if status or k == ref.n or lo == hi:
+                    assert got[0] is None
+                else:
+                    clean = sanitize and ref.sanitize(k, lo, hi) == 0
+                    assert got[0] == (history[:k] + history[lo:hi], clean)
+    assert [r.window(history[1:] + [human("x")], len, 5, (1, True, 0, False), False) for r in recs if r.n] == \
+        [None] * sum(1 for r in recs if r.n)
+    for r in recs:
+        with pytest.raises(ValueError, match=r"settings must be \(pinned_mask, from_start, chunk, pinned_free\)"):
+            r.window(history, len, 5, (1, True), False)

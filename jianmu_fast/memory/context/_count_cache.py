@@ -26,7 +26,7 @@ from __future__ import annotations
 import threading
 import weakref
 from itertools import islice
-from typing import Any, Iterable, Mapping, Sequence
+from typing import Any, Iterable, Mapping, Optional, Sequence
 
 import numpy as np
 
@@ -222,52 +222,40 @@ class CachedChatCounter:
 
     # -- the loop ----------------------------------------------------------------------------
 
-    def _counts(self, ms: Sequence[Any], where: str) -> list[int]:
+    def _counts(self, ms: Sequence[Any], where: str = "messages") -> list[int]:
+        """One count per message of ``ms`` (a list or tuple), from the message cache or, for
+        the misses, ``_fill``; ``where`` names ``ms`` in a coercion error."""
         get = self._msgs.get
         out: list[int] = []
         append = out.append
-        missing: list[int] = []
-        for i, m in enumerate(ms):
+        missing: Optional[list[int]] = None
+        i = 0
+        for m in ms:
             e = get(id(m))
             if e is not None and e[0]() is m:
                 append(e[1])
             else:
                 append(0)
-                missing.append(i)
-        if missing:
+                if missing is None:
+                    missing = [i]
+                else:
+                    missing.append(i)
+            i += 1
+        if missing is not None:
             self._fill(ms, missing, out, where)
         return out
 
     def _fill(self, ms: Sequence[Any], missing: list[int], out: list[int], where: str) -> None:
-        if len(missing) == 1:  # the agent loop's turn: one new plain-text message at a time
-            i = missing[0]
-            m = ms[i]
-            c = m.content if type(m) is Message else None
-            if type(c) is str and m.name is None and m.tool_calls is None and (
-                not self.COUNT_TOOL_CALL_ID or m.tool_call_id is None
-            ):
-                fixed = self._role_base.get(m.role)
-                if fixed is None:
-                    fixed = self._role_cost(m.role)
-                n = self._texts.get(c)
-                encoded = n is None
-                if encoded:
-                    n = self._encode_counts([c])[0]
-                total = out[i] = fixed + n
-                with self._lock:
-                    if encoded:
-                        self._put_texts([c], [n])
-                    self._put_messages([(m, total)])
-                return
+        """Count ``ms[i]`` for ``i in missing`` into ``out``: texts found in the text cache
+        are added at once, the others are tokenized together (each distinct text once); then
+        one lock acquisition stores the new texts and messages."""
         tget = self._texts.get
-        image = self._image_tokens
-        per_name = self.PER_NAME
-        per_call = self.PER_TOOL_CALL
-        count_id = self.COUNT_TOOL_CALL_ID
         role_base = self._role_base
-        plan: list[tuple[int, Message, int, Any]] = []  # (index, message, fixed cost, text(s))
-        known: dict[str, int] = {}
+        count_id = self.COUNT_TOOL_CALL_ID
+        # (index, message, cost known so far, texts still to add: None, one str, or a list)
+        rows: list[tuple[int, Message, int, Any]] = []
         need: dict[str, None] = {}
+        cacheable: list[bool] = []
         for i in missing:
             m = ms[i]
             if type(m) is not Message:
@@ -276,15 +264,15 @@ class CachedChatCounter:
             if fixed is None:
                 fixed = self._role_cost(m.role)
             c = m.content
-            if type(c) is str and m.name is None and m.tool_calls is None and (
-                not count_id or m.tool_call_id is None
-            ):
+            tc = m.tool_calls
+            if tc is None and type(c) is str and m.name is None and (not count_id or m.tool_call_id is None):
                 n = tget(c)
                 if n is None:
                     need[c] = None
+                    rows.append((i, m, fixed, c))
                 else:
-                    known[c] = n
-                plan.append((i, m, fixed, c))
+                    rows.append((i, m, fixed + n, None))
+                cacheable.append(m is ms[i])
                 continue
             texts: list[str] = []
             if isinstance(c, str):
@@ -294,53 +282,56 @@ class CachedChatCounter:
                     if block.get("type") == "text":
                         texts.append(block["text"])
                     else:
-                        fixed += image
+                        fixed += self._image_tokens
             if m.name:
                 texts.append(m.name)
-                fixed += per_name
+                fixed += self.PER_NAME
             if count_id and m.tool_call_id:
                 texts.append(m.tool_call_id)
-            if m.tool_calls:
-                for call in m.tool_calls:
+            if tc:
+                per_call = self.PER_TOOL_CALL
+                for call in tc:
                     fn = call["function"]
                     fixed += per_call
                     texts.append(fn["name"])
                     args = fn.get("arguments")
                     if args:
                         texts.append(args)
+            rest: list[str] = []
             for t in texts:
                 n = tget(t)
                 if n is None:
                     need[t] = None
+                    rest.append(t)
                 else:
-                    known[t] = n
-            plan.append((i, m, fixed, texts))
-        new: list[str] = []
-        counts: list[int] = []
+                    fixed += n
+            rows.append((i, m, fixed, rest or None))
+            # counted lists must be the frozen copies validation makes (see _frozen)
+            cacheable.append(m is ms[i] and type(c) is not list and (tc is None or type(tc) is FrozenList))
+        got: dict[str, int] = {}
         if need:
             new = list(need)
             counts = self._encode_counts(new)
-            known.update(zip(new, counts))
-        done: list[tuple[Any, ...]] = []
-        for i, m, fixed, texts in plan:
-            if type(texts) is str:
-                total = fixed + known[texts]
+            got = dict(zip(new, counts))
+        ref = weakref.ref
+        with self._lock:  # one acquisition for both caches
+            if need:
+                self._put_texts(new, counts)
+            cache = self._msgs
+            for (i, m, total, rest), keep in zip(rows, cacheable):
+                if rest is not None:
+                    if type(rest) is str:
+                        total += got[rest]
+                    else:
+                        for t in rest:
+                            total += got[t]
                 out[i] = total
-                if m is ms[i]:
-                    done.append((m, total))
-                continue
-            total = fixed
-            for t in texts:
-                total += known[t]
-            out[i] = total
-            if m is ms[i] and _frozen(m):
-                done.append((m, total))
-        if new or done:
-            with self._lock:  # one acquisition for both caches
-                if new:
-                    self._put_texts(new, counts)
-                if done:
-                    self._put_messages(done)
+                if keep:
+                    cache[id(m)] = (ref(m), total)
+            if len(cache) > self.cache_size:
+                drop = len(cache) - (self.cache_size * 3) // 4
+                for key in list(islice(iter(cache), drop)):
+                    del cache[key]
 
     @staticmethod
     def _coerce(item: Any, where: str) -> Message:

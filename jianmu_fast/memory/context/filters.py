@@ -121,101 +121,60 @@ _ROLE = _backend.ROLE_CODES
 _ROLE_BIT = {r: 1 << c for r, c in _ROLE.items()}
 
 
-class _Records:
-    """One record per message of a prompt, in growable arrays: the role code, the count
-    (``-1`` until counted), the interned ids of its calls (CSR: ``call_off``/``call_ids``)
-    and the interned id it answers (``rids``); ``-1`` is a missing id. ``msgs`` is a copy of
-    the prompt: the next prompt that starts with it (the agent loop) only appends records.
-    Valid for as long as its messages live, since a Message never changes (see
-    ``jianmu_fast.message.model``)."""
-
-    __slots__ = ("msgs", "n", "roles", "counts", "call_off", "call_ids", "n_ids", "rids")
-
-    def __init__(self) -> None:
-        self.msgs: list[Message] = []
-        self.n = 0
-        self.roles: np.ndarray = np.empty(64, dtype=np.int8)
-        self.counts: np.ndarray = np.empty(64, dtype=np.int64)
-        self.rids: np.ndarray = np.empty(64, dtype=np.int64)
-        self.call_off: np.ndarray = np.zeros(65, dtype=np.int64)
-        self.call_ids: np.ndarray = np.empty(64, dtype=np.int64)
-        self.n_ids = 0
-
-    def _put_ids(self, ids: list[int]) -> None:
-        need = self.n_ids + len(ids)
-        if need > len(self.call_ids):
-            buf = np.empty(max(2 * len(self.call_ids), need), dtype=np.int64)
-            buf[:self.n_ids] = self.call_ids[:self.n_ids]
-            self.call_ids = buf
-        self.call_ids[self.n_ids:need] = ids
-        self.n_ids = need
-
-    def append(self, new: Sequence[Message], intern: dict[str, int], counts: Optional[np.ndarray]) -> None:
-        """Add the records of ``new`` (their ``counts``, or ``-1`` for not counted yet)."""
-        n, k = self.n, len(new)
-        end = n + k
-        if end > len(self.roles):
-            cap = max(2 * len(self.roles), end)
-            for name, dtype in (("roles", np.int8), ("counts", np.int64), ("rids", np.int64)):
-                buf = np.empty(cap, dtype=dtype)
-                buf[:n] = getattr(self, name)[:n]
-                setattr(self, name, buf)
-            off = np.zeros(cap + 1, dtype=np.int64)
-            off[:n + 1] = self.call_off[:n + 1]
-            self.call_off = off
-        roles = [_ROLE[m.role] for m in new]
-        if k <= 4:  # the agent loop's turn: item by item (cheaper than array slices)
-            for i in range(k):
-                j = n + i
-                r = roles[i]
-                m = new[i]
-                self.roles[j] = r
-                self.counts[j] = -1 if counts is None else counts[i]
-                self.rids[j] = _interned(intern, m.tool_call_id) if r == 3 else -1
-                if r == 2 and m.tool_calls:
-                    self._put_ids([_interned(intern, c.get("id")) for c in m.tool_calls])
-                self.call_off[j + 1] = self.n_ids
-        else:
-            self.roles[n:end] = roles
-            self.counts[n:end] = -1 if counts is None else counts
-            rids = [-1] * k
-            offs = []
-            for i, m in enumerate(new):
-                r = roles[i]
-                if r == 3:
-                    rids[i] = _interned(intern, m.tool_call_id)
-                elif r == 2 and m.tool_calls:
-                    self._put_ids([_interned(intern, c.get("id")) for c in m.tool_calls])
-                offs.append(self.n_ids)
-            self.rids[n:end] = rids
-            self.call_off[n + 1:end + 1] = offs
-        self.msgs.extend(new)
-        self.n = end
-
-
-def _interned(intern: dict[str, int], key: Any) -> int:
-    """The int of a call id (``-1`` for a missing or empty one)."""
-    return intern.setdefault(key, len(intern)) if key else -1
-
-
 class _WindowFilter:
-    """Shared façade: records of the prompt (extended in place along a growing history), one
-    call of the compiled planner (``_backend.plan_window``, which asks for the counts it
-    needs), and the output sliced from the plan. The batch path (``jianmu_fast.batch``) calls
-    ``_trim_many``: the same planner over all prompts (``plan_windows``), one table of records
-    for every distinct message."""
+    """Shared façade: the records of the prompt (``_backend.Records``, extended in place along
+    a growing history: a turn appends its new messages' records), one call of the compiled
+    planner over them (which asks for the counts it needs), and the output sliced from the
+    plan. The batch path (``_batch_plan``) calls ``_trim_many``: the same planner over all
+    prompts (``plan_windows``), one table of records for every distinct message."""
 
     _unit_name = "tokens"
     _pinned_free = False  # pinned messages cost nothing against the limit
-    pinned_roles: frozenset[str]
-    trim_from_start: bool
-    chunk: int
-    _rec: Optional[_Records] = None
-    _intern: Optional[dict[str, int]] = None
-    #: the last plan: (records, their length, planner arguments, sanitize, n_pinned, lo, hi, clean)
-    _plan: Optional[tuple[Any, ...]] = None
+    _rec: Any = None
+    #: the planner's settings (pinned_mask, from_start, chunk, pinned_free); None after a change
+    _cfg: Optional[tuple[int, bool, int, bool]] = None
     #: each instance makes its own; this one serves subclasses whose __init__ skips ours
     _lock = threading.Lock()
+
+    @property
+    def pinned_roles(self) -> frozenset[str]:
+        """The roles of the leading run of messages that is always kept."""
+        return self._pinned_roles
+
+    @pinned_roles.setter
+    def pinned_roles(self, roles: frozenset[str]) -> None:
+        self._pinned_roles = roles
+        self._cfg = None
+
+    @property
+    def trim_from_start(self) -> bool:
+        """True: drop the oldest units first; False: the newest."""
+        return self._trim_from_start
+
+    @trim_from_start.setter
+    def trim_from_start(self, value: bool) -> None:
+        self._trim_from_start = value
+        self._cfg = None
+
+    @property
+    def chunk(self) -> int:
+        """The eviction step of ``eviction="chunked"`` (0: exact eviction)."""
+        return self._chunk
+
+    @chunk.setter
+    def chunk(self, value: int) -> None:
+        self._chunk = value
+        self._cfg = None
+
+    def _config(self) -> tuple[int, bool, int, bool]:
+        """The planner's settings, computed once per change of a setting."""
+        cfg = self._cfg
+        if cfg is None:
+            mask = 0
+            for r in self.pinned_roles:
+                mask |= _ROLE_BIT[r]
+            cfg = self._cfg = (mask, bool(self.trim_from_start), self.chunk, self._pinned_free)
+        return cfg
 
     def _limit(self, tools_schema: Any = None) -> int:
         """The core's budget: what the pinned prefix plus the kept run may cost."""
@@ -227,25 +186,23 @@ class _WindowFilter:
 
     @property
     def _mask(self) -> int:
-        mask = 0
-        for r in self.pinned_roles:
-            mask |= _ROLE_BIT[r]
-        return mask
+        return self._config()[0]
 
     def __getstate__(self) -> dict[str, Any]:
         state = self.__dict__.copy()
-        for key in ("_rec", "_intern", "_lock", "_plan"):
+        for key in ("_rec", "_lock", "_cfg"):
             state.pop(key, None)
         return state
 
     def __setstate__(self, state: dict[str, Any]) -> None:
+        for key in ("pinned_roles", "trim_from_start", "chunk"):  # pickled before these were properties
+            if key in state:
+                state["_" + key] = state.pop(key)
         self.__dict__.update(state)
         self._lock = threading.Lock()
 
     def _forget(self) -> None:
         self._rec = None
-        self._intern = None
-        self._plan = None
 
     def apply(
         self,
@@ -268,7 +225,16 @@ class _WindowFilter:
         sanitizing (decided in compiled code); otherwise it is False."""
         try:
             with self._lock:
-                return self._trim_locked(messages, tools_schema, sanitize)
+                msgs = messages if type(messages) is list else list(messages)
+                limit = self._limit(tools_schema)
+                rec = self._rec
+                if rec is not None and limit >= 0:
+                    # the agent loop: the prompt extends the last one; one compiled call records
+                    # the new messages (counted by _turn_counts), plans and slices the output
+                    got = rec.window(msgs, self._turn_counts, limit, self._cfg or self._config(), sanitize)
+                    if got is not None:
+                        return got
+                return self._trim_general(msgs, limit, sanitize)
         except JianmuError:
             raise
         except Exception as exc:  # a built-in trimming filter fails only with a library error
@@ -277,74 +243,62 @@ class _WindowFilter:
                 f"{type(self).__name__}: could not trim the prompt ({type(exc).__name__}: {exc})"
             ) from exc
 
-    def _records_of(self, msgs: list[Message]) -> tuple[_Records, list[Message]]:
-        """The records of ``msgs`` (and ``msgs`` as Messages): the previous prompt's records,
-        extended, when ``msgs`` starts with it (one C-level list comparison); new ones
-        otherwise. Appended messages are counted at once (the newest are kept first)."""
-        rec = self._rec
-        if self._intern is None or len(self._intern) > (1 << 20):
-            self._intern = {}
-            rec = None
+    def _records_of(self, msgs: list[Any], rec: Any) -> tuple[Any, list[Message]]:
+        """Records for ``msgs`` (and ``msgs`` as Messages) when the last ones were not simply
+        extended: ``rec`` when ``msgs`` extends its messages with items that are not
+        Messages yet (coerced here), new records otherwise."""
         if rec is not None:
             k = rec.n
-            if len(msgs) >= k and (msgs[:k] == rec.msgs if len(msgs) > k else msgs == rec.msgs):
-                if len(msgs) > k:
-                    new = msgs[k:]
-                    if countOf(map(type, new), Message) != len(new):
-                        new = [m if type(m) is Message else _coerce(m, k + i) for i, m in enumerate(new)]
-                        msgs = msgs[:k] + new
-                    rec.append(new, self._intern, self._new_counts(new))
-                return rec, msgs
+            new = [m if type(m) is Message else _coerce(m, k + i) for i, m in enumerate(msgs[k:])]
+            rec.extend(new, self._new_counts(new))
+            return rec, msgs[:k] + new
         if countOf(map(type, msgs), Message) != len(msgs):
             msgs = [m if type(m) is Message else _coerce(m, i) for i, m in enumerate(msgs)]
-        rec = self._rec = _Records()
+        rec = self._rec = _backend.Records(Message)
         if msgs:
-            rec.append(msgs, self._intern, self._eager_counts(msgs))
+            rec.extend(msgs, self._eager_counts(msgs))
         return rec, msgs
 
-    def _eager_counts(self, msgs: list[Message]) -> Optional[np.ndarray]:
+    def _eager_counts(self, msgs: list[Message]) -> Any:
         return None
 
     def _new_counts(self, new: list[Message]) -> Any:
         """Counts of the messages a turn appends (an int64 array, or a list of ints)."""
         return self._counts(new, 0, len(new))
 
-    def _trim_locked(self, messages: Sequence[Any], tools_schema: Any, sanitize: bool) -> tuple[list[Message], bool]:
-        msgs = messages if type(messages) is list else list(messages)
-        limit = self._limit(tools_schema)
-        rec, msgs = self._records_of(msgs)
+    def _turn_counts(self, new: list[Message]) -> Any:
+        """Counts of the messages a turn appends (``Records.window``'s ``count``); an
+        instance attribute may shadow it with a faster equivalent (the counter's own)."""
+        return self._new_counts(new)
+
+    def _trim_general(self, msgs: list[Any], limit: int, sanitize: bool) -> tuple[list[Message], bool]:
+        """``_trim`` when the compiled turn did not decide: new records, counts to fill, or a
+        plan that keeps nothing (its error)."""
+        rec = self._rec
+        k = rec.advance(msgs, self._new_counts) if rec is not None else -1
+        if k < 0:
+            rec, msgs = self._records_of(msgs, rec if k == -2 else None)
         n = rec.n
-        args = (self._mask, max(limit, 0), self.trim_from_start, self.chunk, self._pinned_free)
-        last = self._plan
-        if (last is not None and last[0] is rec and last[1] == n and last[2] == args and last[3] == sanitize
-                and limit >= 0):
-            # the same records (the prompt is unchanged) and the same limit: the same plan
-            _, _, _, _, n_pinned, lo, hi, clean = last
-            return (msgs[:n_pinned] + msgs[lo:hi] if n_pinned else msgs[lo:hi]), clean
-        self._plan = None
-        roles, counts = rec.roles[:n], rec.counts[:n]
-        plan_window = _backend.plan_window
-        while True:
-            status, n_pinned, lo, hi = plan_window(roles, counts, *args)
-            if not status:
-                break
-            need = np.flatnonzero(counts[lo:hi] < 0)
-            if len(need) == hi - lo:
-                counts[lo:hi] = self._counts(msgs, lo, hi)
-            else:
-                need += lo
-                counts[need] = self._counts([msgs[i] for i in need.tolist()], 0, len(need))
-        self._check_decision(msgs, rec, n_pinned, lo, hi, limit)
+        cfg = self._cfg or self._config()
+        budget = limit if limit > 0 else 0
+        status, n_pinned, lo, hi = rec.plan(budget, *cfg)
+        while status:  # the planner asks for counts it does not have yet
+            self._fill_counts(rec, msgs, lo, hi)
+            status, n_pinned, lo, hi = rec.plan(budget, *cfg)
+        if n_pinned == n or lo == hi or limit < 0:
+            self._check_decision(msgs, rec, n_pinned, lo, hi, limit)
         out = msgs[:n_pinned] + msgs[lo:hi] if n_pinned else msgs[lo:hi]
-        if not sanitize:
-            clean = False
-        else:
-            status, _ = _backend.sanitize_window(
-                roles, rec.call_off[:n + 1], rec.call_ids[:rec.n_ids], rec.rids[:n], n_pinned, lo, hi
-            )
-            clean = status == 0
-        self._plan = (rec, n, args, sanitize, n_pinned, lo, hi, clean)
+        clean = rec.sanitize(n_pinned, lo, hi) == 0 if sanitize else False
         return out, clean
+
+    def _fill_counts(self, rec: Any, msgs: list[Message], lo: int, hi: int) -> None:
+        """Count the records of ``msgs[lo:hi]`` not counted yet."""
+        need = np.flatnonzero(rec.counts[lo:hi] < 0)
+        if len(need) == hi - lo:
+            rec.set_counts(np.arange(lo, hi, dtype=np.int64), self._counts(msgs, lo, hi))
+        else:
+            need += lo
+            rec.set_counts(need, self._counts([msgs[i] for i in need.tolist()], 0, len(need)))
 
     # -- the batch path: the routine lives in _batch_plan (one compiled pass per step) --------
 
@@ -369,7 +323,7 @@ class _WindowFilter:
 
         return counts_many(self, msgs)
 
-    def _check_decision(self, msgs: list[Message], rec: _Records, n_pinned: int, lo: int, hi: int, limit: int) -> None:
+    def _check_decision(self, msgs: list[Message], rec: Any, n_pinned: int, lo: int, hi: int, limit: int) -> None:
         """Raise the ``ContextBudgetError`` of a plan that keeps nothing (or is over)."""
         n = rec.n
         if n_pinned < n and lo != hi and limit >= 0:
@@ -468,6 +422,12 @@ class MaxMessagesFilter(_WindowFilter):
     def _counts(self, messages, lo, hi):
         return np.ones(hi - lo, dtype=np.int64)
 
+    def _new_counts(self, new):
+        return [1] * len(new)
+
+    def _turn_counts(self, new):
+        return [1] * len(new)
+
     def _eager_counts(self, msgs):
         return np.ones(len(msgs), dtype=np.int64)
 
@@ -527,6 +487,7 @@ class TokenBudgetFilter(_WindowFilter):
         self._trusted = type(counter) in _TRUSTED_COUNTERS
         # the library's cached counters: a turn's few new messages skip the array round trip
         self._list_counts = counter._counts if type(counter) in _CACHED_COUNTERS else None
+        self._set_turn_counts()
         self._forget()
         self._tools_last: Optional[tuple[Any, int]] = None
         self._tools_by_json: dict[str, int] = {}
@@ -535,6 +496,7 @@ class TokenBudgetFilter(_WindowFilter):
     def __getstate__(self) -> dict[str, Any]:
         state = super().__getstate__()
         state.pop("_list_counts", None)
+        state.pop("_turn_counts", None)
         state["_tools_last"] = None
         state["_tools_by_json"] = {}
         return state
@@ -543,6 +505,14 @@ class TokenBudgetFilter(_WindowFilter):
         super().__setstate__(state)
         counter = state.get("_counter")
         self._list_counts = counter._counts if type(counter) in _CACHED_COUNTERS else None
+        self._set_turn_counts()
+
+    def _set_turn_counts(self) -> None:
+        """A library counter counts a turn's messages itself (trusted: ints in range, a list)."""
+        if self._list_counts is not None:
+            self._turn_counts = self._list_counts
+        else:
+            self.__dict__.pop("_turn_counts", None)
 
     def _check_count(self, value: Any, where: str) -> int:
         """A count from a custom counter: an int in ``[0, 2**53]``, else ``TrimmingError``."""
@@ -561,8 +531,8 @@ class TokenBudgetFilter(_WindowFilter):
 
     def _new_counts(self, new: list[Message]) -> Any:
         fast = self._list_counts
-        if fast is not None and len(new) <= 4:
-            return fast(new, "messages")  # trusted: ints in range, as a plain list
+        if fast is not None:
+            return fast(new)  # trusted: ints in range, as a plain list
         return self._counts(new, 0, len(new))
 
     def tools_cost(self, tools_schema: Optional[Sequence[dict[str, Any]]]) -> int:
@@ -607,6 +577,9 @@ class TokenBudgetFilter(_WindowFilter):
         return cost if self._trusted else self._check_count(cost, "count_tools(tools_schema)")
 
     def _limit(self, tools_schema: Any = None) -> int:
+        if not tools_schema and self._trusted:  # the agent loop without tools: no calls
+            self._tools_cost_now = 0
+            return self.max_tokens - self._counter.PER_REQUEST
         request = self._request_cost()
         tools = self._tools_cost_now = self.tools_cost(tools_schema)
         if tools and request + tools > self.max_tokens:
