@@ -230,14 +230,17 @@ class Message(BaseModel):
             return super().model_copy(update=update, deep=deep)
         # what pydantic's shallow model_copy does (__copy__, then the update), without its
         # generic steps: the hot loop's annotated copies (StateHistoryProvider) take this path
-        d = self.__dict__.copy()
-        fields_set = set(self.__pydantic_fields_set__)
         if update:
-            d.update(update)
-            fields_set.update(update)
-            for key in ("content", "tool_calls"):
-                if key in update and type(d[key]) is not str:
-                    d[key] = freeze(d[key])
+            d = {**self.__dict__, **update}
+            fields_set = self.__pydantic_fields_set__ | update.keys()
+            c = d["content"]
+            if c is not None and type(c) is not str:
+                d["content"] = freeze(c)  # the message's own frozen blocks come back as they are
+            if d["tool_calls"] is not None:
+                d["tool_calls"] = freeze(d["tool_calls"])
+        else:
+            d = self.__dict__.copy()
+            fields_set = set(self.__pydantic_fields_set__)
         new = _new_message(Message)
         _setattr(new, "__dict__", d)
         _setattr(new, "__pydantic_extra__", None)

@@ -97,9 +97,18 @@ def _call_name(call: dict[str, Any]) -> Optional[str]:
     return fn.get("name") if isinstance(fn, dict) else None
 
 
+def _call_names(calls: Sequence[dict[str, Any]]) -> dict[Any, Optional[str]]:
+    """call id -> tool name of each call (later calls win on a repeated id)."""
+    if len(calls) == 1:
+        c = calls[0]
+        return {c.get("id"): _call_name(c)}
+    return {c.get("id"): _call_name(c) for c in calls}
+
+
 def annotate_plan(m: Message) -> Message:
     """The ``self_tool_plan`` copy of an assistant message with ``tool_calls``."""
-    text = m.text()
+    c = m.content
+    text = c if type(c) is str else m.text()
     return m.model_copy(update={
         "content": f"{PLAN_NOTE}\nOriginal message: {text}" if text else PLAN_NOTE,
         "metadata": {**m.metadata, "semantic_kind": "self_tool_plan"},
@@ -377,7 +386,7 @@ class StateHistoryProvider:
                 e = ann.get(id(m))
                 if e is None or e[0] is not m:
                     a = annotate_plan(m) if annotate else m
-                    e = ann[id(m)] = (m, {c.get("id"): _call_name(c) for c in m.tool_calls}, a)
+                    e = ann[id(m)] = (m, _call_names(m.tool_calls), a)
                     self._n_annotated += annotate
                 else:
                     self._n_reused += annotate
@@ -410,7 +419,9 @@ class StateHistoryProvider:
             self._prev = prev
         else:
             self._prev = _Prev(list(items), msgs, out, names, n_annot, all_msgs)
-        self._trim_caches(items, msgs)
+        bound = 2 * len(msgs) + 256
+        if len(self._ann) > bound or len(self._coerced) > bound:
+            self._trim_caches(items, msgs)
         return out, n_annot
 
     def _trim_caches(self, items: Sequence[Any], msgs: list[Message]) -> None:
