@@ -38,9 +38,12 @@ messages never change when tool results are appended.
 template failed the additivity self-check run at construction (a few probe conversations whose
 segment sums must equal their full rendering), when a message carries reasoning
 (``reasoning_content``/``thinking``/``reasoning``: Qwen3 strips it before the last user query),
-or when the conversation does not end on a user or tool message (Qwen3 renders a final
-assistant message differently). Everything else -- the agent-loop calls, which end on a user or
-tool message -- is counted from cached segments, exactly.
+when a message carries text the template was found (by more probes at construction) to render
+by what follows it -- gpt-oss shows the text of a tool-call message as analysis only while no
+final answer follows; Qwen3 reads ``</think>`` in an assistant text as reasoning --, or when the
+conversation does not end on a user or tool message (Qwen3 renders a final assistant message
+differently). Everything else -- the agent-loop calls, which end on a user or tool message -- is
+counted from cached segments, exactly.
 
 ``count_messages([])`` is the largest fixed cost a request can have (the template's text around
 the messages and its generation prompt, and what it adds at the end: Qwen3 gives a final
@@ -53,7 +56,8 @@ message), and is never below it.
 a unit whose rendering depends on its neighbours (probed once per role pattern with stand-in
 messages: DeepSeek closes a tool-output block in the next assistant turn, Llama 3.1 folds a
 leading system message into its header) is charged the most it costs over every neighbour it
-could have in a kept prompt (a unit with reasoning: kept or stripped, whichever costs more), so
+could have in a kept prompt (a unit with reasoning, or with text the template looks ahead for:
+kept or stripped, whichever costs more), so
 ``count_messages([]) + sum(count_array(kept))`` is never below the exact count of the kept
 prompt, and equal to it (but for the end cost above) for neighbour-independent units (every
 unit of the Qwen3, Hermes/Qwen2.5, Llama 3.1, Mistral and gpt-oss templates without
@@ -142,6 +146,36 @@ _SAFE_STR_METHODS = frozenset(
 _BUILTIN_METHOD = type("".strip)
 
 
+_CALL1 = [{"id": "p1", "type": "function", "function": {"name": "get", "arguments": '{"q": "a b"}'}}]
+_CALL2 = _CALL1 + [{"id": "p2", "type": "function", "function": {"name": "put", "arguments": '{"n": 2}'}}]
+#: the additivity self-check's probe conversations: (role, text), ("call", calls[, text]),
+#: ("tool", call id, text)
+_PROBES: list[list[tuple[Any, ...]]] = [
+    [("system", "Be brief."), ("user", "Hello there"), ("assistant", "Hi! How can I help?"), ("user", "What is 2+2?")],
+    [("user", "one"), ("assistant", "two"), ("user", "three")],
+    [("system", "sys"), ("user", "find a"), ("call", _CALL1), ("tool", "p1", "result one"), ("assistant", "done"),
+     ("user", "again")],
+    [("user", "go"), ("call", _CALL1), ("tool", "p1", "r")],
+    [("system", "s"), ("user", "two calls"), ("call", _CALL2), ("tool", "p1", "r1"), ("tool", "p2", "r2"),
+     ("assistant", "ok"), ("user", "q")],
+]
+#: probes for text features that a template may render by what follows (see _text_features)
+_FEATURE_PROBES: dict[str, list[list[tuple[Any, ...]]]] = {
+    "call_text": [
+        [("user", "go"), ("call", _CALL1, "Let me check."), ("tool", "p1", "r"), ("user", "more"),
+         ("call", _CALL1, "Looking."), ("tool", "p1", "r2"), ("assistant", "done"), ("user", "q")],
+        [("system", "s"), ("user", "go"), ("call", _CALL1, "Checking."), ("tool", "p1", "r")],
+        [("user", "a"), ("call", _CALL1, "Checking."), ("tool", "p1", "r"), ("call", _CALL1, "Again."),
+         ("tool", "p1", "r2")],
+    ],
+    "think_text": [
+        [("user", "a"), ("assistant", "<think>\nhm\n</think>\n\nok"), ("user", "b")],
+        [("user", "a"), ("assistant", "<think>\nhm\n</think>\n\nsure"), ("call", _CALL1), ("tool", "p1", "r")],
+        [("user", "a"), ("call", _CALL1, "<think>\nhm\n</think>\n\nsure"), ("tool", "p1", "r")],
+    ],
+}
+
+
 def _parse_arguments(args: Any) -> Any:
     if isinstance(args, str):
         try:
@@ -192,6 +226,20 @@ def message_to_template_dict(m: Message) -> dict[str, Any]:
 
 def _has_reasoning(d: Mapping[str, Any]) -> bool:
     return any(d.get(k) is not None for k in _REASONING_FIELDS)
+
+
+def _text_features(d: Mapping[str, Any]) -> tuple[bool, bool]:
+    """``(call_text, think_text)``: a tool-call message that carries text (gpt-oss shows it as
+    analysis only while no final answer follows), an assistant text holding ``</think>``
+    (Qwen3 reads it as reasoning, kept or stripped by where the last user query is)."""
+    content = d.get("content")
+    call_text = bool(content) and bool(d.get("tool_calls"))
+    if d.get("role") != "assistant" or not content:
+        return call_text, False
+    if isinstance(content, str):
+        return call_text, "</think>" in content
+    texts = (b.get("text") for b in content if isinstance(b, Mapping)) if isinstance(content, list) else ()
+    return call_text, any(isinstance(t, str) and "</think>" in t for t in texts)
 
 
 def _compile(template: str) -> Any:
@@ -468,7 +516,13 @@ class ChatTemplateTokenCounter:
         self._ends: dict[str, Optional[int]] = {}
         ends = [e for e in (self._end_cost(r) for r in ("user", "tool", "assistant")) if e is not None]
         self._empty = max(ends) if ends else self._fixed_cost()
+        #: text features whose cost depends on what follows them in the conversation (probed
+        #: here; a call with such a message is rendered whole, like one with reasoning)
+        self._sensitive: frozenset[str] = frozenset()
         self.additive: bool = self._self_check()
+        if self.additive:
+            self._sensitive = frozenset(f for f, probes in _FEATURE_PROBES.items() if not self._probes_add_up(probes))
+        self._local_units = {}
         for k in range(1, 4):  # probe the usual unit patterns once, not in the hot loop
             self._is_local([{"role": "assistant", "tool_calls": [{}] * k}] + [{"role": "tool"}] * k)
         for role in ("system", "user", "assistant"):
@@ -719,7 +773,17 @@ class ChatTemplateTokenCounter:
         return value
 
     def _pattern(self, dicts: Sequence[dict[str, Any]]) -> tuple[Any, ...]:
-        return tuple((d["role"], len(d.get("tool_calls") or ()), _has_reasoning(d)) for d in dicts)
+        return tuple((d["role"], len(d.get("tool_calls") or ()), _has_reasoning(d), *_text_features(d)) for d in dicts)
+
+    def _lookahead(self, d: Mapping[str, Any]) -> bool:
+        """Whether what message ``d`` costs may depend on messages after its unit: reasoning,
+        or a text feature the self-check found the template to look ahead for."""
+        if _has_reasoning(d):
+            return True
+        if self._sensitive:
+            call_text, think_text = _text_features(d)
+            return (call_text and "call_text" in self._sensitive) or (think_text and "think_text" in self._sensitive)
+        return False
 
     def _is_local(self, dicts: Sequence[dict[str, Any]]) -> bool:
         """Whether a unit with this role pattern costs the same whatever stands around it,
@@ -729,9 +793,11 @@ class ChatTemplateTokenCounter:
         local = self._local.get(pat)
         if local is None:
             canon = []
-            for n, (role, calls, reasoning) in enumerate(pat):
+            for n, (role, calls, reasoning, call_text, think_text) in enumerate(pat):
                 d: dict[str, Any] = {"role": role, "content": f"x{n}"}
-                if calls:
+                if think_text:
+                    d["content"] = f"<think>\nt\n</think>\n\nx{n}"
+                if calls and not call_text:
                     d["content"] = ""
                     d["tool_calls"] = [
                         {"id": f"c{n}_{k}", "type": "function", "function": {"name": "g", "arguments": {"a": k}}}
@@ -789,7 +855,7 @@ class ChatTemplateTokenCounter:
                      succs: list[str], exact: tuple[str, str], caller: Optional[str] = None) -> list[int]:
         """The most each message of a unit costs over the neighbours ``preds`` x ``succs``;
         the ``exact`` pair must render (a refusal there is the conversation's own)."""
-        reasoning = any(_has_reasoning(d) for d in dicts)
+        reasoning = any(self._lookahead(d) for d in dicts)
         if reasoning:  # kept after the last user query (nothing closes the unit), or stripped
             succs = list(succs) + ["open"]
         elif self._is_local(dicts):
@@ -857,7 +923,7 @@ class ChatTemplateTokenCounter:
         keys, dicts = self._entries(ms)
         last = dicts[-1]["role"]
         if (not self.additive or last not in ("user", "tool") or self._end_cost(last) is None
-                or any(_has_reasoning(d) for d in dicts)):
+                or any(self._lookahead(d) for d in dicts)):
             return self._full(keys, dicts)
         try:
             return self._segments(ms, keys, dicts)
@@ -961,7 +1027,7 @@ class ChatTemplateTokenCounter:
             if ukeys in self._local_units:
                 continue
             unit = dicts[a:b]
-            if any(_has_reasoning(d) for d in unit) or not self._is_local(unit):
+            if any(self._lookahead(d) for d in unit) or not self._is_local(unit):
                 continue
             pred = self._canonical(unit[0]["role"])
             if (ukeys, pred, "user", None) in self._units:
@@ -1049,22 +1115,16 @@ class ChatTemplateTokenCounter:
     def _self_check(self) -> bool:
         """Do segment sums equal full renderings on a few probe conversations? A template that
         refuses a probe is not judged on it; one that refuses every probe is not additive."""
-        call1 = [{"id": "p1", "type": "function", "function": {"name": "get", "arguments": '{"q": "a b"}'}}]
-        call2 = call1 + [{"id": "p2", "type": "function", "function": {"name": "put", "arguments": '{"n": 2}'}}]
-        S, U, A = "system", "user", "assistant"
-        probes = [
-            [(S, "Be brief."), (U, "Hello there"), (A, "Hi! How can I help?"), (U, "What is 2+2?")],
-            [(U, "one"), (A, "two"), (U, "three")],
-            [(S, "sys"), (U, "find a"), ("call", call1), ("tool", "p1", "result one"), (A, "done"), (U, "again")],
-            [(U, "go"), ("call", call1), ("tool", "p1", "r")],
-            [(S, "s"), (U, "two calls"), ("call", call2), ("tool", "p1", "r1"), ("tool", "p2", "r2"), (A, "ok"), (U, "q")],
-        ]
+        return self._probes_add_up(_PROBES, need_one=True)
+
+    def _probes_add_up(self, probes: Sequence[Sequence[tuple[Any, ...]]], need_one: bool = False) -> bool:
         judged = 0
         for probe in probes:
             ms = []
             for item in probe:
                 if item[0] == "call":
-                    ms.append(Message(role="assistant", content=None, tool_calls=item[1]))
+                    text = item[2] if len(item) > 2 else None
+                    ms.append(Message(role="assistant", content=text, tool_calls=item[1]))
                 elif item[0] == "tool":
                     name = "get" if item[1] == "p1" else "put"
                     ms.append(Message(role="tool", content=item[2], tool_call_id=item[1], name=name))
@@ -1085,4 +1145,4 @@ class ChatTemplateTokenCounter:
             if parts != full:
                 return False
             judged += 1
-        return judged > 0
+        return judged > 0 or not need_one
