@@ -65,6 +65,7 @@ SEED = 20261201
 HOT = 600
 BUDGET = 8_000
 CHUNK = 2_000
+SUMMARY_MAX = 400
 GROUP = "context-editing-hot-loop-600-msgs-8k"
 
 
@@ -152,9 +153,11 @@ PIPELINES: dict[str, Callable[[], list[Any]]] = {
     "naive clear + chunked": lambda: [ClearToolResultsFilter(BUDGET, COUNTER, keep=3), chunked()],
     "stepped clear + chunked": lambda: [ClearToolResultsFilter(BUDGET, COUNTER, keep=3, clear_at_least=CHUNK),
                                         chunked()],
+    # the summarizing budget cuts as TokenBudgetFilter(BUDGET - summary_max_tokens) does, so
+    # the clearing steps follow that budget (the two stages designed together)
     "stepped clear + summarizing": lambda: [
-        ClearToolResultsFilter(BUDGET, COUNTER, keep=3, clear_at_least=CHUNK),
-        SummarizingBudgetFilter(BUDGET, COUNTER, summarize=summarize, summary_max_tokens=400,
+        ClearToolResultsFilter(BUDGET - SUMMARY_MAX, COUNTER, keep=3, clear_at_least=CHUNK),
+        SummarizingBudgetFilter(BUDGET, COUNTER, summarize=summarize, summary_max_tokens=SUMMARY_MAX,
                                 eviction="chunked", chunk=CHUNK)],
 }
 

@@ -376,6 +376,20 @@ def test_summaries_roll_and_are_cached_by_content():
     assert len(rec.calls) == n and again[1].content == f.apply(msgs)[1].content
 
 
+def test_rolling_summary_resumed_along_a_growing_history_equals_a_fresh_one():
+    """The summary of a span resumed from the previous span's fold points (the hot loop)
+    is the summary a fresh filter computes for the same history (the same text, and the
+    same summarize calls for the steps that the fresh filter also needs)."""
+    msgs = _long_history(40)
+    grown = SummarizingBudgetFilter(2500, TIKTOKEN, summarize=Recorder(), summary_max_tokens=200,
+                                    eviction="chunked", chunk=600)
+    for n in range(5, len(msgs) + 1, 3):
+        out = grown.apply(msgs[:n])
+        fresh = SummarizingBudgetFilter(2500, TIKTOKEN, summarize=Recorder(), summary_max_tokens=200,
+                                        eviction="chunked", chunk=600)
+        assert [m.to_openai() for m in fresh.apply(msgs[:n])] == [m.to_openai() for m in out]
+
+
 def test_async_summarizer_and_model_client_adapter():
     async def summarize(messages):
         await asyncio.sleep(0)

@@ -32,6 +32,7 @@ import logging
 import threading
 import warnings
 import weakref
+from operator import attrgetter, countOf
 from typing import Any, Callable, Iterable, Optional, Sequence
 
 import numpy as np
@@ -790,7 +791,7 @@ def summarizer_from_client(client: Any, *, prompt: str = DEFAULT_SUMMARY_PROMPT,
     return summarize
 
 
-class SummarizingBudgetFilter:
+class SummarizingBudgetFilter(TokenBudgetFilter):
     """A token budget that, instead of only dropping the oldest units, puts one summary of
     them right after the pinned prefix.
 
@@ -846,8 +847,11 @@ class SummarizingBudgetFilter:
                 summarize = summarizer_from_client(summarize)
             else:
                 raise TypeError(f"summarize: expected a callable (messages) -> str or a ModelClient, got {type(summarize).__name__}")
+        max_tokens = _check_int("max_tokens", max_tokens, 1)
+        # a TokenBudgetFilter: the builder calls its _trim directly (the compiled sanitize
+        # decision, no Python sanitize step when the output is clean); validates the rest
+        super().__init__(max_tokens, _check_counter(counter), pinned_roles=pinned_roles, eviction=eviction, chunk=chunk)
         self.summarize = summarize
-        self.max_tokens = _check_int("max_tokens", max_tokens, 1)
         self.summary_max_tokens = _check_int("summary_max_tokens", summary_max_tokens, 1)
         if self.summary_max_tokens >= self.max_tokens:
             raise ValueError(f"summary_max_tokens ({summary_max_tokens}) must be below max_tokens ({max_tokens})")
@@ -855,14 +859,15 @@ class SummarizingBudgetFilter:
         if timeout is not None and (isinstance(timeout, bool) or not isinstance(timeout, (int, float)) or not timeout > 0):
             raise ValueError(f"timeout must be a positive number of seconds or None, got {timeout!r}")
         self.timeout = timeout
-        self.counter = _check_counter(counter)
         self.eviction = eviction
-        self.chunk = chunk
-        self.pinned_roles = tuple(pinned_roles)
+        self.chunk_tokens = chunk
         self._plain = TokenBudgetFilter(max_tokens, self.counter, pinned_roles=self.pinned_roles,
-                                        eviction=eviction, chunk=chunk)  # validates the rest
+                                        eviction=eviction, chunk=chunk)
         self._cutter = _Cutter(self.counter)
         self._fold = chunk if eviction == "chunked" and chunk else max(1, self.max_tokens // 4)
+        # the library's counters count a request as PER_REQUEST plus each message's count, so
+        # kept (within max_tokens - summary_max_tokens) plus the capped summary is within budget
+        self._additive = type(self.counter).__name__ in _TRUSTED
         self._reset()
 
     def _reset(self) -> None:
@@ -870,6 +875,8 @@ class SummarizingBudgetFilter:
         self._inner: dict[int, TokenBudgetFilter] = {}
         self._over_ref: Optional[tuple[list[Message], int]] = None
         self._last_span: Optional[tuple[list[Message], str]] = None
+        self._last: Optional[tuple[list[Message], Message]] = None  # (span, its summary message)
+        self._chain: Optional[tuple[list[Message], list[tuple[int, int, bytes, str]]]] = None
         self._by_content: dict[bytes, str] = {}
         self._digests = _ObjectCache()
         self._messages: dict[str, Message] = {}
@@ -882,13 +889,13 @@ class SummarizingBudgetFilter:
                 f"summary_max_tokens={self.summary_max_tokens})")
 
     def __getstate__(self) -> dict[str, Any]:
-        state = self.__dict__.copy()
-        for k in ("_inner", "_over_ref", "_last_span", "_by_content", "_messages", "_digests", "_lock"):
+        state = super().__getstate__()
+        for k in ("_inner", "_over_ref", "_last_span", "_last", "_chain", "_by_content", "_messages", "_digests", "_lock"):
             state.pop(k, None)
         return state
 
     def __setstate__(self, state: dict[str, Any]) -> None:
-        self.__dict__.update(state)
+        super().__setstate__(state)
         calls = state.get("calls", 0)
         self._reset()
         self.calls = calls
@@ -899,47 +906,67 @@ class SummarizingBudgetFilter:
             if len(self._inner) >= 8:
                 self._inner.pop(next(iter(self._inner)))
             f = self._inner[limit] = TokenBudgetFilter(limit, self.counter, pinned_roles=self.pinned_roles,
-                                                       eviction=self.eviction, chunk=self.chunk)
+                                                       eviction=self.eviction, chunk=self.chunk_tokens)
         return f
 
-    def apply(self, messages: Sequence[Message], local_state: Any = None, global_state: Any = None,
-              ctx: Any = None, *, tools_schema: Optional[Sequence[dict[str, Any]]] = None,
-              **kwargs: Any) -> list[Message]:
-        """Trim ``messages`` to the budget, with a summary of what was dropped."""
+    def _trim(self, messages: Sequence[Any], tools_schema: Any, sanitize: bool) -> tuple[list[Message], bool]:
+        """``(output, clean)`` as ``TokenBudgetFilter._trim``: the budget's output with a summary
+        of what it dropped. A turn whose cut did not move costs what the budget filter costs:
+        one inner ``_trim`` (records extended, the compiled sanitize decision), the summary
+        message reused, two C-level list comparisons."""
         try:
             with self._lock:
-                return self._apply(messages, tools_schema)
+                return self._summarized(messages, tools_schema, sanitize)
         except JianmuError:
             raise
         except Exception as exc:  # a budget stage never lets an untrimmed prompt through
             raise TrimmingError(f"{type(self).__name__}: could not trim the prompt ({type(exc).__name__}: {exc})") from exc
 
-    def _apply(self, messages: Sequence[Message], tools_schema: Any) -> list[Message]:
-        msgs = messages if isinstance(messages, list) else list(messages)
+    def _trim_many(self, prompts: list[list[Message]], tools_schema: Any, sanitize: bool) -> list[Any]:
+        out: list[Any] = []
+        for p in prompts:
+            try:
+                out.append(self._trim(p, tools_schema, sanitize))
+            except Exception as exc:
+                out.append(exc)
+        return out
+
+    def _summarized(self, messages: Sequence[Any], tools_schema: Any, sanitize: bool) -> tuple[list[Message], bool]:
+        msgs = messages if type(messages) is list else list(messages)
         n_pinned = 0
-        while n_pinned < len(msgs) and msgs[n_pinned].role in self.pinned_roles:
+        pinned = self.pinned_roles
+        while n_pinned < len(msgs) and msgs[n_pinned].role in pinned:
             n_pinned += 1
         limit = self.max_tokens - self.summary_max_tokens
         if self.keep_tokens is not None:
             fixed = int(self.counter.count_messages(msgs[:n_pinned])) + self._plain.tools_cost(tools_schema)
             limit = min(limit, fixed + self.keep_tokens)
         try:
-            kept = self._inner_filter(max(1, limit)).apply(msgs, tools_schema=tools_schema)
+            kept, clean = self._inner_filter(max(1, limit))._trim(msgs, tools_schema, sanitize)
         except ContextBudgetError:
-            return self._plain.apply(msgs, tools_schema=tools_schema)  # no room for a summary
-        if len(kept) == len(msgs) or not self._over(msgs, tools_schema):
+            return self._plain._trim(msgs, tools_schema, sanitize)  # no room for a summary
+        if len(kept) == len(msgs):
+            return kept, clean
+        if not self._over(msgs, tools_schema):
             # everything fits the budget: nothing to summarize (the plain filter keeps it all)
-            return kept if len(kept) == len(msgs) else self._plain.apply(msgs, tools_schema=tools_schema)
+            return self._plain._trim(msgs, tools_schema, sanitize)
         cut = len(msgs) - (len(kept) - n_pinned)
         span = msgs[n_pinned:cut]
-        text = self._summary_text(span) if span else None
-        if text is None:
-            return self._plain.apply(msgs, tools_schema=tools_schema)
-        summary = self._summary_message(text, span)
-        out = kept[:n_pinned] + [summary] + kept[n_pinned:]
-        if int(self.counter.count_messages(out)) + self._plain.tools_cost(tools_schema) > self.max_tokens:
-            return self._plain.apply(msgs, tools_schema=tools_schema)  # pragma: no cover - capped to fit
-        return out
+        last = self._last
+        if last is not None and len(last[0]) == len(span) and last[0] == span:
+            summary = last[1]  # the cut did not move: the same summary object
+        else:
+            text = self._summary_text(span) if span else None
+            if text is None:
+                return self._plain._trim(msgs, tools_schema, sanitize)
+            summary = self._summary_message(text, span)
+            self._last = (span, summary)
+        out = kept[:n_pinned] + [summary] + kept[n_pinned:] if n_pinned else [summary] + kept
+        if not self._additive and int(self.counter.count_messages(out)) + self._plain.tools_cost(tools_schema) > self.max_tokens:
+            return self._plain._trim(msgs, tools_schema, sanitize)  # pragma: no cover - capped to fit
+        # a system message right after the pinned prefix changes no tool pairing: the inner
+        # filter's sanitize decision holds for the output
+        return out, clean
 
     def _over(self, msgs: list[Message], tools_schema: Any) -> bool:
         """Whether the whole prompt is over the budget. A history that extends one known to be
@@ -963,21 +990,28 @@ class SummarizingBudgetFilter:
             self._digests.put(m, d)
         return d
 
-    def _folds(self, span: list[Message]) -> list[int]:
-        """Where the rolling summary of ``span`` folds: the first unit start at or past each
-        multiple of ``fold`` tokens (cumulative from the span's start), then the span's end."""
-        counts = _counts(self.counter, span)
-        starts = np.array([i for i, m in enumerate(span) if m.role != "tool"] or [0], dtype=np.int64)
-        before = np.concatenate(([0], np.cumsum(counts)))[starts]
-        levels = np.arange(1, int(before[-1]) // self._fold + 1, dtype=np.int64) * self._fold
-        ends = sorted({int(starts[j]) for j in np.searchsorted(before, levels, side="left") if j < len(starts)} - {0})
-        return ends + [len(span)] if not ends or ends[-1] != len(span) else ends
+    def _folds(self, span: list[Message], start: int = 0, cum0: int = 0) -> list[tuple[int, int]]:
+        """Where the rolling summary of ``span`` folds after ``start`` (a fold point, ``cum0``
+        tokens after the span's start): the first unit start at or past each multiple of
+        ``fold`` tokens (cumulative from the span's start), then the span's end; each with
+        the tokens before it (``-1`` for the end)."""
+        part = span[start:]
+        counts = _counts(self.counter, part)
+        starts = np.array([i for i, m in enumerate(part) if m.role != "tool"] or [0], dtype=np.int64)
+        before = cum0 + np.concatenate(([0], np.cumsum(counts)))[starts]
+        fold = self._fold
+        levels = np.arange(cum0 // fold + 1, int(before[-1]) // fold + 1, dtype=np.int64) * fold
+        ends = sorted({(start + int(starts[j]), int(before[j]))
+                       for j in np.searchsorted(before, levels, side="left").tolist() if j < len(starts)})
+        return [e for e in ends if e[0] > 0] + [(len(span), -1)]
 
     def _summary_text(self, span: list[Message]) -> Optional[str]:
         """The summary of ``span``, a pure function of its content: a fold over the pieces
         between ``_folds`` (each step ``summarize([summary so far, *piece])``), every step
         cached by the content of the span up to it. With chunked eviction the cut moves to
-        those fold points, so a move costs one call."""
+        those fold points, so a move costs one call. A span that extends the previous one
+        resumes at the previous span's last fold point (the fold points of a span are those
+        of every longer span), so a move also costs only its new messages' bookkeeping."""
         last = self._last_span
         if last is not None and len(span) == len(last[0]) and span == last[0]:
             return last[1]
@@ -985,8 +1019,13 @@ class SummarizingBudgetFilter:
 
         text: Optional[str] = None
         key = b""
-        lo = 0
-        for hi in self._folds(span):
+        lo = cum = 0
+        points: list[tuple[int, int, bytes, str]] = []  # (fold point, tokens before it, key, summary)
+        chain = self._chain
+        if chain is not None and chain[1] and len(span) >= len(chain[0]) and span[:len(chain[0])] == chain[0]:
+            points = list(chain[1])
+            lo, cum, key, text = points[-1]
+        for hi, before in self._folds(span, lo, cum):
             h = hashlib.sha256(key)
             for m in span[lo:hi]:
                 h.update(self._digest(m))
@@ -1001,6 +1040,9 @@ class SummarizingBudgetFilter:
                     self._by_content.pop(next(iter(self._by_content)))
                 self._by_content[key] = got
             text, lo = got, hi
+            if before >= 0:
+                points.append((hi, before, key, got))
+        self._chain = (span[:], points)
         self._last_span = (span[:], text or "")
         return text
 
@@ -1026,7 +1068,7 @@ class SummarizingBudgetFilter:
                       SummaryFailedWarning, stacklevel=4)
 
     def _summary_message(self, text: str, span: list[Message]) -> Message:
-        units = sum(1 for m in span if m.role != "tool")
+        units = len(span) - countOf(map(attrgetter("role"), span), "tool")
         key = f"{len(span)}\0{units}\0{text}"
         m = self._messages.get(key)
         if m is not None:
