@@ -15,7 +15,7 @@ from libc.stdlib cimport calloc, free
 
 import numpy as np
 
-__all__ = ["intern_rows", "need_rows", "slice_outputs", "table_records"]
+__all__ = ["intern_rows", "need_rows", "prefix_prompts", "slice_outputs", "table_records"]
 
 
 cdef extern from "Python.h":
@@ -257,4 +257,63 @@ def slice_outputs(prompts, const int64_t[:, ::1] plans):
             PyList_SET_ITEM(dst, pos, item)
             pos += 1
         out[p] = new
+    return out
+
+
+cdef inline void _put(PyObject* dst, Py_ssize_t* pos, PyObject* src, Py_ssize_t n) noexcept:
+    cdef Py_ssize_t j
+    cdef PyObject* item
+    for j in range(n):
+        item = PyList_GET_ITEM(src, j)
+        Py_INCREF(item)
+        PyList_SET_ITEM(dst, pos[0], item)
+        pos[0] += 1
+
+
+def prefix_prompts(head, note_head, tail, hist, base, srcs):
+    """See ``jianmu_fast._batch_core_py.prefix_prompts``."""
+    for name, v in (("head", head), ("note_head", note_head), ("tail", tail), ("hist", hist), ("base", base)):
+        if type(v) is not list:
+            raise TypeError(f"{name} must be a list, got {type(v).__name__}")
+    cdef Py_ssize_t n = len(base), i, j, k, first, pos, lead
+    if len(hist) != n:
+        raise ValueError(f"hist has {len(hist)} items, base has {n}")
+    cdef PyObject* b = <PyObject*>base
+    cdef PyObject* h = <PyObject*>hist
+    cdef PyObject* src
+    cdef PyObject* front
+    cdef PyObject* dst
+    first = n
+    for i in range(n):
+        if PyList_GET_ITEM(h, i) != PyList_GET_ITEM(b, i) and not (hist[i] == base[i]):
+            first = i
+            break
+    seq = srcs if type(srcs) is list else list(srcs)
+    cdef Py_ssize_t m = len(seq), t = len(tail)
+    out = PyList_New(m)
+    for i in range(m):
+        Py_INCREF(<PyObject*>None)
+        PyList_SET_ITEM(<PyObject*>out, i, <PyObject*>None)
+    for i in range(m):
+        src = PyList_GET_ITEM(<PyObject*>seq, i)
+        if not jf_is_list(src):
+            continue
+        k = PyList_GET_SIZE(src)
+        if k > n:
+            continue
+        for j in range(k):
+            if PyList_GET_ITEM(src, j) != PyList_GET_ITEM(b, j):
+                k = -1
+                break
+        if k < 0:
+            continue
+        front = <PyObject*>note_head if k > first else <PyObject*>head
+        lead = PyList_GET_SIZE(front)
+        new = PyList_New(lead + k + t)
+        dst = <PyObject*>new
+        pos = 0
+        _put(dst, &pos, front, lead)
+        _put(dst, &pos, h, k)
+        _put(dst, &pos, <PyObject*>tail, t)
+        out[i] = new
     return out

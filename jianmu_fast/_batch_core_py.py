@@ -15,7 +15,10 @@ so that it runs as C loops in the compiled twin:
 ``need_rows``
     the distinct rows a planning round asks to count;
 ``slice_outputs``
-    every prompt's output list, ``prompt[:n_pinned] + prompt[lo:hi]``.
+    every prompt's output list, ``prompt[:n_pinned] + prompt[lo:hi]``;
+``prefix_prompts``
+    the provided prompts of states whose histories are prefixes of one history, from one
+    provider output for the longest (``jianmu_fast.batch``).
 
 This module is the specification: the compiled twin has the same names, signatures, results
 and error messages, and ``tests/test_batch_core.py`` proves it on random inputs.
@@ -23,11 +26,11 @@ and error messages, and ``tests/test_batch_core.py`` proves it on random inputs.
 
 from __future__ import annotations
 
-from typing import Any, Sequence
+from typing import Any, Optional, Sequence
 
 import numpy as np
 
-__all__ = ["intern_rows", "need_rows", "slice_outputs", "table_records"]
+__all__ = ["intern_rows", "need_rows", "prefix_prompts", "slice_outputs", "table_records"]
 
 
 def intern_rows(prompts: Sequence[Any], cls: type) -> tuple[np.ndarray, np.ndarray, list[Any], list[int]]:
@@ -160,3 +163,33 @@ def _check_plans(plans: np.ndarray, offsets: np.ndarray, n_prompts: int, n_rows:
             raise ValueError(f"offsets must be non-decreasing (at index {p + 1})")
         if plans[p, 0] == 1 and not 0 <= plans[p, 2] <= plans[p, 3] <= size:
             raise ValueError(f"prompt {p}: need 0 <= lo <= hi <= {size}, got {plans[p, 2]}, {plans[p, 3]}")
+
+
+def prefix_prompts(head: list[Any], note_head: list[Any], tail: list[Any], hist: list[Any], base: list[Any],
+                   srcs: Sequence[Any]) -> list[Optional[list[Any]]]:
+    """For each ``src`` of ``srcs``: ``None`` unless ``src`` is a list whose items are
+    ``base[:len(src)]`` (by identity); else, with ``k = len(src)``,
+    ``(note_head if hist[:k] differs from base[:k] else head) + hist[:k] + tail``, where
+    "differs" means some ``hist[i]`` is neither ``base[i]`` nor equal to it (an annotated
+    copy; a provider may hand back an equal object it made for an equal message before).
+    ``hist`` is a provider's output for ``base``, one item per item.
+
+    >>> a, b, c, x = "a", "b", "c", "x2"
+    >>> prefix_prompts(["H"], ["H", "N"], [], [a, x, c], [a, b, c], [[a], [a, b], [b], "s", [a, b, c, a]])
+    [['H', 'a'], ['H', 'N', 'a', 'x2'], None, None, None]
+    """
+    for name, v in (("head", head), ("note_head", note_head), ("tail", tail), ("hist", hist), ("base", base)):
+        if type(v) is not list:
+            raise TypeError(f"{name} must be a list, got {type(v).__name__}")
+    n = len(base)
+    if len(hist) != n:
+        raise ValueError(f"hist has {len(hist)} items, base has {n}")
+    first = next((i for i in range(n) if not (hist[i] is base[i] or hist[i] == base[i])), n)
+    out: list[Optional[list[Any]]] = []
+    for src in srcs:
+        k = len(src) if type(src) is list else -1
+        if k < 0 or k > n or any(src[i] is not base[i] for i in range(k)):
+            out.append(None)
+        else:
+            out.append((note_head if k > first else head) + hist[:k] + tail)
+    return out

@@ -39,10 +39,11 @@ import multiprocessing
 import sys
 from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass, field
-from itertools import accumulate, chain
-from operator import countOf, is_, is_not
+from itertools import chain
+from operator import countOf
 from typing import Any, Iterable, Literal, Optional, Sequence
 
+from . import _backend
 from .errors import BatchError
 from .memory.context.filters import MaxMessagesFilter, TokenBudgetFilter
 from .message import Message, coerce_messages
@@ -392,10 +393,11 @@ def _provide_grouped(builder, states, global_state, ctx, prompts) -> Optional[li
     head, hp, tail = fixed
     key = hp.messages_key
     srcs = [s.get(key) if type(s) is dict else None for s in states]
+    lens = [len(s) if type(s) is list else 0 for s in srcs]
     groups: dict[int, list[int]] = {}
     rest: list[int] = []
     for i, src in enumerate(srcs):
-        if type(src) is list and src:
+        if lens[i]:
             g = groups.get(id(src[0]))
             if g is None:
                 groups[id(src[0])] = [i]
@@ -403,11 +405,11 @@ def _provide_grouped(builder, states, global_state, ctx, prompts) -> Optional[li
                 g.append(i)
         else:
             rest.append(i)
+    prefix_prompts = _backend.prefix_prompts
     for members in groups.values():
-        top = max(members, key=lambda i: len(srcs[i]))
+        top = max(members, key=lens.__getitem__)
         longest = srcs[top]
-        n = len(longest)
-        if countOf(map(type, longest), Message) != n:
+        if countOf(map(type, longest), Message) != len(longest):
             rest.extend(members)
             continue
         try:
@@ -415,21 +417,16 @@ def _provide_grouped(builder, states, global_state, ctx, prompts) -> Optional[li
         except Exception:  # the per-state path raises or logs it for each state
             rest.extend(members)
             continue
-        if len(hist) != n:
+        if type(hist) is not list or len(hist) != len(longest):
             rest.extend(members)
             continue
-        annotated = list(accumulate(map(is_not, hist, longest)))
-        with_note = head + [note] if note is not None else head
-        for i in members:
-            src = srcs[i]
-            k = len(src)
-            if src is not longest and not all(map(is_, src, longest)):
+        made = prefix_prompts(head, head + [note] if note is not None else head, tail, hist, longest,
+                              [srcs[i] for i in members])
+        for i, p in zip(members, made):
+            if p is None:  # not a prefix of the longest history (by identity)
                 rest.append(i)
-                continue
-            p = (with_note if annotated[k - 1] else head) + hist[:k]
-            if tail:
-                p += tail
-            prompts[i] = p
+            else:
+                prompts[i] = p
     rest.sort()
     return rest
 

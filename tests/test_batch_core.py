@@ -18,7 +18,7 @@ from jianmu_fast.message import Message, ai, human, system, tool
 
 PURE = os.environ.get("JIANMU_FAST_PURE_PYTHON") == "1"
 MAX_EXAMPLES = int(os.environ.get("JIANMU_FAST_MAX_EXAMPLES", "300"))
-NAMES = ["intern_rows", "need_rows", "slice_outputs", "table_records"]
+NAMES = ["intern_rows", "need_rows", "prefix_prompts", "slice_outputs", "table_records"]
 
 if not PURE:
     import jianmu_fast._batch_core as core_c
@@ -253,3 +253,49 @@ def test_slice_outputs_errors_name_the_prompt():
             "error", TypeError, "prompts[1] must be a list, got str")
         assert _outcome(core.slice_outputs, [[]], np.zeros((2, 4), dtype=np.int64)) == (
             "error", ValueError, "plans must have shape (1, 4), got (2, 4)")
+
+
+# -- prefix_prompts --------------------------------------------------------------------------------
+
+
+@settings(max_examples=MAX_EXAMPLES, deadline=None)
+@given(st.lists(st.sampled_from(POOL), max_size=10), st.data())
+def test_prefix_prompts_twins_agree_with_the_definition(base, data):
+    # hist: the provider's output for base: an item itself, an equal copy (what a provider
+    # made for an equal message before), or a changed copy (an annotation)
+    kinds = [data.draw(st.sampled_from(["same", "same", "same", "equal", "annotated"])) for _ in base]
+    hist = [m if k == "same" else m.model_copy() if k == "equal" else m.model_copy(update={"content": "note"})
+            for m, k in zip(base, kinds)]
+    head, note = [system("h")], system("note")
+    tail = data.draw(st.sampled_from([[], [system("t")]]))
+    srcs = []
+    for _ in range(data.draw(st.integers(0, 8))):
+        k = data.draw(st.integers(0, len(base) + 1))
+        src = base[:k]
+        kind = data.draw(st.sampled_from(["prefix", "prefix", "longer", "swapped", "tuple"]))
+        if kind == "longer":
+            src = base + [human("more")]
+        elif kind == "swapped" and src:
+            src = src[:-1] + [human("other")]
+        elif kind == "tuple":
+            src = tuple(src)
+        srcs.append(src)
+    outs = [_outcome(core.prefix_prompts, head, head + [note], tail, hist, base, srcs) for core in _cores()]
+    assert all(_same(o, outs[0]) for o in outs)
+    want = []
+    for src in srcs:
+        k = len(src)
+        if type(src) is not list or k > len(base) or any(a is not b for a, b in zip(src, base)):
+            want.append(None)
+        else:
+            annotated = any(not (h is b or h == b) for h, b in zip(hist[:k], base[:k]))
+            want.append(head + ([note] if annotated else []) + hist[:k] + tail)
+    assert _same(outs[0], ("ok", want))
+
+
+def test_prefix_prompts_rejects_mismatched_lengths_and_types():
+    for core in _cores():
+        assert _outcome(core.prefix_prompts, [], [], [], [human("a")], [], []) == (
+            "error", ValueError, "hist has 1 items, base has 0")
+        assert _outcome(core.prefix_prompts, (), [], [], [], [], []) == (
+            "error", TypeError, "head must be a list, got tuple")

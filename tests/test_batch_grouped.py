@@ -1,0 +1,183 @@
+"""``build_batch``'s grouped provider stage: states whose histories are prefixes of one
+conversation share one history-provider call, and every prompt, error and sanitize outcome
+still equals ``build()`` per state (random and real-shaped states, on both backends)."""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from jianmu_fast.batch import build_batch, build_batch_report
+from jianmu_fast.errors import JianmuError
+from jianmu_fast.memory.context import (
+    ContextBuilder,
+    MaxMessagesFilter,
+    SimpleTokenCounter,
+    StaticPromptProvider,
+    TiktokenTokenCounter,
+    TokenBudgetFilter,
+)
+from jianmu_fast.memory.context.providers.state_history import StateHistoryProvider
+from jianmu_fast.memory.context.providers.tools_desc import ToolsDescProvider
+from jianmu_fast.message import Message, ai, human, system, tool
+
+MAX_EXAMPLES = int(os.environ.get("JIANMU_FAST_MAX_EXAMPLES", "150"))
+
+
+def _outcome(fn):
+    try:
+        return [m.to_openai() for m in fn()]
+    except JianmuError as exc:
+        return (type(exc), str(exc))
+
+
+def _batch_outcomes(builder, states):
+    report = build_batch_report(builder, states)
+    failed = {f.index: (type(f.error), str(f.error)) for f in report.failures}
+    return [failed[i] if i in failed else [m.to_openai() for m in report.prompts[i]] for i in range(len(states))]
+
+
+def conversation(rng: random.Random, n_units: int, tag: str) -> list[Message]:
+    """Users, answers and tool rounds; results with and without ``metadata["tool_result"]``
+    (receipts are annotated), now and then a broken unit (an orphan result, a call without
+    its result)."""
+    msgs: list[Message] = [human(f"{tag} opens")]
+    for u in range(n_units):
+        kind = rng.choice(["user", "answer", "tools", "tools", "orphan", "unanswered"])
+        if kind == "user":
+            msgs.append(human(f"{tag} asks {u} " + "x" * rng.randint(0, 60)))
+        elif kind == "answer":
+            msgs.append(ai(f"{tag} answers {u} " + "y" * rng.randint(0, 60)))
+        elif kind == "orphan":
+            msgs.append(tool("stray", tool_call_id=f"{tag}-nobody-{u}"))
+        else:
+            calls = [{"id": f"{tag}-c{u}-{k}", "type": "function",
+                      "function": {"name": rng.choice(["search", "calc"]), "arguments": json.dumps({"q": u})}}
+                     for k in range(rng.randint(1, 2))]
+            msgs.append(ai(rng.choice([None, "let me check"]), tool_calls=calls))
+            if kind == "unanswered":
+                continue
+            for c in calls:
+                meta = {"tool_result": {"ok": u}} if rng.random() < 0.5 else {}
+                msgs.append(tool("r" * rng.randint(1, 80), tool_call_id=c["id"], metadata=meta))
+    return msgs
+
+
+def states_of(rng: random.Random, n_convs: int) -> list:
+    convs = [conversation(rng, rng.randint(0, 12), f"t{k}") for k in range(n_convs)]
+    states: list = []
+    for c in convs:
+        for _ in range(rng.randint(1, 6)):
+            states.append({"messages": c[:rng.randint(1, len(c))]})
+        if len(c) > 2 and rng.random() < 0.3:  # the same first message, then another path
+            other = c[:2] + [human("a different turn")]
+            states.append({"messages": other})
+        if rng.random() < 0.2:  # an equal copy (not the same objects)
+            states.append({"messages": [m.model_copy() for m in c]})
+    extras = [
+        {"messages": []},
+        {"messages": [{"role": "user", "content": "a dict item"}]},
+        {"messages": [human("bare"), {"role": "assistant", "content": "mixed"}]},
+        [human("a bare list state")],
+        {"messages": None},
+        {"msgs": [human("no history key")]},
+        {"messages": "not a list"},
+        None,
+    ]
+    states.extend(rng.sample(extras, rng.randint(0, len(extras))))
+    rng.shuffle(states)
+    return states
+
+
+def builders(kind: str, budget: int):
+    counter = SimpleTokenCounter()
+    if kind == "react":
+        return ContextBuilder.for_react("You are terse.", max_tokens=budget, token_counter=counter)
+    if kind == "tail":  # fixed providers after the history, a tools description before it
+        return ContextBuilder([StaticPromptProvider("head"), ToolsDescProvider("- calc"), StateHistoryProvider(),
+                               StaticPromptProvider("tail note")], [TokenBudgetFilter(budget, counter)])
+    if kind == "plain":
+        return ContextBuilder([StaticPromptProvider("p"), StateHistoryProvider(annotate=False)],
+                              [MaxMessagesFilter(max(1, budget // 40))])
+    return ContextBuilder([StateHistoryProvider()], [TokenBudgetFilter(budget, counter)], sanitize=False)
+
+
+@settings(max_examples=MAX_EXAMPLES, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(st.integers(0, 2**32 - 1), st.integers(1, 6), st.sampled_from(["react", "tail", "plain", "nosanitize"]),
+       st.sampled_from([60, 200, 800, 5000]))
+def test_grouped_states_equal_build_per_state(seed, n_convs, kind, budget):
+    rng = random.Random(seed)
+    states = states_of(rng, n_convs)
+    got = _batch_outcomes(builders(kind, budget), states)
+    for i, s in enumerate(states):
+        assert got[i] == _outcome(lambda: builders(kind, budget).build(s)), (seed, i)
+
+
+def test_a_shorter_state_has_no_semantics_note_until_an_annotated_message():
+    calls = [{"id": "c1", "type": "function", "function": {"name": "calc", "arguments": "{}"}}]
+    conv = [human("q"), ai("thinking"), ai(None, tool_calls=calls), tool("4", tool_call_id="c1", metadata={"tool_result": 4})]
+    b = ContextBuilder.for_react("sys", max_tokens=4000)
+    states = [{"messages": conv[:k]} for k in (4, 1, 2)]  # [:3] ends in an unanswered call
+    out = build_batch(b, states)
+    assert [sum(m.metadata.get("semantic_kind") == "history_semantics" for m in p) for p in out] == [1, 0, 0]
+    assert [[m.to_openai() for m in p] for p in out] == [
+        [m.to_openai() for m in ContextBuilder.for_react("sys", max_tokens=4000).build(s)] for s in states]
+
+
+def test_one_history_provider_call_per_conversation(monkeypatch):
+    conv = [human(f"m{i}") for i in range(30)]
+    other = [human(f"n{i}") for i in range(5)]
+    states = [{"messages": conv[:k]} for k in range(1, 31)] + [{"messages": other[:k]} for k in (5, 2)]
+
+    def builder():
+        return ContextBuilder([StaticPromptProvider("s"), StateHistoryProvider()], [MaxMessagesFilter(5)])
+
+    want = [[m.to_openai() for m in builder().build(s)] for s in states]
+    seen = []
+    original = StateHistoryProvider._blocks
+
+    def spy(self, local_state, global_state=None, ctx=None):
+        seen.append(len(local_state["messages"]))
+        return original(self, local_state, global_state, ctx)
+
+    monkeypatch.setattr(StateHistoryProvider, "_blocks", spy)
+    assert [[m.to_openai() for m in p] for p in build_batch(builder(), states)] == want
+    assert sorted(seen) == [5, 30]  # the longest history of each conversation only
+
+
+def test_an_overridden_provider_runs_per_state():
+    seen = []
+
+    class Mine(StateHistoryProvider):
+        def get_messages(self, local_state, global_state=None, ctx=None):
+            seen.append(1)
+            return super().get_messages(local_state, global_state, ctx)
+
+    conv = [human(f"m{i}") for i in range(6)]
+    b = ContextBuilder([Mine()], [MaxMessagesFilter(3)])
+    states = [{"messages": conv[:k]} for k in range(1, 7)]
+    assert [[m.content for m in p] for p in build_batch(b, states)] == [
+        [m.content for m in conv[:k][-3:]] for k in range(1, 7)]
+    assert len(seen) == 6
+
+
+@pytest.mark.parametrize("budget", [800, 3000])
+def test_real_shaped_prefix_states_equal_build(budget):
+    bench = pytest.importorskip("benchmarks.traces")
+    from jianmu_fast.message import coerce_messages
+
+    counter = TiktokenTokenCounter("o200k_base")
+    convs = [coerce_messages(c) for c in bench.make_cs_conversations(8, seed=budget)]
+    rng = random.Random(budget)
+    states = [{"messages": c[:rng.randint(1, len(c))]} for c in convs for _ in range(12)]
+    rng.shuffle(states)
+    b = ContextBuilder.for_react("You are a support agent.", max_tokens=budget, token_counter=counter)
+    got = _batch_outcomes(b, states)
+    fresh = ContextBuilder.for_react("You are a support agent.", max_tokens=budget, token_counter=counter)
+    for i, s in enumerate(states):
+        assert got[i] == _outcome(lambda: fresh.build(s)), i
