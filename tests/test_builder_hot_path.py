@@ -233,3 +233,23 @@ def test_tools_schema_reaches_the_filter_on_the_hot_path():
         out = b.build(state, tools_schema=copy.deepcopy(tools))
         assert dump(out) == fresh(state, make=lambda: preset(budget=600), tools_schema=tools)
         assert COUNTER.count_messages(out) + COUNTER.count_tools(tools) <= 600
+
+
+def test_sanitizing_on_the_hot_path_equals_fresh_builders():
+    """A broken historical transaction is dropped from the request, a broken newest one raises
+    ToolCallHistoryError, and the kept prompt stays right for the calls after either."""
+    from jianmu_fast.errors import ToolCallHistoryError
+
+    b = big()
+    hist = [m for u in turns(4) for m in u]
+    state = {"messages": hist}
+    b.build(state)
+    hist.append(tool("orphan result", tool_call_id="nobody"))  # answers no call
+    with pytest.raises(ToolCallHistoryError):
+        b.build(state)
+    hist.append(human("next question"))  # now a broken historical unit: dropped from the request
+    out = b.build(state)
+    assert "orphan result" not in [m.content for m in out] and out[-1].content == "next question"
+    assert dump(out) == fresh(state, make=big)
+    hist.extend(turns(2, start=50)[0])
+    assert dump(b.build(state)) == fresh(state, make=big)

@@ -405,7 +405,10 @@ class ContextBuilder:
         same list (which only grows: see ``StateHistoryProvider._blocks``), last call's prompt
         is extended by the new history instead of copied whole."""
         if hot.static:
-            head = [p._message for p in hot.heads if p.text]
+            head = []
+            for p in hot.heads:
+                if p.text:
+                    head.append(p._message)
         else:
             head = []
             for i, provider in enumerate(hot.heads):

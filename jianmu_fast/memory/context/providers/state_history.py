@@ -58,6 +58,7 @@ from ....message import Message, coerce_message, coerce_messages, system
 
 __all__ = ["StateHistoryProvider", "HistoryCacheInfo", "PLAN_NOTE", "RECEIPT_NOTE", "SEMANTICS_RECHECK_S"]
 
+_monotonic_ns = time.monotonic_ns
 #: how long a provider reuses the resolved semantics text before it resolves it again
 SEMANTICS_RECHECK_S = 1.0
 _RECHECK_NS = int(SEMANTICS_RECHECK_S * 1e9)
@@ -322,7 +323,7 @@ class StateHistoryProvider:
         ``clear_config_cache()`` or when ``history_semantics_prompt`` is replaced)."""
         prompts, loader = _CONFIG_MODULES or _config_modules()
         fn = prompts.history_semantics_prompt
-        now = time.monotonic_ns()
+        now = _monotonic_ns()
         m = self._semantics
         if m is not None and now < self._sem_until:
             key = self._sem_key
