@@ -52,6 +52,26 @@ def test_twins_share_signatures_and_the_backend_dispatches(name):
     assert getattr(_backend, name) is getattr(core_c, name)
 
 
+@pytest.mark.skipif(PURE, reason="checks the compiled core")
+def test_compiled_stub_is_honest(tmp_path):
+    """mypy's stubtest checks jianmu_fast/_batch_core.pyi against the compiled module."""
+    pytest.importorskip("mypy")
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    import jianmu_fast
+
+    config = tmp_path / "mypy.ini"
+    config.write_text("[mypy]\n\n[mypy-jianmu_fast.*]\nignore_errors = True\n\n"
+                      "[mypy-jianmu_fast._batch_core]\nignore_errors = False\n")
+    proc = subprocess.run(
+        [sys.executable, "-m", "mypy.stubtest", "jianmu_fast._batch_core", "--mypy-config-file", str(config)],
+        capture_output=True, text=True, timeout=300, cwd=Path(jianmu_fast.__file__).parent.parent,
+    )
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+
+
 def test_the_pure_backend_dispatches_its_twin():
     if PURE:
         for name in NAMES:
