@@ -13,9 +13,12 @@ from libc.stdint cimport int64_t, int8_t
 from libc.stdlib cimport free, malloc
 from libc.string cimport memcmp
 
+import weakref
+from itertools import islice
+
 import numpy as np
 
-__all__ = ["MAX_VALUE", "ROLE_CODES", "Records", "plan_window", "plan_windows", "sanitize_window", "sanitize_windows", "select_window", "select_windows"]
+__all__ = ["MAX_VALUE", "ROLE_CODES", "Records", "counts_of", "plan_window", "plan_windows", "sanitize_window", "sanitize_windows", "select_window", "select_windows"]
 
 ROLE_CODES = {"system": 0, "user": 1, "assistant": 2, "tool": 3}
 
@@ -974,3 +977,126 @@ cdef class Records:
         if n == 0:
             return 0
         return _sanitize_status(NULL, self.r, self.off, self.ids, self.rid, n_pinned, lo, hi)
+
+
+# -- a cached counter's counts (jianmu_fast.memory.context._count_cache); see the twin ---------
+
+def counts_of(counter, ms, str where="messages"):
+    """One count per message of ``ms`` by a ``CachedChatCounter``; see the twin."""
+    cdef dict cache = counter._msgs
+    cdef list out = []
+    cdef list missing = None
+    cdef Py_ssize_t i = 0
+    cdef object e
+    for m in ms:
+        e = cache.get(id(m))
+        if e is not None and (<tuple>e)[0]() is m:
+            out.append((<tuple>e)[1])
+        else:
+            out.append(0)
+            if missing is None:
+                missing = [i]
+            else:
+                missing.append(i)
+        i += 1
+    if missing is not None:
+        _fill(counter, ms, missing, out, where)
+    return out
+
+
+cdef int _fill(counter, ms, list missing, list out, str where) except -1:
+    message_type = counter._message_type
+    cdef dict texts_cache = counter._texts
+    cdef dict role_base = counter._role_base
+    cdef bint count_id = counter.COUNT_TOOL_CALL_ID
+    cdef list rows = []
+    cdef dict need = {}
+    cdef list texts, rest
+    cdef Py_ssize_t i
+    cdef bint keep
+    for i in missing:
+        m = ms[i]
+        if type(m) is not message_type:
+            m = counter._coerce(m, f"{where}[{i}]" if where == "messages" else where)
+        role = m.role
+        fixed = role_base.get(role)
+        if fixed is None:
+            fixed = counter._role_cost(role)
+        c = m.content
+        tc = m.tool_calls
+        if tc is None and type(c) is str and m.name is None and (not count_id or m.tool_call_id is None):
+            n = texts_cache.get(c)
+            if n is None:
+                need[c] = None
+                rows.append((i, m, fixed, c, m is ms[i]))
+            else:
+                rows.append((i, m, fixed + n, None, m is ms[i]))
+            continue
+        texts = []
+        if isinstance(c, str):
+            texts.append(c)
+        elif c:
+            for block in c:
+                if block.get("type") == "text":
+                    texts.append(block["text"])
+                else:
+                    fixed += counter._image_tokens
+        name = m.name
+        if name:
+            texts.append(name)
+            fixed += counter.PER_NAME
+        if count_id:
+            tcid = m.tool_call_id
+            if tcid:
+                texts.append(tcid)
+        if tc:
+            per_call = counter.PER_TOOL_CALL
+            for call in tc:
+                fn = call["function"]
+                fixed += per_call
+                texts.append(fn["name"])
+                args = fn.get("arguments")
+                if args:
+                    texts.append(args)
+        rest = []
+        for t in texts:
+            n = texts_cache.get(t)
+            if n is None:
+                need[t] = None
+                rest.append(t)
+            else:
+                fixed += n
+        keep = m is ms[i] and type(c) is not list and (tc is None or type(tc) is counter._frozen_list)
+        rows.append((i, m, fixed, rest if rest else None, keep))
+    cdef dict got = None
+    new = None
+    counts = None
+    if need:
+        new = list(need)
+        counts = counter._encode_counts(new)
+        got = dict(zip(new, counts))
+    ref = weakref.ref
+    cdef dict cache
+    cdef tuple row
+    with counter._lock:  # one acquisition for both caches
+        if need:
+            counter._put_texts(new, counts)
+        cache = counter._msgs
+        for row in rows:
+            total = row[2]
+            rest_ = row[3]
+            if rest_ is not None:
+                if type(rest_) is str:
+                    total += got[rest_]
+                else:
+                    for t in <list>rest_:
+                        total += got[t]
+            out[<Py_ssize_t>row[0]] = total
+            if row[4]:
+                m = row[1]
+                cache[id(m)] = (ref(m), total)
+        size = counter.cache_size
+        if len(cache) > size:
+            for key in list(islice(iter(cache), len(cache) - (size * 3) // 4)):
+                del cache[key]
+    return 0

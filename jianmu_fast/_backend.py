@@ -13,7 +13,7 @@ BACKEND: Literal["cython", "python"]
 
 if os.environ.get("JIANMU_FAST_PURE_PYTHON") == "1":
     from ._filter_core_py import (  # noqa: F401
-        MAX_VALUE, ROLE_CODES, Records, plan_window, plan_windows, sanitize_window, sanitize_windows, select_window,
+        MAX_VALUE, ROLE_CODES, Records, counts_of, plan_window, plan_windows, sanitize_window, sanitize_windows, select_window,
         select_windows,
     )
     from ._editing_core_py import plan_clearing
@@ -23,7 +23,7 @@ if os.environ.get("JIANMU_FAST_PURE_PYTHON") == "1":
 else:
     try:
         from ._filter_core import (  # noqa: F401
-            MAX_VALUE, ROLE_CODES, Records, plan_window, plan_windows, sanitize_window, sanitize_windows, select_window,
+            MAX_VALUE, ROLE_CODES, Records, counts_of, plan_window, plan_windows, sanitize_window, sanitize_windows, select_window,
             select_windows,
         )
         from ._editing_core import plan_clearing

@@ -9,6 +9,7 @@ __all__ = [
     "MAX_VALUE",
     "ROLE_CODES",
     "Records",
+    "counts_of",
     "plan_window",
     "plan_windows",
     "sanitize_window",
@@ -116,3 +117,4 @@ def sanitize_windows(
     lo: npt.NDArray[np.int64],
     hi: npt.NDArray[np.int64],
 ) -> npt.NDArray[np.int64]: ...
+def counts_of(counter: Any, ms: Sequence[Any], where: str = "messages") -> list[int]: ...

@@ -45,9 +45,12 @@ Validation of the arguments is linear in the arrays handed in.
 
 from __future__ import annotations
 
+import weakref
+from itertools import islice
+
 import numpy as np
 
-__all__ = ["MAX_VALUE", "ROLE_CODES", "Records", "plan_window", "plan_windows", "sanitize_window", "sanitize_windows", "select_window", "select_windows"]
+__all__ = ["MAX_VALUE", "ROLE_CODES", "Records", "counts_of", "plan_window", "plan_windows", "sanitize_window", "sanitize_windows", "select_window", "select_windows"]
 
 MAX_VALUE = 1 << 53
 
@@ -590,3 +593,122 @@ class Records:
     def sanitize(self, n_pinned, lo, hi):
         """``sanitize_window``'s status over the records."""
         return sanitize_window(self.roles, self.call_off, self.call_ids, self.result_ids, n_pinned, lo, hi)[0]
+
+
+# -- a cached counter's counts (jianmu_fast.memory.context._count_cache) ----------------------
+
+
+def counts_of(counter, ms, where="messages"):
+    """One count per message of ``ms`` (a list or tuple) by ``counter``, a
+    ``CachedChatCounter``: its message cache first (an entry counts for the very object its
+    weak reference points to), then, for the misses, ``_fill``. See ``_count_cache`` for the
+    caches and the formula; ``where`` names ``ms`` in a coercion error."""
+    get = counter._msgs.get
+    out = []
+    missing = None
+    i = 0
+    for m in ms:
+        e = get(id(m))
+        if e is not None and e[0]() is m:
+            out.append(e[1])
+        else:
+            out.append(0)
+            if missing is None:
+                missing = [i]
+            else:
+                missing.append(i)
+        i += 1
+    if missing is not None:
+        _fill(counter, ms, missing, out, where)
+    return out
+
+
+def _fill(counter, ms, missing, out, where):
+    """Count ``ms[i]`` for ``i in missing`` into ``out``: texts found in the text cache are
+    added at once, the others are tokenized together by ``counter._encode_counts`` (each
+    distinct text once, in order of first use); then one acquisition of ``counter._lock``
+    stores the new texts (``_put_texts``) and the messages that may be cached: each one
+    that was not coerced here and whose counted lists are frozen (the message cache then
+    evicts its oldest entries down to three quarters of ``cache_size`` when over it)."""
+    message_type = counter._message_type
+    tget = counter._texts.get
+    role_base = counter._role_base
+    count_id = counter.COUNT_TOOL_CALL_ID
+    rows = []  # (index, message, cost known so far, texts still to add: None, a str or a list, cacheable)
+    need = {}
+    for i in missing:
+        m = ms[i]
+        if type(m) is not message_type:
+            m = counter._coerce(m, f"{where}[{i}]" if where == "messages" else where)
+        fixed = role_base.get(m.role)
+        if fixed is None:
+            fixed = counter._role_cost(m.role)
+        c = m.content
+        tc = m.tool_calls
+        if tc is None and type(c) is str and m.name is None and (not count_id or m.tool_call_id is None):
+            n = tget(c)
+            if n is None:
+                need[c] = None
+                rows.append((i, m, fixed, c, m is ms[i]))
+            else:
+                rows.append((i, m, fixed + n, None, m is ms[i]))
+            continue
+        texts = []
+        if isinstance(c, str):
+            texts.append(c)
+        elif c:
+            for block in c:
+                if block.get("type") == "text":
+                    texts.append(block["text"])
+                else:
+                    fixed += counter._image_tokens
+        if m.name:
+            texts.append(m.name)
+            fixed += counter.PER_NAME
+        if count_id and m.tool_call_id:
+            texts.append(m.tool_call_id)
+        if tc:
+            per_call = counter.PER_TOOL_CALL
+            for call in tc:
+                fn = call["function"]
+                fixed += per_call
+                texts.append(fn["name"])
+                args = fn.get("arguments")
+                if args:
+                    texts.append(args)
+        rest = []
+        for t in texts:
+            n = tget(t)
+            if n is None:
+                need[t] = None
+                rest.append(t)
+            else:
+                fixed += n
+        keep = m is ms[i] and type(c) is not list and (tc is None or type(tc) is counter._frozen_list)
+        rows.append((i, m, fixed, rest or None, keep))
+    got = {}
+    new = []
+    counts = []
+    if need:
+        new = list(need)
+        counts = counter._encode_counts(new)
+        got = dict(zip(new, counts))
+    ref = weakref.ref
+    with counter._lock:  # one acquisition for both caches
+        if need:
+            counter._put_texts(new, counts)
+        cache = counter._msgs
+        for i, m, total, rest, keep in rows:
+            if rest is not None:
+                if type(rest) is str:
+                    total += got[rest]
+                else:
+                    for t in rest:
+                        total += got[t]
+            out[i] = total
+            if keep:
+                cache[id(m)] = (ref(m), total)
+        size = counter.cache_size
+        if len(cache) > size:
+            for key in list(islice(iter(cache), len(cache) - (size * 3) // 4)):
+                del cache[key]

@@ -245,3 +245,99 @@ def test_threads_share_an_hf_counter():
     for t in threads:
         t.join()
     assert outcomes == [True] * 24
+
+
+# -- the compiled counting loop equals its pure-Python twin -------------------------------------
+
+def _messages_for_counting(draw_ops):
+    """Messages from drawn ops: plain texts (some shared), names, content blocks with images,
+    tool calls and results, dicts to coerce, unfrozen messages (model_construct), repeats."""
+    from jianmu_fast.message import Message
+
+    words = ["hi", "token budget", "上下文 🙂", "{\"a\": 1}", "", "x" * 30]
+    out: list = []
+    for op, k in draw_ops:
+        w = words[k % len(words)]
+        if op == 0:
+            out.append(human(w or "q"))
+        elif op == 1:
+            out.append(ai(w, name="bot") if k % 2 else system(w or "s"))
+        elif op == 2:
+            calls = [{"id": f"c{k}_{j}", "type": "function", "function": {"name": "find", "arguments": w or "{}"}}
+                     for j in range(1 + k % 2)]
+            out.append(ai(None, tool_calls=calls))
+            out.extend(tool(w or "r", tool_call_id=c["id"]) for c in calls)
+        elif op == 3:
+            out.append(human([{"type": "text", "text": w or "t"}, {"type": "image_url", "image_url": {"url": "u"}}]))
+        elif op == 4:
+            out.append({"role": "user", "content": w or "d"})
+        elif op == 5:
+            out.append(Message.model_construct(role="assistant", content=None, name=None, tool_call_id=None,
+                                               tool_calls=[{"id": "z", "type": "function",
+                                                            "function": {"name": "f", "arguments": w}}],
+                                               metadata={}, extra={}, id=f"m{k}"))
+        elif op == 6 and out:
+            out.append(out[k % len(out)])  # the same object again
+    return out
+
+
+def _cache_state(counter):
+    return (list(counter._texts.items()), counter._chars,
+            [(key, e[0]() is not None, e[1]) for key, e in counter._msgs.items()])
+
+
+@pytest.mark.skipif(__import__("os").environ.get("JIANMU_FAST_PURE_PYTHON") == "1", reason="pure-Python run")
+@pytest.mark.parametrize("kind", ["tiktoken", "hf"])
+def test_compiled_counts_equal_the_twin_caches_included(kind):
+    """``counts_of`` (compiled) and ``_filter_core_py.counts_of``: the same counts, the same
+    text cache (content, order, characters) and message cache (keys, order, counts), over
+    random message lists counted in random chunks, with evictions (small ``cache_size``)."""
+    from hypothesis import given, settings
+    from hypothesis import strategies as st
+
+    import jianmu_fast._filter_core as core_c
+    import jianmu_fast._filter_core_py as core_py
+
+    def make(cache_size):
+        if kind == "hf":
+            return HFTokenCounter(str(MINILM), cache_size=cache_size)
+        return TiktokenTokenCounter("o200k_base", cache_size=cache_size)
+
+    @settings(max_examples=60, deadline=None)
+    @given(ops=st.lists(st.tuples(st.integers(0, 6), st.integers(0, 40)), max_size=40),
+           cuts=st.lists(st.integers(1, 6), min_size=1, max_size=8), cache_size=st.sampled_from([3, 8, 1 << 16]))
+    def check(ops, cuts, cache_size):
+        msgs = _messages_for_counting(ops)
+        counters = [make(cache_size), make(cache_size)]
+        fresh = make(1 << 16)
+        pos, step = 0, 0
+        while pos < len(msgs):
+            part = msgs[pos:pos + cuts[step % len(cuts)]]
+            results = [core.counts_of(c, part, "messages") for core, c in zip((core_c, core_py), counters)]
+            assert results[0] == results[1]
+            assert results[0] == [fresh.count_message(m) if not isinstance(m, dict) else results[0][j]
+                                  for j, m in enumerate(part)]
+            assert _cache_state(counters[0]) == _cache_state(counters[1])
+            pos += len(part)
+            step += 1
+
+    check()
+
+
+def test_counts_of_coercion_errors_are_the_same_on_both():
+    import os
+
+    from jianmu_fast.errors import MessageValidationError
+    import jianmu_fast._filter_core_py as core_py
+
+    cores = [core_py]
+    if os.environ.get("JIANMU_FAST_PURE_PYTHON") != "1":
+        import jianmu_fast._filter_core as core_c
+
+        cores.append(core_c)
+    for core in cores:
+        c = TiktokenTokenCounter("o200k_base")
+        with pytest.raises(MessageValidationError, match=r"messages\[1\]: expected a Message or a chat-completions dict, got int"):
+            core.counts_of(c, [human("a"), 5])
+        with pytest.raises(MessageValidationError, match=r"^message: expected a Message"):
+            core.counts_of(c, [5], "message")

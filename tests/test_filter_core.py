@@ -58,7 +58,7 @@ EDGES = [
 
 @needs_c
 @pytest.mark.parametrize("name", ["select_window", "select_windows", "plan_window", "plan_windows",
-                                  "sanitize_window", "sanitize_windows"])
+                                  "sanitize_window", "sanitize_windows", "counts_of"])
 def test_twins_share_signatures(name):
     assert inspect.signature(getattr(core_c, name)) == inspect.signature(getattr(core_py, name))
 

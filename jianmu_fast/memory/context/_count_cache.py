@@ -18,18 +18,19 @@ Two bounded caches per counter, both safe to share between threads:
   entry, at most ``cache_size`` entries.
 
 Cache misses of a ``count_array`` call are collected first, de-duplicated, and tokenized in
-one pass by the subclass's ``_encode_counts(texts)``.
+one pass by the subclass's ``_encode_counts(texts)``; the loop over the messages (cache
+look-ups, the chat formula, one lock acquisition to store what was counted) is compiled
+(``_backend.counts_of``), so a turn's few new messages cost little beyond tokenizing them.
 """
 
 from __future__ import annotations
 
 import threading
-import weakref
-from itertools import islice
-from typing import Any, Iterable, Mapping, Optional, Sequence
+from typing import Any, Iterable, Mapping, Sequence
 
 import numpy as np
 
+from ... import _backend
 from ...message import Message
 from ...message.model import FrozenList, coerce_message
 
@@ -50,13 +51,6 @@ def _check_tokens(name: str, value: Any) -> int:
     return value
 
 
-def _frozen(m: Message) -> bool:
-    """Whether ``m``'s counted lists are the frozen copies validation makes (always, unless
-    the message was made with ``model_construct``)."""
-    c, tc = m.content, m.tool_calls
-    return (type(c) is not list) and (tc is None or type(tc) is FrozenList)
-
-
 class CachedChatCounter:
     """Chat-format counting over a cached exact tokenizer (subclassed by the exact counters).
 
@@ -72,6 +66,9 @@ class CachedChatCounter:
     MAX_CACHED_CHARS = 1 << 26
 
     cache_size: int
+    #: what ``counts_of`` counts without coercing, and the frozen list type of a cacheable message
+    _message_type = Message
+    _frozen_list = FrozenList
 
     def _init_cache(self, cache_size: int, image_tokens: int) -> None:
         self.cache_size = _check_cache_size(cache_size)
@@ -138,22 +135,6 @@ class CachedChatCounter:
                     break
                 del cache[key]
                 self._chars -= len(key)
-
-    def _store_messages(self, items: list[tuple[Any, ...]]) -> None:
-        with self._lock:
-            self._put_messages(items)
-
-    def _put_messages(self, items: list[tuple[Any, ...]]) -> None:
-        """``_store_messages`` with the lock held."""
-        cache = self._msgs
-        ref = weakref.ref
-        for item in items:
-            m = item[0]
-            cache[id(m)] = (ref(m),) + item[1:]
-        if len(cache) > self.cache_size:
-            drop = len(cache) - (self.cache_size * 3) // 4
-            for key in list(islice(iter(cache), drop)):
-                del cache[key]
 
     def _role_cost(self, role: str) -> int:
         base = self._role_base.get(role)
@@ -223,115 +204,11 @@ class CachedChatCounter:
     # -- the loop ----------------------------------------------------------------------------
 
     def _counts(self, ms: Sequence[Any], where: str = "messages") -> list[int]:
-        """One count per message of ``ms`` (a list or tuple), from the message cache or, for
-        the misses, ``_fill``; ``where`` names ``ms`` in a coercion error."""
-        get = self._msgs.get
-        out: list[int] = []
-        append = out.append
-        missing: Optional[list[int]] = None
-        i = 0
-        for m in ms:
-            e = get(id(m))
-            if e is not None and e[0]() is m:
-                append(e[1])
-            else:
-                append(0)
-                if missing is None:
-                    missing = [i]
-                else:
-                    missing.append(i)
-            i += 1
-        if missing is not None:
-            self._fill(ms, missing, out, where)
-        return out
-
-    def _fill(self, ms: Sequence[Any], missing: list[int], out: list[int], where: str) -> None:
-        """Count ``ms[i]`` for ``i in missing`` into ``out``: texts found in the text cache
-        are added at once, the others are tokenized together (each distinct text once); then
-        one lock acquisition stores the new texts and messages."""
-        tget = self._texts.get
-        role_base = self._role_base
-        count_id = self.COUNT_TOOL_CALL_ID
-        # (index, message, cost known so far, texts still to add: None, one str, or a list)
-        rows: list[tuple[int, Message, int, Any]] = []
-        need: dict[str, None] = {}
-        cacheable: list[bool] = []
-        for i in missing:
-            m = ms[i]
-            if type(m) is not Message:
-                m = self._coerce(m, f"{where}[{i}]" if where == "messages" else where)
-            fixed = role_base.get(m.role)
-            if fixed is None:
-                fixed = self._role_cost(m.role)
-            c = m.content
-            tc = m.tool_calls
-            if tc is None and type(c) is str and m.name is None and (not count_id or m.tool_call_id is None):
-                n = tget(c)
-                if n is None:
-                    need[c] = None
-                    rows.append((i, m, fixed, c))
-                else:
-                    rows.append((i, m, fixed + n, None))
-                cacheable.append(m is ms[i])
-                continue
-            texts: list[str] = []
-            if isinstance(c, str):
-                texts.append(c)
-            elif c:
-                for block in c:
-                    if block.get("type") == "text":
-                        texts.append(block["text"])
-                    else:
-                        fixed += self._image_tokens
-            if m.name:
-                texts.append(m.name)
-                fixed += self.PER_NAME
-            if count_id and m.tool_call_id:
-                texts.append(m.tool_call_id)
-            if tc:
-                per_call = self.PER_TOOL_CALL
-                for call in tc:
-                    fn = call["function"]
-                    fixed += per_call
-                    texts.append(fn["name"])
-                    args = fn.get("arguments")
-                    if args:
-                        texts.append(args)
-            rest: list[str] = []
-            for t in texts:
-                n = tget(t)
-                if n is None:
-                    need[t] = None
-                    rest.append(t)
-                else:
-                    fixed += n
-            rows.append((i, m, fixed, rest or None))
-            # counted lists must be the frozen copies validation makes (see _frozen)
-            cacheable.append(m is ms[i] and type(c) is not list and (tc is None or type(tc) is FrozenList))
-        got: dict[str, int] = {}
-        if need:
-            new = list(need)
-            counts = self._encode_counts(new)
-            got = dict(zip(new, counts))
-        ref = weakref.ref
-        with self._lock:  # one acquisition for both caches
-            if need:
-                self._put_texts(new, counts)
-            cache = self._msgs
-            for (i, m, total, rest), keep in zip(rows, cacheable):
-                if rest is not None:
-                    if type(rest) is str:
-                        total += got[rest]
-                    else:
-                        for t in rest:
-                            total += got[t]
-                out[i] = total
-                if keep:
-                    cache[id(m)] = (ref(m), total)
-            if len(cache) > self.cache_size:
-                drop = len(cache) - (self.cache_size * 3) // 4
-                for key in list(islice(iter(cache), drop)):
-                    del cache[key]
+        """One count per message of ``ms`` (a list or tuple): the message cache, then the
+        misses counted together (``_backend.counts_of``, compiled; its pure-Python twin
+        ``_filter_core_py.counts_of`` is the specification); ``where`` names ``ms`` in a
+        coercion error."""
+        return _backend.counts_of(self, ms, where)
 
     @staticmethod
     def _coerce(item: Any, where: str) -> Message:
