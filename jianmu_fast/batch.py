@@ -39,12 +39,13 @@ import multiprocessing
 import sys
 from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass, field
-from itertools import chain
+from itertools import compress
 from operator import countOf
 from typing import Any, Iterable, Literal, Optional, Sequence
 
 from . import _backend
 from .errors import BatchError
+from .memory.context._batch_plan import trim_many
 from .memory.context.filters import MaxMessagesFilter, TokenBudgetFilter
 from .message import Message, coerce_messages
 
@@ -296,29 +297,30 @@ def _run(builder, states, lists, global_state, ctx, tools_schema, bar=None) -> B
     n = len(states)
     errors: dict[int, BaseException] = {}
     tick = bar.update if bar is not None else None
+    interned = None  # the rows of the prompts (intern_rows), while they are the input lists
     if lists is None:
         prompts = _provide_all(builder, states, global_state, ctx, tools_schema, errors, tick)
     else:
-        prompts = _coerce_all(lists, errors, tick)
-    alive = [i for i in range(n) if i not in errors]
+        prompts, interned = _coerce_all(lists, errors, tick)
+    alive = [i for i in range(n) if i not in errors] if errors else list(range(n))
     last = len(builder.filters) - 1
     clean: set[int] = set()
     for fi, flt in enumerate(builder.filters):
         if type(flt) in _WINDOW_TYPES and "apply" not in vars(flt) and len(alive) > 1:
             final = fi == last and bool(getattr(builder, "sanitize", False))
-            _window_stage(flt, prompts, alive, tools_schema, errors, clean if final else None)
+            _window_stage(flt, prompts, alive, tools_schema, errors, clean if final else None, interned)
         else:
             if lists is not None:
                 _unshare(prompts, lists, alive)
             for i in alive:
                 _python_stage(builder, fi, prompts, i, states, global_state, ctx, tools_schema, errors)
+        interned = None
         if errors:
             alive = [i for i in alive if i not in errors]
     if lists is not None:
         _unshare(prompts, lists, alive)
-    for i in alive:
-        if i in clean:  # the last trimming stage found it valid: nothing to sanitize
-            continue
+    for i in alive if not clean else [i for i in alive if i not in clean]:
+        # (a prompt the last trimming stage found valid has nothing to sanitize)
         try:
             prompts[i] = builder._finish(prompts[i], tools_schema)
         except Exception as exc:
@@ -431,29 +433,28 @@ def _provide_grouped(builder, states, global_state, ctx, prompts) -> Optional[li
     return rest
 
 
-def _coerce_all(lists, errors, tick) -> list[Any]:
-    """The input lists as lists of Messages. Lists that already hold only Messages are used
-    as they are (no copy: trimming stages never change their input and return new lists;
-    ``_unshare`` copies one before anything else could see it)."""
+def _coerce_all(lists, errors, tick) -> tuple[list[Any], Any]:
+    """``(prompts, interned)``: the input lists as lists of Messages, and their rows
+    (``intern_rows``, one C pass that also finds the lists that are not all Messages) when
+    no list needed coercion. Lists that already hold only Messages are used as they are (no
+    copy: trimming stages never change their input and return new lists; ``_unshare``
+    copies one before anything else could see it)."""
     n = len(lists)
-    if countOf(map(type, lists), list) == n and countOf(
-        map(type, chain.from_iterable(lists)), Message
-    ) == sum(map(len, lists)):  # the usual case, in two C-level passes
-        if tick is not None and n >= 256:
-            tick(n - n % 256)
-        return list(lists)
-    prompts: list[Any] = [None] * n
-    for i, items in enumerate(lists):
+    interned = _backend.intern_rows(lists, Message)
+    bad = interned[3]
+    prompts = list(lists)
+    for k, i in enumerate(bad):
         try:
-            if type(items) is list and countOf(map(type, items), Message) == len(items):
-                prompts[i] = items  # already Messages: skip the per-item coercion loop
-            else:
-                prompts[i] = coerce_messages(items)
+            prompts[i] = coerce_messages(lists[i])
         except Exception as exc:
             errors[i] = exc
-        if tick is not None and (i & 255) == 255:
+            prompts[i] = None
+        if tick is not None and (k & 255) == 255:
             tick(256)
-    return prompts
+    done = n - len(bad)
+    if tick is not None and done >= 256:
+        tick(done - done % 256)
+    return prompts, (None if bad else interned)
 
 
 def _unshare(prompts: list[Any], lists: Sequence[Any], alive: list[int]) -> None:
@@ -483,21 +484,25 @@ def _python_stage(builder, fi, prompts, i, states, global_state, ctx, tools_sche
         errors[i] = exc
 
 
-def _window_stage(flt, prompts, alive, tools_schema, errors, clean: Optional[set[int]]) -> None:
-    """One trimming filter over every live prompt: ``_trim_many`` (one table of records, one
-    compiled plan per round, one count call per round, outputs sliced in C). With ``clean``
-    (the pipeline's last stage, sanitizing on), the prompts it found valid are added there."""
-    outs, ok = flt._trim_many([prompts[i] for i in alive] if len(alive) < len(prompts) else prompts,
-                              tools_schema, clean is not None)
-    for i, res in zip(alive, outs):
-        if type(res) is not list:
-            errors[i] = res
-            if clean is not None:
-                clean.discard(i)
-            continue
-        prompts[i] = res
+def _window_stage(flt, prompts, alive, tools_schema, errors, clean: Optional[set[int]], interned=None) -> None:
+    """One trimming filter over every live prompt: the routine of its ``apply()`` for all of
+    them (``_batch_plan.trim_many``: one table of records, one compiled plan per round, one
+    count call per round, outputs sliced in C). ``interned``: the prompts' rows, when every
+    prompt is alive and unchanged since ``intern_rows``. With ``clean`` (the pipeline's last
+    stage, sanitizing on), the prompts it found valid are added there."""
+    every = len(alive) == len(prompts)
+    outs, ok = trim_many(flt, prompts if every else [prompts[i] for i in alive], tools_schema,
+                         clean is not None, interned if every else None)
+    if every and countOf(map(type, outs), list) == len(outs):  # the usual case: no failure
+        prompts[:] = outs
+    else:
+        for i, res in zip(alive, outs):
+            if type(res) is list:
+                prompts[i] = res
+            else:
+                errors[i] = res
     if clean is not None:
-        clean.update(i for i, good in zip(alive, ok) if good)
+        clean.update(compress(alive, ok))
 
 
 # -- processes --------------------------------------------------------------------------------

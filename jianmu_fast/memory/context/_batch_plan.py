@@ -41,10 +41,12 @@ PARALLEL_MIN = 2048
 _CPUS = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
 
 
-def trim_many(flt: Any, prompts: Sequence[Any], tools_schema: Any, sanitize: bool) -> tuple[list[Any], Optional[list[bool]]]:
+def trim_many(flt: Any, prompts: Sequence[Any], tools_schema: Any, sanitize: bool,
+              interned: Any = None) -> tuple[list[Any], Optional[list[bool]]]:
     """``(outputs, clean)``: ``outputs[p]`` is ``flt._trim(prompts[p], ...)``'s output list, or
     the exception it raises; with ``sanitize``, ``clean[p]`` says that output needs no
-    sanitizing (``False`` for a failed prompt), else ``clean`` is ``None``.
+    sanitizing (``False`` for a failed prompt), else ``clean`` is ``None``. ``interned``:
+    ``_backend.intern_rows(prompts, Message)`` when the caller has it already.
 
     >>> from jianmu_fast.memory.context import MaxMessagesFilter
     >>> from jianmu_fast.message import system, human
@@ -58,7 +60,7 @@ def trim_many(flt: Any, prompts: Sequence[Any], tools_schema: Any, sanitize: boo
         limit = flt._limit(tools_schema)
     except JianmuError as exc:
         return [exc] * n, ([False] * n if sanitize else None)
-    rows, off, distinct, bad = _backend.intern_rows(prompts, Message)
+    rows, off, distinct, bad = interned if interned is not None else _backend.intern_rows(prompts, Message)
     if not distinct or limit < 0:
         return _each(flt, prompts, range(n), tools_schema, sanitize)
     try:
