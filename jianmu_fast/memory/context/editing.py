@@ -32,7 +32,6 @@ import logging
 import threading
 import warnings
 import weakref
-from operator import attrgetter, countOf
 from typing import Any, Callable, Iterable, Optional, Sequence
 
 import numpy as np
@@ -384,18 +383,21 @@ class ToolResultCapFilter:
             return self._apply(messages)
 
     def _apply(self, messages: Sequence[Message]) -> list[Message]:
-        msgs = messages if isinstance(messages, list) else list(messages)
+        msgs = messages if type(messages) is list else list(messages)
         last = self._last
         if last is not None:
-            ref, out_ref = last
+            ref, out = last  # our own lists: the previous input and its output, grown in place
             k = len(ref)
-            if len(msgs) >= k and msgs[:k] == ref:
-                out = out_ref + [self.cap(m) for m in msgs[k:]]
-                self._last = (msgs[:], out)
-                return list(out)
+            if len(msgs) >= k and (msgs[:k] == ref if len(msgs) > k else msgs == ref):
+                if len(msgs) > k:
+                    new = msgs[k:]
+                    capped = [self.cap(m) for m in new]  # (raises before anything is extended)
+                    ref.extend(new)
+                    out.extend(capped)
+                return out[:]
         out = [self.cap(m) for m in msgs]
         self._last = (msgs[:], out)
-        return list(out)
+        return out[:]
 
 
 # -- ClearToolResultsFilter -------------------------------------------------------------------
@@ -874,12 +876,13 @@ class SummarizingBudgetFilter(TokenBudgetFilter):
         self._lock = threading.RLock()
         self._inner: dict[int, TokenBudgetFilter] = {}
         self._over_ref: Optional[tuple[list[Message], int]] = None
-        self._last_span: Optional[tuple[list[Message], str]] = None
-        self._last: Optional[tuple[list[Message], Message]] = None  # (span, its summary message)
-        self._chain: Optional[tuple[list[Message], list[tuple[int, int, bytes, str]]]] = None
+        self._last_span: Optional[tuple[list[Message], tuple[str, int]]] = None
+        #: (span, its summary message, the history copy it was cut from, the cut)
+        self._last: Optional[tuple[list[Message], Message, list[Message], int]] = None
+        self._chain: Optional[tuple[list[Message], list[tuple[int, int, int, bytes, str]]]] = None
         self._by_content: dict[bytes, str] = {}
         self._digests = _ObjectCache()
-        self._messages: dict[str, Message] = {}
+        self._messages: dict[tuple[int, int, str], Message] = {}
         self.calls = 0
         """How many times ``summarize`` was called (successful or not)."""
 
@@ -947,20 +950,24 @@ class SummarizingBudgetFilter(TokenBudgetFilter):
             return self._plain._trim(msgs, tools_schema, sanitize)  # no room for a summary
         if len(kept) == len(msgs):
             return kept, clean
-        if not self._over(msgs, tools_schema):
+        over, grown = self._over(msgs, tools_schema)
+        if not over:
             # everything fits the budget: nothing to summarize (the plain filter keeps it all)
             return self._plain._trim(msgs, tools_schema, sanitize)
         cut = len(msgs) - (len(kept) - n_pinned)
-        span = msgs[n_pinned:cut]
         last = self._last
-        if last is not None and len(last[0]) == len(span) and last[0] == span:
-            summary = last[1]  # the cut did not move: the same summary object
+        if grown and last is not None and last[2] is self._over_ref[0] and last[3] == cut:
+            summary = last[1]  # the same history, grown, and the cut did not move: the same summary
         else:
-            text = self._summary_text(span) if span else None
-            if text is None:
-                return self._plain._trim(msgs, tools_schema, sanitize)
-            summary = self._summary_message(text, span)
-            self._last = (span, summary)
+            span = msgs[n_pinned:cut]
+            if last is not None and len(last[0]) == len(span) and last[0] == span:
+                summary = last[1]
+            else:
+                got = self._summary_text(span) if span else None
+                if got is None:
+                    return self._plain._trim(msgs, tools_schema, sanitize)
+                summary = self._summary_message(got[0], len(span), got[1])
+            self._last = (span, summary, self._over_ref[0], cut)
         out = kept[:n_pinned] + [summary] + kept[n_pinned:] if n_pinned else [summary] + kept
         if not self._additive and int(self.counter.count_messages(out)) + self._plain.tools_cost(tools_schema) > self.max_tokens:
             return self._plain._trim(msgs, tools_schema, sanitize)  # pragma: no cover - capped to fit
@@ -968,19 +975,23 @@ class SummarizingBudgetFilter(TokenBudgetFilter):
         # filter's sanitize decision holds for the output
         return out, clean
 
-    def _over(self, msgs: list[Message], tools_schema: Any) -> bool:
-        """Whether the whole prompt is over the budget. A history that extends one known to be
-        over (with tools that cost no less) is over too, without counting it again."""
+    def _over(self, msgs: list[Message], tools_schema: Any) -> tuple[bool, bool]:
+        """Whether the whole prompt is over the budget, and whether ``msgs`` grew the history
+        last found over (our own copy, extended in place). A history that extends one known to
+        be over (with tools that cost no less) is over too, without counting it again."""
         tools = self._plain.tools_cost(tools_schema)
         known = self._over_ref
         if known is not None:
             ref, ref_tools = known
-            if tools >= ref_tools and len(msgs) >= len(ref) and msgs[:len(ref)] == ref:
-                return True
+            k = len(ref)
+            if tools >= ref_tools and len(msgs) >= k and (msgs[:k] == ref if len(msgs) > k else msgs == ref):
+                if len(msgs) > k:
+                    ref.extend(msgs[k:])
+                return True, True
         over = int(self.counter.count_messages(msgs)) + tools > self.max_tokens
         if over:
             self._over_ref = (msgs[:], tools)
-        return over
+        return over, False
 
     def _digest(self, m: Message) -> bytes:
         d = self._digests.get(m)
@@ -990,28 +1001,37 @@ class SummarizingBudgetFilter(TokenBudgetFilter):
             self._digests.put(m, d)
         return d
 
-    def _folds(self, span: list[Message], start: int = 0, cum0: int = 0) -> list[tuple[int, int]]:
+    def _folds(self, span: list[Message], start: int = 0, cum0: int = 0) -> tuple[list[tuple[int, int, int]], int]:
         """Where the rolling summary of ``span`` folds after ``start`` (a fold point, ``cum0``
         tokens after the span's start): the first unit start at or past each multiple of
-        ``fold`` tokens (cumulative from the span's start), then the span's end; each with
-        the tokens before it (``-1`` for the end)."""
+        ``fold`` tokens (cumulative from the span's start), then the span's end; each with the
+        tokens and the units before it from ``start`` (``-1`` tokens for the end). One pass
+        over ``span[start:]`` with the counter's cached counts."""
         part = span[start:]
-        counts = _counts(self.counter, part)
-        starts = np.array([i for i, m in enumerate(part) if m.role != "tool"] or [0], dtype=np.int64)
-        before = cum0 + np.concatenate(([0], np.cumsum(counts)))[starts]
+        counts = [self.counter.count_message(m) for m in part] if self._additive else _counts(self.counter, part).tolist()
         fold = self._fold
-        levels = np.arange(cum0 // fold + 1, int(before[-1]) // fold + 1, dtype=np.int64) * fold
-        ends = sorted({(start + int(starts[j]), int(before[j]))
-                       for j in np.searchsorted(before, levels, side="left").tolist() if j < len(starts)})
-        return [e for e in ends if e[0] > 0] + [(len(span), -1)]
+        level = (cum0 // fold + 1) * fold  # the next multiple of fold a unit start may reach
+        acc = cum0
+        units = 0
+        ends: list[tuple[int, int, int]] = []
+        for j, m in enumerate(part):
+            if m.role != "tool":
+                if acc >= level:
+                    ends.append((start + j, acc, units))
+                    level = (acc // fold + 1) * fold
+                units += 1
+            acc += counts[j]
+        ends.append((len(span), -1, units))
+        return ends, units
 
-    def _summary_text(self, span: list[Message]) -> Optional[str]:
-        """The summary of ``span``, a pure function of its content: a fold over the pieces
-        between ``_folds`` (each step ``summarize([summary so far, *piece])``), every step
-        cached by the content of the span up to it. With chunked eviction the cut moves to
-        those fold points, so a move costs one call. A span that extends the previous one
-        resumes at the previous span's last fold point (the fold points of a span are those
-        of every longer span), so a move also costs only its new messages' bookkeeping."""
+    def _summary_text(self, span: list[Message]) -> Optional[tuple[str, int]]:
+        """The summary of ``span`` and its number of units, a pure function of its content: a
+        fold over the pieces between ``_folds`` (each step ``summarize([summary so far,
+        *piece])``), every step cached by the content of the span up to it. With chunked
+        eviction the cut moves to those fold points, so a move costs one call. A span that
+        extends the previous one resumes at the previous span's last fold point (the fold
+        points of a span are those of every longer span), so a move also costs only its new
+        messages' bookkeeping. ``span`` is the caller's own list (kept, never changed)."""
         last = self._last_span
         if last is not None and len(span) == len(last[0]) and span == last[0]:
             return last[1]
@@ -1019,13 +1039,14 @@ class SummarizingBudgetFilter(TokenBudgetFilter):
 
         text: Optional[str] = None
         key = b""
-        lo = cum = 0
-        points: list[tuple[int, int, bytes, str]] = []  # (fold point, tokens before it, key, summary)
+        lo = cum = units0 = 0
+        points: list[tuple[int, int, int, bytes, str]] = []  # (fold point, tokens, units before it, key, summary)
         chain = self._chain
         if chain is not None and chain[1] and len(span) >= len(chain[0]) and span[:len(chain[0])] == chain[0]:
             points = list(chain[1])
-            lo, cum, key, text = points[-1]
-        for hi, before in self._folds(span, lo, cum):
+            lo, cum, units0, key, text = points[-1]
+        ends, units = self._folds(span, lo, cum)
+        for hi, before, n_units in ends:
             h = hashlib.sha256(key)
             for m in span[lo:hi]:
                 h.update(self._digest(m))
@@ -1041,10 +1062,11 @@ class SummarizingBudgetFilter(TokenBudgetFilter):
                 self._by_content[key] = got
             text, lo = got, hi
             if before >= 0:
-                points.append((hi, before, key, got))
-        self._chain = (span[:], points)
-        self._last_span = (span[:], text or "")
-        return text
+                points.append((hi, before, units0 + n_units, key, got))
+        self._chain = (span, points)
+        out = (text or "", units0 + units)
+        self._last_span = (span, out)
+        return out
 
     def _call(self, messages: list[Message]) -> Optional[str]:
         self.calls += 1
@@ -1067,15 +1089,14 @@ class SummarizingBudgetFilter(TokenBudgetFilter):
         warnings.warn(f"SummarizingBudgetFilter: {why}; the prompt is the plain budget filter's (no summary)",
                       SummaryFailedWarning, stacklevel=4)
 
-    def _summary_message(self, text: str, span: list[Message]) -> Message:
-        units = len(span) - countOf(map(attrgetter("role"), span), "tool")
-        key = f"{len(span)}\0{units}\0{text}"
+    def _summary_message(self, text: str, n: int, units: int) -> Message:
+        key = (n, units, text)
         m = self._messages.get(key)
         if m is not None:
             return m
         from ...message import system
 
-        edit = {"kind": "summary", "messages": len(span), "units": units}
+        edit = {"kind": "summary", "messages": n, "units": units}
         m = system(SUMMARY_HEADER + text, metadata={EDIT_KEY: edit})
         room = self.summary_max_tokens
         if int(self.counter.count_message(m)) > room:
