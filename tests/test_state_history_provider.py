@@ -265,3 +265,59 @@ def test_tool_name_comes_from_the_adjacent_call():
     p = StateHistoryProvider()
     assert json.loads(p.get_messages({"messages": a})[2].content)["tool"] == "alpha"
     assert json.loads(p.get_messages({"messages": b})[2].content)["tool"] == "beta"
+
+
+def test_in_place_edits_of_one_growing_list_match_a_fresh_provider():
+    """The agent loop's list, edited in place (the snapshot grows first, then is compared)."""
+    rng = random.Random(99)
+    pool = [m for k in range(30) for m in turn(k)]
+    p = StateHistoryProvider()
+    history = list(pool[:6])
+    state = {"messages": history}
+    for _ in range(300):
+        op = rng.random()
+        if op < 0.55:
+            history.extend(rng.sample(pool, rng.randint(1, 3)))
+        elif op < 0.7 and history:
+            history[rng.randrange(len(history))] = rng.choice(pool)
+        elif op < 0.8 and history:
+            del history[rng.randrange(len(history))]
+        elif op < 0.9:
+            history.insert(rng.randrange(len(history) + 1), rng.choice(pool))
+            history.append(rng.choice(pool))
+        else:
+            history[0:0] = []  # no change: the repeated call
+        got = p.get_messages(state)
+        want = StateHistoryProvider().get_messages({"messages": list(history)})
+        assert [m.model_dump_json() for m in got] == [m.model_dump_json() for m in want]
+
+
+def test_a_failing_comparison_leaves_the_provider_consistent():
+    class Boom:
+        def __eq__(self, other):
+            raise RuntimeError("no comparison")
+
+        __hash__ = object.__hash__
+
+    first = human("q", metadata={"x": Boom()})
+    twin = first.model_copy(update={"metadata": {"x": Boom()}})  # another object: compared field by field
+    history = [first, ai("a")]
+    p = StateHistoryProvider()
+    p.get_messages({"messages": history})
+    more = human("more")
+    with pytest.raises(RuntimeError, match="no comparison"):
+        p.get_messages({"messages": [twin, history[1], more]})
+    history.append(more)  # the original list grown the same way: must not reuse a half-done state
+    assert [m.content for m in p.get_messages({"messages": history})] == ["q", "a", "more"]
+    assert [m.content for m in p.get_messages({"messages": history})] == ["q", "a", "more"]
+
+
+def test_switching_annotate_takes_effect_at_once():
+    hist = [m for k in range(3) for m in turn(k)]
+    p = StateHistoryProvider()
+    on = dump(p.get_messages({"messages": hist}))
+    p.annotate = False
+    assert dump(p.get_messages({"messages": hist})) == dump(StateHistoryProvider(annotate=False).get_messages(
+        {"messages": hist}))
+    p.annotate = True
+    assert dump(p.get_messages({"messages": hist})) == on

@@ -357,7 +357,12 @@ class StateHistoryProvider:
                 # the agent loop: the snapshot grows by the new items first, so the comparison
                 # needs no slice of the whole history
                 old.extend(items[k:])
-                if items == old:
+                try:
+                    same = items == old
+                except BaseException:  # an item's __eq__ failed: the snapshot stays as it was
+                    del old[k:]
+                    raise
+                if same:
                     start, grown = k, True
                 else:
                     del old[k:]
