@@ -284,3 +284,49 @@ def test_setting_another_counter_forgets_cached_counts(core):
     assert len(f.apply(msgs)) < len(first)
     with pytest.raises(TypeError, match="counter: expected a TokenCounterProtocol"):
         f.counter = object()
+
+
+def test_changing_a_setting_between_calls_takes_effect_at_once(core):
+    """pinned_roles, trim_from_start and chunk are read once per change (the planner's
+    settings are precomputed), so a change after a call is honoured by the next call."""
+    msgs = [system("s")] + [human("x" * 40) if i % 2 else ai("y" * 40) for i in range(30)]
+    f = TokenBudgetFilter(200)
+    f.apply(msgs)
+    f.trim_from_start = False
+    assert f.apply(msgs) == TokenBudgetFilter(200, trim_from_start=False).apply(msgs)
+    f.trim_from_start = True
+    f.pinned_roles = frozenset({"system", "user"})
+    assert f.apply(msgs) == TokenBudgetFilter(200, pinned_roles=("system", "user")).apply(msgs)
+    f.pinned_roles = frozenset({"system"})
+    f.eviction, f.chunk = "chunked", 60
+    assert f.apply(msgs) == TokenBudgetFilter(200, eviction="chunked", chunk=60).apply(msgs)
+    g = MaxMessagesFilter(5)
+    g.apply(msgs)
+    g.pinned_roles = frozenset()
+    assert g.apply(msgs) == MaxMessagesFilter(5, pinned_roles=()).apply(msgs)
+
+
+def test_agent_loop_turns_take_the_compiled_turn_path(core, monkeypatch):
+    """After the first call, a history grown in place is trimmed by one Records.window call
+    per turn: the general path (records rebuilt, counts filled, errors) is not taken, and
+    each message is counted once, when it arrives."""
+    from jianmu_fast.memory.context import TiktokenTokenCounter
+    from jianmu_fast.memory.context.filters import _WindowFilter
+
+    counter = TiktokenTokenCounter("o200k_base")
+    f = TokenBudgetFilter(300, counter)
+    history = [system("s")] + [human(f"question {i} " * 5) if i % 2 else ai(f"answer {i} " * 9) for i in range(60)]
+    want = f.apply(history)
+    general = []
+    real = _WindowFilter._trim_general
+    monkeypatch.setattr(_WindowFilter, "_trim_general",
+                        lambda self, *a: (general.append(len(a[0])) if self is f else None, real(self, *a))[1])
+    counted = []
+    real_counts = counter._counts
+    f._turn_counts = lambda new: (counted.append(len(new)), real_counts(new))[1]
+    assert f.apply(history) == want and not general and not counted  # the repeated call
+    for i in range(20):
+        history.extend([human(f"more {i}"), ai(f"reply {i} " * 3)])
+        out = f.apply(history)
+        assert out == TokenBudgetFilter(300, counter).apply(list(history))
+    assert general == [] and counted == [2] * 20

@@ -15,8 +15,14 @@ Both keep the invariants of CONTRACT.md section 3:
 5. the same input gives the same output on both backends.
 
 Filters return new lists and never mutate their input. The decision is made by the
-compiled core (``jianmu_fast._backend``) in one call per prompt, over only the tail of the
-history that can possibly be kept: per-call work scales with what is kept.
+compiled core (``jianmu_fast._backend``) over per-message records (role, count, call ids)
+that a filter keeps for its last prompt (``Records``). When the next prompt extends that
+one (the agent loop: the same list grown in place, or a list that starts with the same
+messages), one compiled call records just the new messages (counted by the counter, each
+distinct text tokenized once), finds the window by binary search over prefix sums of the
+counts, and builds the output list: a turn costs its new messages plus O(log n). Other
+prompts are recorded anew, and only the tail of the history that can possibly be kept is
+counted.
 
 Ranges (validated here, ``ValueError`` naming the argument): ``max_messages``, ``max_tokens``
 and ``chunk`` are at most ``2**53`` (``MAX_VALUE``), and so is every count a counter returns;
