@@ -2,6 +2,8 @@
 
 from typing import Any, Optional
 
+__all__ = ["MAX_VALUE", "STATE_LEN", "plan_clearing"]
+
 MAX_VALUE: int
 STATE_LEN: int
 

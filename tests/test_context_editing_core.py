@@ -117,3 +117,20 @@ def test_bad_state_is_named():
             mod.plan_clearing(*arrays, 0, 0, 0, 0, np.zeros(2, dtype=np.int64))
         with pytest.raises(ValueError, match=r"^state\[0\] \(messages scanned\) must be between 0 and 2, got 3$"):
             mod.plan_clearing(*arrays, 0, 0, 0, 0, np.array([3, 0, 0, 0, 0, 0, 0], dtype=np.int64))
+
+
+def test_compiled_stub_is_honest(tmp_path):
+    """mypy's stubtest checks jianmu_fast/_editing_core.pyi against the compiled module."""
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    pytest.importorskip("mypy")
+    config = tmp_path / "mypy.ini"
+    config.write_text("[mypy]\n\n[mypy-jianmu_fast.*]\nignore_errors = True\n\n"
+                      "[mypy-jianmu_fast._editing_core]\nignore_errors = False\n")
+    proc = subprocess.run(
+        [sys.executable, "-m", "mypy.stubtest", "jianmu_fast._editing_core", "--mypy-config-file", str(config)],
+        capture_output=True, text=True, timeout=300, cwd=Path(core.__file__).parent.parent,
+    )
+    assert proc.returncode == 0, proc.stdout + proc.stderr
