@@ -15,7 +15,7 @@ from libc.stdlib cimport calloc, free
 
 import numpy as np
 
-__all__ = ["intern_rows", "need_rows", "prefix_prompts", "slice_outputs", "table_records"]
+__all__ = ["group_states", "intern_rows", "need_rows", "prefix_prompts", "slice_outputs", "table_records"]
 
 
 cdef extern from "Python.h":
@@ -270,14 +270,19 @@ cdef inline void _put(PyObject* dst, Py_ssize_t* pos, PyObject* src, Py_ssize_t 
         pos[0] += 1
 
 
-def prefix_prompts(head, note_head, tail, hist, base, srcs):
+def prefix_prompts(head, note_head, tail, hist, base, srcs, const int64_t[::1] members, out):
     """See ``jianmu_fast._batch_core_py.prefix_prompts``."""
-    for name, v in (("head", head), ("note_head", note_head), ("tail", tail), ("hist", hist), ("base", base)):
+    for name, v in (("head", head), ("note_head", note_head), ("tail", tail), ("hist", hist), ("base", base),
+                    ("srcs", srcs), ("out", out)):
         if type(v) is not list:
             raise TypeError(f"{name} must be a list, got {type(v).__name__}")
-    cdef Py_ssize_t n = len(base), i, j, k, first, pos, lead
+    cdef Py_ssize_t n = len(base), i, j, k, first, pos, lead, x
     if len(hist) != n:
         raise ValueError(f"hist has {len(hist)} items, base has {n}")
+    cdef Py_ssize_t m = members.shape[0], n_srcs = len(srcs), n_out = len(out), t = len(tail)
+    for x in range(m):
+        if not (0 <= members[x] < n_srcs and members[x] < n_out):
+            raise ValueError(f"members must index srcs and out, got {members[x]}")
     cdef PyObject* b = <PyObject*>base
     cdef PyObject* h = <PyObject*>hist
     cdef PyObject* src
@@ -288,24 +293,18 @@ def prefix_prompts(head, note_head, tail, hist, base, srcs):
         if PyList_GET_ITEM(h, i) != PyList_GET_ITEM(b, i) and not (hist[i] == base[i]):
             first = i
             break
-    seq = srcs if type(srcs) is list else list(srcs)
-    cdef Py_ssize_t m = len(seq), t = len(tail)
-    out = PyList_New(m)
-    for i in range(m):
-        Py_INCREF(<PyObject*>None)
-        PyList_SET_ITEM(<PyObject*>out, i, <PyObject*>None)
-    for i in range(m):
-        src = PyList_GET_ITEM(<PyObject*>seq, i)
-        if not jf_is_list(src):
-            continue
-        k = PyList_GET_SIZE(src)
-        if k > n:
-            continue
-        for j in range(k):
-            if PyList_GET_ITEM(src, j) != PyList_GET_ITEM(b, j):
-                k = -1
-                break
-        if k < 0:
+    missed = []
+    for x in range(m):
+        i = members[x]
+        src = PyList_GET_ITEM(<PyObject*>srcs, i)
+        k = PyList_GET_SIZE(src) if jf_is_list(src) else -1
+        if 0 <= k <= n:
+            for j in range(k):
+                if PyList_GET_ITEM(src, j) != PyList_GET_ITEM(b, j):
+                    k = -1
+                    break
+        if k < 0 or k > n:
+            missed.append(i)
             continue
         front = <PyObject*>note_head if k > first else <PyObject*>head
         lead = PyList_GET_SIZE(front)
@@ -316,4 +315,89 @@ def prefix_prompts(head, note_head, tail, hist, base, srcs):
         _put(dst, &pos, h, k)
         _put(dst, &pos, <PyObject*>tail, t)
         out[i] = new
-    return out
+    return missed
+
+
+cdef extern from "Python.h":
+    PyObject* PyDict_GetItem(PyObject* d, PyObject* key)
+    int PyDict_CheckExact(PyObject* o)
+
+
+def group_states(states, str key):
+    """See ``jianmu_fast._batch_core_py.group_states``."""
+    seq = states if type(states) is list else list(states)
+    cdef Py_ssize_t n = len(seq), i, g, n_groups = 0, cap = 1024
+    cdef PyObject* st
+    cdef PyObject* src
+    cdef uintptr_t k, h, mask
+    gid_a = np.full(n, -1, dtype=np.int64)
+    cdef int64_t[::1] gid = gid_a
+    srcs = [None] * n
+    rest = []
+    cdef Slot* table = <Slot*>calloc(cap, sizeof(Slot))
+    if table == NULL:
+        raise MemoryError()
+    try:
+        for i in range(n):
+            st = PyList_GET_ITEM(<PyObject*>seq, i)
+            if not PyDict_CheckExact(st):
+                rest.append(i)
+                continue
+            src = PyDict_GetItem(st, <PyObject*>key)
+            if src == NULL or not jf_is_list(src):
+                rest.append(i)
+                continue
+            srcs[i] = <object>src
+            if PyList_GET_SIZE(src) == 0:
+                rest.append(i)
+                continue
+            k = <uintptr_t>PyList_GET_ITEM(src, 0)
+            mask = <uintptr_t>(cap - 1)
+            h = _hash(k) & mask
+            while table[h].key and table[h].key != k:
+                h = (h + 1) & mask
+            if not table[h].key:
+                table[h].key = k
+                table[h].row = n_groups
+                n_groups += 1
+                if n_groups * 2 > cap:
+                    table = _grow(table, cap, cap * 2)
+                    cap *= 2
+                    if table == NULL:
+                        raise MemoryError()
+                    mask = <uintptr_t>(cap - 1)
+                    h = _hash(k) & mask
+                    while table[h].key != k:
+                        h = (h + 1) & mask
+            gid[i] = table[h].row
+    finally:
+        free(table)
+    off_a = np.zeros(n_groups + 1, dtype=np.int64)
+    tops_a = np.full(n_groups, -1, dtype=np.int64)
+    cdef int64_t[::1] off = off_a
+    cdef int64_t[::1] tops = tops_a
+    cdef Py_ssize_t total = 0
+    best_a = np.full(n_groups, -1, dtype=np.int64)
+    cdef int64_t[::1] best = best_a
+    cdef Py_ssize_t size
+    for i in range(n):
+        g = gid[i]
+        if g < 0:
+            continue
+        off[g + 1] += 1
+        size = PyList_GET_SIZE(<PyObject*>srcs[i])
+        if size > best[g]:
+            best[g] = size
+            tops[g] = i
+    for g in range(n_groups):
+        off[g + 1] += off[g]
+    order_a = np.empty(off[n_groups], dtype=np.int64)
+    cdef int64_t[::1] order = order_a
+    fill_a = off_a[:n_groups].copy()
+    cdef int64_t[::1] fill = fill_a
+    for i in range(n):
+        g = gid[i]
+        if g >= 0:
+            order[fill[g]] = i
+            fill[g] += 1
+    return srcs, order_a, off_a, tops_a, rest

@@ -17,7 +17,7 @@ if os.environ.get("JIANMU_FAST_PURE_PYTHON") == "1":
         select_windows,
     )
     from ._editing_core_py import plan_clearing
-    from ._batch_core_py import intern_rows, need_rows, prefix_prompts, slice_outputs, table_records
+    from ._batch_core_py import group_states, intern_rows, need_rows, prefix_prompts, slice_outputs, table_records
 
     BACKEND = "python"
 else:
@@ -27,7 +27,7 @@ else:
             select_windows,
         )
         from ._editing_core import plan_clearing
-        from ._batch_core import intern_rows, need_rows, prefix_prompts, slice_outputs, table_records
+        from ._batch_core import group_states, intern_rows, need_rows, prefix_prompts, slice_outputs, table_records
     except ImportError as exc:  # pragma: no cover - exercised by a subprocess test
         raise ImportError(
             "jianmu_fast._filter_core is not compiled: run `pip install -e .` (or `make install`) "

@@ -16,9 +16,10 @@ so that it runs as C loops in the compiled twin:
     the distinct rows a planning round asks to count;
 ``slice_outputs``
     every prompt's output list, ``prompt[:n_pinned] + prompt[lo:hi]``;
-``prefix_prompts``
-    the provided prompts of states whose histories are prefixes of one history, from one
-    provider output for the longest (``jianmu_fast.batch``).
+``group_states``, ``prefix_prompts``
+    ``build_batch``'s states grouped by their history's first message, and the provided
+    prompts of the states whose histories are prefixes of one history, from one provider
+    output for the longest (``jianmu_fast.batch``).
 
 This module is the specification: the compiled twin has the same names, signatures, results
 and error messages, and ``tests/test_batch_core.py`` proves it on random inputs.
@@ -30,7 +31,7 @@ from typing import Any, Optional, Sequence
 
 import numpy as np
 
-__all__ = ["intern_rows", "need_rows", "prefix_prompts", "slice_outputs", "table_records"]
+__all__ = ["group_states", "intern_rows", "need_rows", "prefix_prompts", "slice_outputs", "table_records"]
 
 
 def intern_rows(prompts: Sequence[Any], cls: type) -> tuple[np.ndarray, np.ndarray, list[Any], list[int]]:
@@ -165,31 +166,75 @@ def _check_plans(plans: np.ndarray, offsets: np.ndarray, n_prompts: int, n_rows:
             raise ValueError(f"prompt {p}: need 0 <= lo <= hi <= {size}, got {plans[p, 2]}, {plans[p, 3]}")
 
 
+def group_states(states: Sequence[Any], key: str) -> tuple[list[Any], np.ndarray, np.ndarray, np.ndarray, list[int]]:
+    """``(srcs, order, group_off, tops, rest)``: the histories of ``states`` grouped by the
+    identity of their first message. ``srcs[i]`` is ``states[i][key]`` when ``states[i]`` is a
+    ``dict`` (exactly) holding a list there, else ``None``; state ``i`` joins the group of
+    ``srcs[i][0]`` when that list is not empty, else ``rest`` (ascending). Group ``g`` (in
+    order of first appearance) is ``order[group_off[g]:group_off[g+1]]`` (ascending) and
+    ``tops[g]`` its first member with the longest history.
+
+    >>> a, b = object(), object()
+    >>> srcs, order, off, tops, rest = group_states([{"m": [a, b]}, {"m": []}, {"m": [b]}, {"m": [a]}, 7], "m")
+    >>> order.tolist(), off.tolist(), tops.tolist(), rest
+    ([0, 3, 2], [0, 2, 3], [0, 2], [1, 4])
+    """
+    srcs: list[Any] = []
+    groups: dict[int, list[int]] = {}
+    rest: list[int] = []
+    for i, st in enumerate(states):
+        src = st.get(key) if type(st) is dict else None
+        if type(src) is not list:
+            src = None
+        srcs.append(src)
+        if src:
+            groups.setdefault(id(src[0]), []).append(i)
+        else:
+            rest.append(i)
+    order: list[int] = []
+    off = [0]
+    tops: list[int] = []
+    for members in groups.values():
+        order.extend(members)
+        off.append(len(order))
+        tops.append(max(members, key=lambda i: len(srcs[i])))
+    return (srcs, np.array(order, dtype=np.int64), np.array(off, dtype=np.int64), np.array(tops, dtype=np.int64),
+            rest)
+
+
 def prefix_prompts(head: list[Any], note_head: list[Any], tail: list[Any], hist: list[Any], base: list[Any],
-                   srcs: Sequence[Any]) -> list[Optional[list[Any]]]:
-    """For each ``src`` of ``srcs``: ``None`` unless ``src`` is a list whose items are
-    ``base[:len(src)]`` (by identity); else, with ``k = len(src)``,
-    ``(note_head if hist[:k] differs from base[:k] else head) + hist[:k] + tail``, where
+                   srcs: list[Any], members: np.ndarray, out: list[Any]) -> list[int]:
+    """For each ``i`` of ``members``, with ``src = srcs[i]`` a list whose items are
+    ``base[:len(src)]`` (by identity) and ``k = len(src)``: ``out[i] =
+    (note_head if hist[:k] differs from base[:k] else head) + hist[:k] + tail``, where
     "differs" means some ``hist[i]`` is neither ``base[i]`` nor equal to it (an annotated
     copy; a provider may hand back an equal object it made for an equal message before).
-    ``hist`` is a provider's output for ``base``, one item per item.
+    ``hist`` is a provider's output for ``base``, one item per item. Returns the members
+    that are not such prefixes (their ``out`` slots untouched), in order.
 
     >>> a, b, c, x = "a", "b", "c", "x2"
-    >>> prefix_prompts(["H"], ["H", "N"], [], [a, x, c], [a, b, c], [[a], [a, b], [b], "s", [a, b, c, a]])
-    [['H', 'a'], ['H', 'N', 'a', 'x2'], None, None, None]
+    >>> out = [None] * 5
+    >>> prefix_prompts(["H"], ["H", "N"], [], [a, x, c], [a, b, c], [[a], [a, b], [b], "s", [a, b, c, a]],
+    ...                np.arange(5), out), out
+    ([2, 3, 4], [['H', 'a'], ['H', 'N', 'a', 'x2'], None, None, None])
     """
-    for name, v in (("head", head), ("note_head", note_head), ("tail", tail), ("hist", hist), ("base", base)):
+    for name, v in (("head", head), ("note_head", note_head), ("tail", tail), ("hist", hist), ("base", base),
+                    ("srcs", srcs), ("out", out)):
         if type(v) is not list:
             raise TypeError(f"{name} must be a list, got {type(v).__name__}")
     n = len(base)
     if len(hist) != n:
         raise ValueError(f"hist has {len(hist)} items, base has {n}")
+    for i in members:
+        if not (0 <= i < len(srcs) and i < len(out)):
+            raise ValueError(f"members must index srcs and out, got {int(i)}")
     first = next((i for i in range(n) if not (hist[i] is base[i] or hist[i] == base[i])), n)
-    out: list[Optional[list[Any]]] = []
-    for src in srcs:
+    missed: list[int] = []
+    for i in members.tolist():
+        src = srcs[i]
         k = len(src) if type(src) is list else -1
-        if k < 0 or k > n or any(src[i] is not base[i] for i in range(k)):
-            out.append(None)
+        if k < 0 or k > n or any(src[j] is not base[j] for j in range(k)):
+            missed.append(i)
         else:
-            out.append((note_head if k > first else head) + hist[:k] + tail)
-    return out
+            out[i] = (note_head if k > first else head) + hist[:k] + tail
+    return missed

@@ -393,42 +393,26 @@ def _provide_grouped(builder, states, global_state, ctx, prompts) -> Optional[li
     if fixed is None:
         return None
     head, hp, tail = fixed
-    key = hp.messages_key
-    srcs = [s.get(key) if type(s) is dict else None for s in states]
-    lens = [len(s) if type(s) is list else 0 for s in srcs]
-    groups: dict[int, list[int]] = {}
-    rest: list[int] = []
-    for i, src in enumerate(srcs):
-        if lens[i]:
-            g = groups.get(id(src[0]))
-            if g is None:
-                groups[id(src[0])] = [i]
-            else:
-                g.append(i)
-        else:
-            rest.append(i)
+    srcs, order, group_off, tops, rest = _backend.group_states(states, hp.messages_key)
     prefix_prompts = _backend.prefix_prompts
-    for members in groups.values():
-        top = max(members, key=lens.__getitem__)
+    bounds = group_off.tolist()
+    for g, top in enumerate(tops.tolist()):
+        members = order[bounds[g]:bounds[g + 1]]
         longest = srcs[top]
         if countOf(map(type, longest), Message) != len(longest):
-            rest.extend(members)
+            rest.extend(members.tolist())
             continue
         try:
             note, hist = hp._blocks(states[top], global_state, ctx)
         except Exception:  # the per-state path raises or logs it for each state
-            rest.extend(members)
+            rest.extend(members.tolist())
             continue
         if type(hist) is not list or len(hist) != len(longest):
-            rest.extend(members)
+            rest.extend(members.tolist())
             continue
-        made = prefix_prompts(head, head + [note] if note is not None else head, tail, hist, longest,
-                              [srcs[i] for i in members])
-        for i, p in zip(members, made):
-            if p is None:  # not a prefix of the longest history (by identity)
-                rest.append(i)
-            else:
-                prompts[i] = p
+        # the states whose histories are not prefixes of the longest (by identity) go on
+        rest.extend(prefix_prompts(head, head + [note] if note is not None else head, tail, hist, longest,
+                                   srcs, members, prompts))
     rest.sort()
     return rest
 

@@ -18,7 +18,7 @@ from jianmu_fast.message import Message, ai, human, system, tool
 
 PURE = os.environ.get("JIANMU_FAST_PURE_PYTHON") == "1"
 MAX_EXAMPLES = int(os.environ.get("JIANMU_FAST_MAX_EXAMPLES", "300"))
-NAMES = ["intern_rows", "need_rows", "prefix_prompts", "slice_outputs", "table_records"]
+NAMES = ["group_states", "intern_rows", "need_rows", "prefix_prompts", "slice_outputs", "table_records"]
 
 if not PURE:
     import jianmu_fast._batch_core as core_c
@@ -275,7 +275,7 @@ def test_slice_outputs_errors_name_the_prompt():
             "error", ValueError, "plans must have shape (1, 4), got (2, 4)")
 
 
-# -- prefix_prompts --------------------------------------------------------------------------------
+# -- prefix_prompts and group_states ----------------------------------------------------------------
 
 
 @settings(max_examples=MAX_EXAMPLES, deadline=None)
@@ -300,22 +300,75 @@ def test_prefix_prompts_twins_agree_with_the_definition(base, data):
         elif kind == "tuple":
             src = tuple(src)
         srcs.append(src)
-    outs = [_outcome(core.prefix_prompts, head, head + [note], tail, hist, base, srcs) for core in _cores()]
-    assert all(_same(o, outs[0]) for o in outs)
-    want = []
-    for src in srcs:
+    members = np.array(data.draw(st.permutations(range(len(srcs)))), dtype=np.int64)
+    results = []
+    for core in _cores():
+        out = ["untouched"] * len(srcs)
+        results.append((_outcome(core.prefix_prompts, head, head + [note], tail, hist, base, srcs, members, out), out))
+    assert all(_same(r, results[0]) for r in results)
+    want_out, want_missed = ["untouched"] * len(srcs), []
+    for i in members.tolist():
+        src = srcs[i]
         k = len(src)
         if type(src) is not list or k > len(base) or any(a is not b for a, b in zip(src, base)):
-            want.append(None)
+            want_missed.append(i)
         else:
             annotated = any(not (h is b or h == b) for h, b in zip(hist[:k], base[:k]))
-            want.append(head + ([note] if annotated else []) + hist[:k] + tail)
-    assert _same(outs[0], ("ok", want))
+            want_out[i] = head + ([note] if annotated else []) + hist[:k] + tail
+    assert _same(results[0], (("ok", want_missed), want_out))
 
 
-def test_prefix_prompts_rejects_mismatched_lengths_and_types():
+def test_prefix_prompts_rejects_mismatched_lengths_types_and_members():
+    none = np.zeros(0, dtype=np.int64)
     for core in _cores():
-        assert _outcome(core.prefix_prompts, [], [], [], [human("a")], [], []) == (
+        assert _outcome(core.prefix_prompts, [], [], [], [human("a")], [], [], none, []) == (
             "error", ValueError, "hist has 1 items, base has 0")
-        assert _outcome(core.prefix_prompts, (), [], [], [], [], []) == (
+        assert _outcome(core.prefix_prompts, (), [], [], [], [], [], none, []) == (
             "error", TypeError, "head must be a list, got tuple")
+        assert _outcome(core.prefix_prompts, [], [], [], [], [], [[]], np.array([1], dtype=np.int64), [None]) == (
+            "error", ValueError, "members must index srcs and out, got 1")
+
+
+@st.composite
+def state_lists(draw):
+    firsts = [human(f"f{i}") for i in range(4)]
+    out = []
+    for _ in range(draw(st.integers(0, 14))):
+        kind = draw(st.sampled_from(["hist"] * 5 + ["empty", "tuple", "none", "other_key", "not_dict", "subclass"]))
+        hist = [draw(st.sampled_from(firsts))] + draw(st.lists(st.sampled_from(POOL), max_size=5))
+        if kind == "hist":
+            out.append({"messages": hist})
+        elif kind == "empty":
+            out.append({"messages": []})
+        elif kind == "tuple":
+            out.append({"messages": tuple(hist)})
+        elif kind == "none":
+            out.append({"messages": None})
+        elif kind == "other_key":
+            out.append({"history": hist})
+        elif kind == "not_dict":
+            out.append(hist)
+        else:
+            class D(dict):
+                pass
+
+            out.append(D(messages=hist))
+    return out
+
+
+@settings(max_examples=MAX_EXAMPLES, deadline=None)
+@given(state_lists())
+def test_group_states_twins_agree_with_the_definition(states):
+    outs = [core.group_states(states, "messages") for core in _cores()]
+    assert all(_same(o, outs[0]) for o in outs)
+    srcs, order, off, tops, rest = outs[0]
+    want_srcs = [s.get("messages") if type(s) is dict and type(s.get("messages")) is list else None for s in states]
+    assert _same(srcs, want_srcs)
+    firsts: list = []
+    for i, src in enumerate(want_srcs):
+        if src and not any(src[0] is f for f in firsts):
+            firsts.append(src[0])
+    groups = [[i for i, src in enumerate(want_srcs) if src and src[0] is f] for f in firsts]
+    assert [order[off[g]:off[g + 1]].tolist() for g in range(len(groups))] == groups
+    assert tops.tolist() == [max(g, key=lambda i: len(want_srcs[i])) for g in groups]
+    assert rest == [i for i, src in enumerate(want_srcs) if not src]
