@@ -98,12 +98,14 @@ def _call_name(call: dict[str, Any]) -> Optional[str]:
     return fn.get("name") if isinstance(fn, dict) else None
 
 
-def _call_names(calls: Sequence[dict[str, Any]]) -> dict[Any, Optional[str]]:
-    """call id -> tool name of each call (later calls win on a repeated id)."""
-    if len(calls) == 1:
-        c = calls[0]
-        return {c.get("id"): _call_name(c)}
-    return {c.get("id"): _call_name(c) for c in calls}
+def _name_of_call(calls: Optional[Sequence[dict[str, Any]]], call_id: Any) -> Optional[str]:
+    """The tool name of the call ``call_id`` among ``calls`` (the last one on a repeated id);
+    looked up only for a receipt that needs it."""
+    name = None
+    for c in calls or ():
+        if c.get("id") == call_id:
+            name = _call_name(c)
+    return name
 
 
 def annotate_plan(m: Message) -> Message:
@@ -165,14 +167,14 @@ def _no_history(key: str, got: str) -> MessageValidationError:
 class _Prev:
     """What the last call converted, for the next call that extends it."""
 
-    __slots__ = ("items", "msgs", "out", "names", "n_annot", "all_messages")
+    __slots__ = ("items", "msgs", "out", "calls", "n_annot", "all_messages")
 
     def __init__(self, items: list[Any], msgs: list[Message], out: list[Message],
-                 names: dict[Any, Optional[str]], n_annot: int, all_messages: bool) -> None:
+                 calls: Optional[Sequence[dict[str, Any]]], n_annot: int, all_messages: bool) -> None:
         self.items = items  # snapshot of the source items of the last call
         self.msgs = msgs  # those items as Messages
         self.out = out  # the annotated history (before working_memory); only ever grows
-        self.names = names  # call id -> tool name of the open transaction at the end
+        self.calls = calls  # the tool calls of the transaction open at the end, if any
         self.n_annot = n_annot
         self.all_messages = all_messages
 
@@ -373,10 +375,10 @@ class StateHistoryProvider:
             if start == len(items):  # unchanged: the previous output as it is (callers copy it)
                 return prev.out, prev.n_annot
             # extended: the previous lists grow in place (they are private: callers copy them)
-            out, msgs, names, n_annot, all_msgs = prev.out, prev.msgs, prev.names, prev.n_annot, True
+            out, msgs, calls, n_annot, all_msgs = prev.out, prev.msgs, prev.calls, prev.n_annot, True
             self._prev = None  # until the new state is complete
         else:
-            out, msgs, names, n_annot, all_msgs = [], [], {}, 0, True
+            out, msgs, calls, n_annot, all_msgs = [], [], None, 0, True
         ann = self._ann
         annotate = self.annotate
         for i in range(start, len(items)):
@@ -392,16 +394,16 @@ class StateHistoryProvider:
                 e = ann.get(id(m))
                 if e is None or e[0] is not m:
                     a = annotate_plan(m) if annotate else m
-                    e = ann[id(m)] = (m, _call_names(m.tool_calls), a)
+                    e = ann[id(m)] = (m, None, a)
                     self._n_annotated += annotate
                 else:
                     self._n_reused += annotate
-                names = e[1]
+                calls = m.tool_calls
                 out.append(e[2])
                 n_annot += annotate
             elif role == "tool":
                 if annotate and m.metadata.get("tool_result") is not None:
-                    tname = m.name or names.get(m.tool_call_id)
+                    tname = m.name or _name_of_call(calls, m.tool_call_id)
                     e = ann.get(id(m))
                     if e is None or e[0] is not m or e[1] != tname:
                         e = ann[id(m)] = (m, tname, annotate_receipt(m, tname))
@@ -413,18 +415,17 @@ class StateHistoryProvider:
                 else:
                     out.append(m)
             else:
-                if names:
-                    names = {}
+                calls = None
                 out.append(m)
         # a copy of the source: the caller may append to its own list in place
         if start:
             assert prev is not None
             if not grown:
                 prev.items.extend(items[start:])
-            prev.names, prev.n_annot, prev.all_messages = names, n_annot, all_msgs
+            prev.calls, prev.n_annot, prev.all_messages = calls, n_annot, all_msgs
             self._prev = prev
         else:
-            self._prev = _Prev(list(items), msgs, out, names, n_annot, all_msgs)
+            self._prev = _Prev(list(items), msgs, out, calls, n_annot, all_msgs)
         bound = 2 * len(msgs) + 256
         if len(self._ann) > bound or len(self._coerced) > bound:
             self._trim_caches(items, msgs)
