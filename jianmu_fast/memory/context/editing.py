@@ -557,7 +557,7 @@ class ClearToolResultsFilter:
         if self._additive:
             ct = self.counter.count_text
             c = m.content
-            if isinstance(c, str):
+            if type(c) is str or isinstance(c, str):
                 cost = ct(c)
             elif c:
                 image = int(getattr(self.counter, "image_tokens", SimpleTokenCounter.PER_NON_TEXT_BLOCK))
@@ -598,13 +598,14 @@ class ClearToolResultsFilter:
         counts = self._new_counts(new)
         kinds = rec.kinds
         savings = rec.savings
-        for j, m in enumerate(new):
-            i = k + j
+        i = k
+        for m in new:
             role = m.role
             if role == "tool":
-                kind, saved = self._result_record(rec, msgs, i, m, counts[j])
+                kind, saved = self._result_record(rec, msgs, i, m, counts[i - k])
                 kinds.append(kind)
                 savings.append(saved)
+                i += 1
                 continue
             if role == "assistant":
                 kinds.append(_ASSISTANT)
@@ -619,6 +620,7 @@ class ClearToolResultsFilter:
             else:
                 kinds.append(_UNIT)
             savings.append(0)
+            i += 1
         rec.counts.extend(counts)
         rec.messages.extend(new)
 
@@ -650,22 +652,21 @@ class ClearToolResultsFilter:
 
     # -- the filter --------------------------------------------------------------------------
 
-    def _base(self, tools_schema: Any) -> int:
-        return self._request + (self._tools.tools_cost(tools_schema) if tools_schema else 0)
-
     def _update(self, msgs: list[Message], tools_schema: Any) -> _ClearRecords:
         """The records of ``msgs``, their decision made and their output up to date. A history
         that extends the previous one (the agent loop) costs only its new messages: one C-level
         comparison of the old part, records and a resumed compiled scan for the new part, and
         the previous output objects extended (the cleared copies are the same objects turn
         after turn, so the next stage sees a prompt that extends its previous one)."""
-        base = self._base(tools_schema)
+        base = self._request + (self._tools.tools_cost(tools_schema) if tools_schema else 0)
         rec = self._rec
-        k = rec.n
-        if not (rec.base == base and len(msgs) >= k and (msgs[:k] == rec.messages if len(msgs) > k else msgs == rec.messages)):
+        ref = rec.messages
+        k = len(ref)
+        n = len(msgs)
+        if rec.base != base or n < k or (msgs[:k] != ref if n > k else msgs != ref):
             rec = self._rec = _ClearRecords(base)
             k = 0
-        if len(msgs) == k:
+        if n == k:
             return rec
         self._append(rec, msgs, k)
         cleared, _ = _backend.plan_clearing(rec.counts, rec.kinds, rec.savings, base, self.trigger_tokens,
