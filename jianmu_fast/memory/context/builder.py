@@ -5,6 +5,17 @@ An unexpected exception inside one provider or filter is logged (logger
 pipeline goes on, as the design document says. Errors of jianmu_fast's own hierarchy
 (``ContextBudgetError``, ``ToolCallHistoryError``, ``ConfigError``, ``TokenizerLoadError``,
 ...) protect the contract's invariants and always propagate.
+
+Hot loop: when every provider before the last is a fixed one (``StaticPromptProvider``,
+``ToolsDescProvider``), the last is a ``StateHistoryProvider`` and every filter is a
+``MaxMessagesFilter`` or ``TokenBudgetFilter`` (the presets' usual shape), ``build()`` keeps
+its prompt (before the filters) between calls and, when the history only grew, extends it by
+the new messages instead of copying the whole history again. It is made anew whenever a
+fixed message, the semantics note or the history provider's list is another object (any edit
+of the history other than appending, see ``StateHistoryProvider``), when ``providers`` or
+``filters`` changed, or when a stage's method was replaced on the instance (then the general
+path runs). The kept list never leaves the builder (the filters return new lists), is not
+pickled, and a call that finds another thread using it takes the general path.
 """
 
 from __future__ import annotations
@@ -151,13 +162,6 @@ class _Hot:
         self.single = filters[0] if len(filters) == 1 else None
         #: the stages' instance dicts, where a replaced get_messages / apply would show
         self.dicts = [(vars(p), "get_messages") for p in providers] + [(vars(f), "apply") for f in filters]
-
-    def patched(self) -> bool:
-        """Whether a stage's method was replaced on the instance since (the plan then does not apply)."""
-        for d, name in self.dicts:
-            if name in d:
-                return True
-        return False
 
 
 class _Turn:
@@ -397,7 +401,11 @@ class ContextBuilder:
             self._hot = _derive_hot(self.providers, self.filters)
             self._hot_stages = (list(self.providers), list(self.filters))
         hot = self._hot
-        return None if hot is None or hot.patched() else hot
+        if hot is not None:
+            for d, name in hot.dicts:  # a method replaced on an instance since
+                if name in d:
+                    return None
+        return hot
 
     def _provide_hot(self, hot: _Hot, local_state: Any, global_state: Any, ctx: Any, tools_schema: Any) -> list[Message]:
         """``_provide`` for the hot plan's stages, into the builder's own list: when the fixed

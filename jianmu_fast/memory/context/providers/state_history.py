@@ -37,8 +37,11 @@ replaces it (the semantics message is added when the view still holds an annotat
 Hot loop: annotated copies are cached by the identity of the stored Message, so an older
 message is annotated once and every later turn reuses the very same object (prompts stay
 byte-identical). When the new history starts with the whole previous one (the usual
-append-only growth), the previous output is reused outright and only the new messages are
-looked at; otherwise each message costs one dict lookup. Dicts are coerced once and cached
+append-only growth, checked by one C-level comparison of the whole list with a snapshot that
+has grown by the new items first), the previous output list grows in place and only the new
+messages are looked at; otherwise a new output list is made, each message costing one dict
+lookup. An output list is only ever appended to, so a caller holding it (``ContextBuilder``)
+may extend its own copy by what was added. Changing ``annotate`` starts the caches anew. Dicts are coerced once and cached
 by identity too, but since a dict can be edited in place each turn compares every cached
 dict with a snapshot of it (a C-level ``==``): store Messages for the cheapest turns.
 """
@@ -317,7 +320,14 @@ class StateHistoryProvider:
             view = self.working_memory.build_view(list(history), local_state, global_state, ctx)
             history = coerce_messages(view, "working_memory.build_view() output")
             n_annot = sum(1 for m in history if m.metadata.get("semantic_kind") in _KINDS) if self.annotate else 0
-        return (self._semantics_message() if n_annot else None), history
+        if not n_annot:
+            return None, history
+        m = self._semantics  # _semantics_message's check, inline: the turn path's usual case
+        if m is not None and _monotonic_ns() < self._sem_until and _CONFIG_MODULES is not None:
+            key = self._sem_key
+            if key[0] is _CONFIG_MODULES[0].history_semantics_prompt and key[1] == _CONFIG_MODULES[1]._generation:
+                return m, history
+        return self._semantics_message(), history
 
     def _semantics_message(self) -> Message:
         """The semantics note; its text is resolved again only when the cached one may be
