@@ -34,6 +34,7 @@ copies, equal to ``build()``'s but not the same objects, and keep the input orde
 
 from __future__ import annotations
 
+import gc
 import logging
 import multiprocessing
 import sys
@@ -293,7 +294,25 @@ def _progress_bar(total: int, enabled: bool) -> Any:
 
 
 def _run(builder, states, lists, global_state, ctx, tools_schema, bar=None) -> BatchReport:
-    """The single-process pipeline; never raises for a state, returns its failure."""
+    """The single-process pipeline; never raises for a state, returns its failure.
+
+    The cyclic garbage collector is paused meanwhile (and restored, also on error): a batch
+    makes tens of thousands of new lists, which hold Messages and no reference cycles, and
+    the collections they trigger scan them again and again, now and then in a full
+    collection of the whole heap (~90 ms in the benchmark process). Measured on the
+    10,000-prompt cs batch, the one scan left after the batch included: median 8-12 ms less
+    of 130-160 ms."""
+    paused = gc.isenabled()
+    if paused:
+        gc.disable()
+    try:
+        return _run_stages(builder, states, lists, global_state, ctx, tools_schema, bar)
+    finally:
+        if paused:
+            gc.enable()
+
+
+def _run_stages(builder, states, lists, global_state, ctx, tools_schema, bar=None) -> BatchReport:
     n = len(states)
     errors: dict[int, BaseException] = {}
     tick = bar.update if bar is not None else None

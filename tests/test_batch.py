@@ -373,3 +373,38 @@ def test_providers_see_shared_histories_grouped_and_results_keep_input_order():
     assert sorted(seen) == sorted([20, 5, 30, 7, 0, 9])  # once per state
     assert [n for n in seen if n in (5, 9, 20, 30)] == [5, 9, 20, 30]
     assert out == [builder.build(s) for s in states]
+
+
+def test_the_garbage_collector_is_paused_during_the_batch_and_restored():
+    import gc
+
+    seen = []
+
+    class Probe:
+        def get_messages(self, local_state, global_state=None, ctx=None):
+            seen.append(gc.isenabled())
+            if local_state == "boom":
+                raise KeyError("provider bug")  # logged and skipped by build()
+            return [human("hi")]
+
+    b = ContextBuilder([Probe()], [MaxMessagesFilter(1)])
+    assert gc.isenabled()
+    assert len(build_batch(b, [{}, "boom"])) == 2
+    assert seen == [False, False] and gc.isenabled()
+    gc.disable()
+    try:
+        build_batch(b, [{}])
+        assert not gc.isenabled()  # left as the caller had it
+    finally:
+        gc.enable()
+
+    class Stop(BaseException):
+        pass
+
+    class Interrupting:
+        def get_messages(self, local_state, global_state=None, ctx=None):
+            raise Stop()  # not an Exception: it goes through the batch, which restores the collector
+
+    with pytest.raises(Stop):
+        build_batch(ContextBuilder([Interrupting()]), [{}, {}])
+    assert gc.isenabled()
