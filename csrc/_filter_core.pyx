@@ -1012,7 +1012,7 @@ cdef int _fill(counter, ms, list missing, list out, str where) except -1:
     cdef list rows = []
     cdef dict need = {}
     cdef list texts, rest
-    cdef Py_ssize_t i
+    cdef Py_ssize_t i, added, longest
     cdef bint keep
     for i in missing:
         m = ms[i]
@@ -1079,8 +1079,18 @@ cdef int _fill(counter, ms, list missing, list out, str where) except -1:
     cdef dict cache
     cdef tuple row
     with counter._lock:  # one acquisition for both caches
-        if need:
-            counter._put_texts(new, counts)
+        if need:  # counter._put_texts, inline: new texts (each at most 1/64 of the bound) kept
+            texts_cache = counter._texts
+            longest = counter.MAX_CACHED_CHARS >> 6
+            added = 0
+            for t, n in zip(new, counts):
+                if len(t) <= longest and t not in texts_cache:
+                    texts_cache[t] = n
+                    added += len(t)
+            if added:
+                counter._chars += added
+            if len(texts_cache) > counter.cache_size or counter._chars > counter.MAX_CACHED_CHARS:
+                counter._evict_texts()
         cache = counter._msgs
         for row in rows:
             total = row[2]

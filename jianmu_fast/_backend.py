@@ -22,7 +22,7 @@ if os.environ.get("JIANMU_FAST_PURE_PYTHON") == "1":
     BACKEND = "python"
 else:
     try:
-        from ._filter_core import (  # noqa: F401
+        from ._filter_core import (  # type: ignore[assignment]  # noqa: F401  (Records: the twin's class)
             MAX_VALUE, ROLE_CODES, Records, counts_of, plan_window, plan_windows, sanitize_window, sanitize_windows, select_window,
             select_windows,
         )

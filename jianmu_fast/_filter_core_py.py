@@ -695,8 +695,18 @@ def _fill(counter, ms, missing, out, where):
         got = dict(zip(new, counts))
     ref = weakref.ref
     with counter._lock:  # one acquisition for both caches
-        if need:
-            counter._put_texts(new, counts)
+        if need:  # counter._put_texts, inline: new texts (each at most 1/64 of the bound) kept
+            texts_cache = counter._texts
+            longest = counter.MAX_CACHED_CHARS >> 6
+            added = 0
+            for t, n in zip(new, counts):
+                if len(t) <= longest and t not in texts_cache:
+                    texts_cache[t] = n
+                    added += len(t)
+            if added:
+                counter._chars += added
+            if len(texts_cache) > counter.cache_size or counter._chars > counter.MAX_CACHED_CHARS:
+                counter._evict_texts()
         cache = counter._msgs
         for i, m, total, rest, keep in rows:
             if rest is not None:

@@ -128,13 +128,18 @@ class CachedChatCounter:
                 cache[t] = c
                 self._chars += len(t)
         if len(cache) > self.cache_size or self._chars > self.MAX_CACHED_CHARS:
-            keep_n = (self.cache_size * 3) // 4
-            keep_chars = (self.MAX_CACHED_CHARS * 3) // 4
-            for key in list(cache):  # oldest first
-                if len(cache) <= keep_n and self._chars <= keep_chars:
-                    break
-                del cache[key]
-                self._chars -= len(key)
+            self._evict_texts()
+
+    def _evict_texts(self) -> None:
+        """With the lock held: drop the oldest texts down to three quarters of both bounds."""
+        cache = self._texts
+        keep_n = (self.cache_size * 3) // 4
+        keep_chars = (self.MAX_CACHED_CHARS * 3) // 4
+        for key in list(cache):  # oldest first
+            if len(cache) <= keep_n and self._chars <= keep_chars:
+                break
+            del cache[key]
+            self._chars -= len(key)
 
     def _role_cost(self, role: str) -> int:
         base = self._role_base.get(role)

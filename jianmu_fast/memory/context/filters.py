@@ -46,7 +46,7 @@ from typing import Any, Iterable, Literal, Optional, Sequence
 import json
 import os
 import threading
-from itertools import chain
+from functools import partial
 from operator import countOf
 
 import numpy as np
@@ -124,6 +124,14 @@ def _check_eviction(eviction: str, chunk: Optional[int], unit: str) -> int:
 
 
 _ROLE = _backend.ROLE_CODES
+
+
+def _list_counter(counter: Any) -> Any:
+    """For the library's cached counters, ``counter._counts`` without its Python frame (the
+    compiled ``counts_of`` bound to the counter): a turn's new messages counted as a list of
+    ints in range; None for other counters."""
+    return partial(_backend.counts_of, counter) if type(counter) in _CACHED_COUNTERS else None
+
 _ROLE_BIT = {r: 1 << c for r, c in _ROLE.items()}
 
 
@@ -492,7 +500,7 @@ class TokenBudgetFilter(_WindowFilter):
         self._count_array = getattr(counter, "count_array", None)
         self._trusted = type(counter) in _TRUSTED_COUNTERS
         # the library's cached counters: a turn's few new messages skip the array round trip
-        self._list_counts = counter._counts if type(counter) in _CACHED_COUNTERS else None
+        self._list_counts = _list_counter(counter)
         self._set_turn_counts()
         self._forget()
         self._tools_last: Optional[tuple[Any, int]] = None
@@ -510,13 +518,13 @@ class TokenBudgetFilter(_WindowFilter):
     def __setstate__(self, state: dict[str, Any]) -> None:
         super().__setstate__(state)
         counter = state.get("_counter")
-        self._list_counts = counter._counts if type(counter) in _CACHED_COUNTERS else None
+        self._list_counts = _list_counter(counter)
         self._set_turn_counts()
 
     def _set_turn_counts(self) -> None:
         """A library counter counts a turn's messages itself (trusted: ints in range, a list)."""
         if self._list_counts is not None:
-            self._turn_counts = self._list_counts
+            self._turn_counts = self._list_counts  # type: ignore[method-assign]
         else:
             self.__dict__.pop("_turn_counts", None)
 
