@@ -226,7 +226,9 @@ def overhead_figures(repeat: int = 9) -> dict[str, tuple[float, float]]:
         hist = cs_history()
         states = [{"messages": hist[:e]} for e in turn_ends(hist)]
         builders = {name: preset(**kw) for name, kw in STAGES.items()}
-        provided = [builders["for_react (8k)"]._provide(s, None, None, None) for s in states]
+        # each builder's own provided prompts (the same Message objects its build() sees)
+        given = {name: [b._provide(s, None, None, None) for s in states] for name, b in builders.items()}
+        provided = given["for_react (8k)"]
         budget = TokenBudgetFilter(BUDGET, COUNTER)
         for b in builders.values():
             for s in states:
@@ -247,12 +249,12 @@ def overhead_figures(repeat: int = 9) -> dict[str, tuple[float, float]]:
                 stage = b.filters[0]
                 if isinstance(stage, SummarizingBudgetFilter):
                     t = time.perf_counter()
-                    for p in provided:
+                    for p in given[name]:
                         stage._trim(p, None, True)
                     own[name] = min(own[name], (time.perf_counter() - t) / len(provided))
                 elif name != "for_react (8k)":
                     t = time.perf_counter()
-                    for p in provided:
+                    for p in given[name]:
                         stage.apply(p)
                     own[name] = min(own[name], (time.perf_counter() - t) / len(provided))
         summ = "+ SummarizingBudgetFilter (in place of the budget)"
