@@ -3,18 +3,24 @@
 ``build_batch(builder, states)`` returns ``[builder.build(s) for s in states]``, message for
 message, but does the expensive parts once for the whole batch:
 
-1. providers run once per state, in Python (they are user code). States that are dicts
-   whose ``"messages"`` lists start with the same Message are provided together, shortest
-   first, so that an incremental provider (``StateHistoryProvider`` reuses its previous
-   output when the new history extends it) only looks at the new messages; a provider with
-   side effects may therefore see the states in another order than the input's;
+1. providers. With the usual builder (the library's own fixed-text providers around one
+   ``StateHistoryProvider`` without working memory, none overridden), states that are dicts
+   whose histories are prefixes of one conversation (by identity) share **one** provider
+   call on the longest of them, and each gets its slice of that output (the history
+   provider annotates a message from it and the messages before it only; the semantics
+   note goes with any annotated message): ``group_states`` and ``prefix_prompts`` of the
+   compiled batch core. Every other state runs the providers itself, in Python (they are
+   user code); states whose ``"messages"`` lists start with the same Message are provided
+   together, shortest first, so that an incremental provider only looks at the new
+   messages; a provider with side effects may therefore see the states in another order
+   than the input's;
 2. each trimming filter stage (``MaxMessagesFilter``, ``TokenBudgetFilter``) runs the very
-   routine of its ``apply()`` over every prompt at once (``_WindowFilter._trim_many``): one
-   table of records (role, count, interned call ids) for every distinct message, the
-   compiled planner ``plan_windows`` deciding pinned prefix, units and window of every
-   prompt in one call per round, and the counts a round asks for counted in **one**
-   ``counter.count_array`` call (each distinct message once; the counters cache per text).
-   Filters of any other type run per prompt, in pipeline order;
+   routine of its ``apply()`` over every prompt at once (``_batch_plan.trim_many``): one C
+   pass gives every distinct message a row of one table of records (role, count, interned
+   call ids), the compiled planner ``plan_windows`` decides pinned prefix, units and window
+   of every prompt in one call per round, the counts a round asks for are counted in
+   **one** counter call (each distinct message once; the counters cache per text), and the
+   outputs are sliced in C. Filters of any other type run per prompt, in pipeline order;
 3. the sanitize step of ``build()``: when the last stage is such a filter, one compiled call
    (``sanitize_windows``) tells the valid prompts (almost all) from those that need the
    pure-Python sanitizer, which then runs for those only.
