@@ -181,3 +181,30 @@ def test_real_shaped_prefix_states_equal_build(budget):
     fresh = ContextBuilder.for_react("You are a support agent.", max_tokens=budget, token_counter=counter)
     for i, s in enumerate(states):
         assert got[i] == _outcome(lambda: fresh.build(s)), i
+
+
+@pytest.mark.parametrize("idle", [True, False])
+def test_counts_many_threads_or_not_give_the_same_counts(monkeypatch, idle):
+    import jianmu_fast.memory.context._batch_plan as plan
+
+    calls = [{"id": "c1", "type": "function", "function": {"name": "calc", "arguments": '{"x": 1}'}}]
+    msgs = [human(f"question {i} " + "é中" * (i % 7)) for i in range(40)] + [
+        ai(None, tool_calls=calls), tool("4", tool_call_id="c1"), system("s"), human("question 1 ")]
+    want = [TiktokenTokenCounter("o200k_base", engine="tiktoken").count_message(m) for m in msgs]
+    monkeypatch.setattr(plan, "PARALLEL_MIN", 4)
+    monkeypatch.setattr(plan, "_idle_core", lambda: idle)
+    spawned = []
+    flt = TokenBudgetFilter(1000, TiktokenTokenCounter("o200k_base", engine="tiktoken"))
+    import threading
+
+    original = flt._counts
+
+    def spy(ms, lo, hi):
+        spawned.append(threading.current_thread() is not threading.main_thread())
+        return original(ms, lo, hi)
+
+    flt._counts = spy  # type: ignore[method-assign]
+    assert plan.counts_many(flt, msgs).tolist() == want
+    assert any(spawned) is idle  # two worker threads only when a core is idle
+    fast = TokenBudgetFilter(1000, SimpleTokenCounter())
+    assert plan.counts_many(fast, msgs).tolist() == [SimpleTokenCounter().count_message(m) for m in msgs]
