@@ -253,3 +253,27 @@ def test_sanitizing_on_the_hot_path_equals_fresh_builders():
     assert dump(out) == fresh(state, make=big)
     hist.extend(turns(2, start=50)[0])
     assert dump(b.build(state)) == fresh(state, make=big)
+
+
+def test_stages_added_after_construction_work_in_build_and_transform():
+    """Editing ``providers``/``filters`` after ``__init__`` re-derives what the builder knows
+    about each stage (whether it takes ``tools_schema``, whether it is a trimming filter)."""
+    seen = []
+
+    class TakesTools:
+        def get_messages(self, local_state, global_state=None, ctx=None, tools_schema=None):
+            seen.append(tools_schema)
+            return [human("from a later provider")]
+
+    class Keep2:
+        def apply(self, messages, local_state=None, global_state=None, ctx=None, tools_schema=None):
+            seen.append(("filter", tools_schema))
+            return list(messages)[-2:]
+
+    b = ContextBuilder(providers=[StaticPromptProvider("x")])
+    tools = [{"type": "function", "function": {"name": "f", "parameters": {}}}]
+    b.filters.append(Keep2())
+    assert [m.content for m in b.transform([human("a"), human("b"), human("c")], tools_schema=tools)] == ["b", "c"]
+    b.providers.append(TakesTools())
+    assert [m.content for m in b.build({}, tools_schema=tools)] == ["x", "from a later provider"]
+    assert seen == [("filter", tools), tools, ("filter", tools)]

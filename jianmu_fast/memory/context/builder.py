@@ -223,6 +223,8 @@ class ContextBuilder:
         self.sanitize = bool(sanitize)
         self._derive_stage_flags()
         self._fresh_hot()
+        self._hot_stages = (list(self.providers), list(self.filters))
+        self._hot = _derive_hot(self.providers, self.filters)
 
     def _derive_stage_flags(self) -> None:
         self._provider_takes_tools = [_accepts(p.get_messages, "tools_schema") for p in self.providers]
@@ -237,6 +239,11 @@ class ContextBuilder:
         self._turn_lock = threading.Lock()
 
     _HOT_ATTRS = ("_hot", "_hot_stages", "_turn", "_turn_lock")
+    # for subclasses whose __init__ skips ours: derived on the first build()
+    _hot: Optional[_Hot] = None
+    _hot_stages: Optional[tuple[list[Any], list[Any]]] = None
+    _turn: Optional[_Turn] = None
+    _turn_lock = threading.Lock()
 
     def __getstate__(self) -> dict[str, Any]:
         """Everything but the hot loop's prompt and lock (recreated empty on unpickling)."""
@@ -359,6 +366,7 @@ class ContextBuilder:
         tools_schema: Optional[Sequence[dict[str, Any]]] = None,
     ) -> list[Message]:
         """Run only the filters over ``messages`` (Messages or chat-completions dicts)."""
+        self._hot_plan()  # stage flags derived again if providers/filters changed since
         return self._filter(coerce_messages(messages), local_state, global_state, ctx, tools_schema)
 
     # -- stages -----------------------------------------------------------------------------
@@ -395,8 +403,7 @@ class ContextBuilder:
         checked for methods replaced on an instance."""
         stages = self._hot_stages
         if stages is None or stages[0] != self.providers or stages[1] != self.filters:
-            if stages is not None:  # the lists were changed after __init__: derive again
-                self._derive_stage_flags()
+            self._derive_stage_flags()  # the lists were changed after __init__ (or unpickled)
             self._turn = None
             self._hot = _derive_hot(self.providers, self.filters)
             self._hot_stages = (list(self.providers), list(self.filters))
