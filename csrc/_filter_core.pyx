@@ -1073,7 +1073,14 @@ cdef int _fill(counter, ms, list missing, list out, str where) except -1:
     counts = None
     if need:
         new = list(need)
-        counts = counter._encode_counts(new)
+        encode = counter._direct_encode  # what _encode_counts does for one text, without its frame
+        if encode is not None:
+            try:
+                counts = [len(encode(t)) for t in new]
+            except UnicodeEncodeError:
+                counts = counter._encode_counts(new)
+        else:
+            counts = counter._encode_counts(new)
         got = dict(zip(new, counts))
     ref = weakref.ref
     cdef dict cache

@@ -691,7 +691,14 @@ def _fill(counter, ms, missing, out, where):
     counts = []
     if need:
         new = list(need)
-        counts = counter._encode_counts(new)
+        encode = counter._direct_encode  # what _encode_counts does for one text, without its frame
+        if encode is not None:
+            try:
+                counts = [len(encode(t)) for t in new]
+            except UnicodeEncodeError:
+                counts = counter._encode_counts(new)
+        else:
+            counts = counter._encode_counts(new)
         got = dict(zip(new, counts))
     ref = weakref.ref
     with counter._lock:  # one acquisition for both caches

@@ -249,12 +249,14 @@ def test_threads_share_an_hf_counter():
 
 # -- the compiled counting loop equals its pure-Python twin -------------------------------------
 
-def _messages_for_counting(draw_ops):
+def _messages_for_counting(draw_ops, surrogates=True):
     """Messages from drawn ops: plain texts (some shared), names, content blocks with images,
     tool calls and results, dicts to coerce, unfrozen messages (model_construct), repeats."""
     from jianmu_fast.message import Message
 
     words = ["hi", "token budget", "上下文 🙂", "{\"a\": 1}", "", "x" * 30]
+    if surrogates:  # tiktoken repairs them (HF tokenizers refuse them)
+        words.append("lone \ud800 surrogate")
     out: list = []
     for op, k in draw_ops:
         w = words[k % len(words)]
@@ -287,7 +289,7 @@ def _cache_state(counter):
 
 
 @pytest.mark.skipif(__import__("os").environ.get("JIANMU_FAST_PURE_PYTHON") == "1", reason="pure-Python run")
-@pytest.mark.parametrize("kind", ["tiktoken", "hf"])
+@pytest.mark.parametrize("kind", ["tiktoken", "tiktoken-engine", "hf"])
 def test_compiled_counts_equal_the_twin_caches_included(kind):
     """``counts_of`` (compiled) and ``_filter_core_py.counts_of``: the same counts, the same
     text cache (content, order, characters) and message cache (keys, order, counts), over
@@ -301,13 +303,17 @@ def test_compiled_counts_equal_the_twin_caches_included(kind):
     def make(cache_size):
         if kind == "hf":
             return HFTokenCounter(str(MINILM), cache_size=cache_size)
+        if kind == "tiktoken-engine":  # engine="tiktoken": the loop calls tiktoken's core directly
+            counter = TiktokenTokenCounter("o200k_base", cache_size=cache_size, engine="tiktoken")
+            assert counter._direct_encode is not None
+            return counter
         return TiktokenTokenCounter("o200k_base", cache_size=cache_size)
 
     @settings(max_examples=60, deadline=None)
     @given(ops=st.lists(st.tuples(st.integers(0, 6), st.integers(0, 40)), max_size=40),
            cuts=st.lists(st.integers(1, 6), min_size=1, max_size=8), cache_size=st.sampled_from([3, 8, 1 << 16]))
     def check(ops, cuts, cache_size):
-        msgs = _messages_for_counting(ops)
+        msgs = _messages_for_counting(ops, surrogates=kind != "hf")
         counters = [make(cache_size), make(cache_size)]
         fresh = make(1 << 16)
         pos, step = 0, 0

@@ -69,6 +69,8 @@ class CachedChatCounter:
     #: what ``counts_of`` counts without coercing, and the frozen list type of a cacheable message
     _message_type = Message
     _frozen_list = FrozenList
+    #: ``len(_direct_encode(text))`` is ``_encode_counts([text])[0]`` (None: call _encode_counts)
+    _direct_encode: Any = None
 
     def _init_cache(self, cache_size: int, image_tokens: int) -> None:
         self.cache_size = _check_cache_size(cache_size)

@@ -214,6 +214,8 @@ class TiktokenTokenCounter(CachedChatCounter):
         core = getattr(self._enc, "_core_bpe", None)
         # tiktoken's Rust core, called directly (its wrapper only adds the lone-surrogate repair)
         self._core_encode: Any = getattr(core, "encode_ordinary", None)
+        if engine == "tiktoken" and type(self)._encode_counts is TiktokenTokenCounter._encode_counts:
+            self._direct_encode = self._core_encode  # the compiled counting loop calls it directly
         if engine == "fastokens":
             _encodings.import_fastokens()
             if not self._fastokens_exact():
