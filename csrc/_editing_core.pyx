@@ -7,10 +7,11 @@ pure-Python twin ``jianmu_fast/_editing_core_py.py``; both have the same names, 
 results and error messages (proven by tests/test_context_editing_core.py).
 """
 
+from cpython.list cimport PyList_GET_ITEM, PyList_GET_SIZE
 from libc.stdint cimport int64_t, int8_t
 from libc.stdlib cimport free, malloc
 
-__all__ = ["MAX_VALUE", "STATE_LEN", "plan_clearing"]
+__all__ = ["MAX_VALUE", "STATE_LEN", "extends", "plan_clearing"]
 
 MAX_VALUE = 1 << 53
 STATE_LEN = 7
@@ -180,3 +181,21 @@ def plan_clearing(const int64_t[::1] counts, const int8_t[::1] kinds, const int6
         state[5] = n_pinned
         state[6] = n_results
     return (cleared, total)
+
+
+def extends(previous, current):
+    """Whether ``current`` starts with the items of ``previous``; see ``_editing_core_py``."""
+    cdef Py_ssize_t n, i
+    if type(previous) is not list or type(current) is not list:
+        raise TypeError(f"previous and current must be lists, got {type(previous).__name__} and {type(current).__name__}")
+    n = PyList_GET_SIZE(previous)
+    if PyList_GET_SIZE(current) < n:
+        return False
+    for i in range(n):
+        if PyList_GET_ITEM(previous, i) != PyList_GET_ITEM(current, i):
+            # not the same object: equal objects still match, as ``==`` on the lists does
+            if not (<object>PyList_GET_ITEM(previous, i) == <object>PyList_GET_ITEM(current, i)):
+                return False
+            if PyList_GET_SIZE(previous) != n or PyList_GET_SIZE(current) < n:
+                return False  # a comparison changed a list: no longer a prefix we can vouch for
+    return True

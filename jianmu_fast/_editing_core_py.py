@@ -62,7 +62,7 @@ the counts must stay at most ``2**62``, so the compiled sums never overflow).
 
 from __future__ import annotations
 
-__all__ = ["MAX_VALUE", "STATE_LEN", "plan_clearing"]
+__all__ = ["MAX_VALUE", "STATE_LEN", "extends", "plan_clearing"]
 
 MAX_VALUE = 1 << 53
 MAX_SUM = 1 << 62
@@ -201,3 +201,18 @@ def plan_clearing(counts, kinds, savings, base, trigger, step, keep, state=None)
         state[0], state[1], state[2], state[3], state[4], state[5], state[6] = (
             n, total, cleared, limit, pending, n_pinned, n_results)
     return (cleared, total)
+
+
+def extends(previous, current):
+    """Whether the list ``current`` starts with the items of the list ``previous``
+    (``current[:len(previous)] == previous``: the same objects, or equal ones). The compiled
+    twin compares identities first without copying, which is what a growing history (the
+    agent loop: the same objects, in a new list) costs.
+
+    >>> a, b, c = object(), object(), object()
+    >>> extends([a, b], [a, b, c]), extends([a, b], [a]), extends([a, c], [a, b, c]), extends([], [])
+    (True, False, False, True)
+    """
+    if type(previous) is not list or type(current) is not list:
+        raise TypeError(f"previous and current must be lists, got {type(previous).__name__} and {type(current).__name__}")
+    return len(current) >= len(previous) and current[:len(previous)] == previous

@@ -38,6 +38,7 @@ def _both(*args):
 
 def test_twins_share_signatures_and_constants():
     assert inspect.signature(core.plan_clearing) == inspect.signature(py.plan_clearing)
+    assert inspect.signature(core.extends) == inspect.signature(py.extends)
     assert (core.MAX_VALUE, core.STATE_LEN) == (py.MAX_VALUE, py.STATE_LEN)
 
 
@@ -134,3 +135,29 @@ def test_compiled_stub_is_honest(tmp_path):
         capture_output=True, text=True, timeout=300, cwd=Path(core.__file__).parent.parent,
     )
     assert proc.returncode == 0, proc.stdout + proc.stderr
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.lists(st.integers(0, 5), max_size=12), st.lists(st.integers(0, 5), max_size=12), st.data())
+def test_extends_equals_its_twin_and_list_equality(a, b, data):
+    """``extends(previous, current)`` is ``current[:len(previous)] == previous``: the same
+    objects, or equal ones (here: boxed ints, some shared, some equal copies)."""
+    pool = [object() for _ in range(6)]
+    boxes = [[i] for i in range(6)]
+
+    def item(i, how):
+        return pool[i] if how == 0 else (boxes[i] if how == 1 else [i])
+
+    hows = data.draw(st.lists(st.integers(0, 2), min_size=len(a) + len(b), max_size=len(a) + len(b)))
+    previous = [item(i, h) for i, h in zip(a, hows)]
+    current = [item(i, h) for i, h in zip(b, hows[len(a):])]
+    if data.draw(st.booleans()):
+        current = previous[:data.draw(st.integers(0, len(previous)))] + current
+    expect = current[:len(previous)] == previous and len(current) >= len(previous)
+    assert py.extends(previous, current) == core.extends(previous, current) == expect
+
+
+def test_extends_names_bad_arguments():
+    for mod in (py, core):
+        with pytest.raises(TypeError, match=r"^previous and current must be lists, got tuple and list$"):
+            mod.extends((1,), [1])

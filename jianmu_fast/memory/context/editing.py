@@ -388,7 +388,7 @@ class ToolResultCapFilter:
         if last is not None:
             ref, out = last  # our own lists: the previous input and its output, grown in place
             k = len(ref)
-            if len(msgs) >= k and (msgs[:k] == ref if len(msgs) > k else msgs == ref):
+            if _backend.extends(ref, msgs):
                 if len(msgs) > k:
                     new = msgs[k:]
                     capped = [self.cap(m) for m in new]  # (raises before anything is extended)
@@ -663,7 +663,7 @@ class ClearToolResultsFilter:
         ref = rec.messages
         k = len(ref)
         n = len(msgs)
-        if rec.base != base or n < k or (msgs[:k] != ref if n > k else msgs != ref):
+        if rec.base != base or not _backend.extends(ref, msgs):
             rec = self._rec = _ClearRecords(base)
             k = 0
         if n == k:
@@ -985,7 +985,7 @@ class SummarizingBudgetFilter(TokenBudgetFilter):
         if known is not None:
             ref, ref_tools = known
             k = len(ref)
-            if tools >= ref_tools and len(msgs) >= k and (msgs[:k] == ref if len(msgs) > k else msgs == ref):
+            if tools >= ref_tools and _backend.extends(ref, msgs):
                 if len(msgs) > k:
                     ref.extend(msgs[k:])
                 return True, True
@@ -1043,7 +1043,7 @@ class SummarizingBudgetFilter(TokenBudgetFilter):
         lo = cum = units0 = 0
         points: list[tuple[int, int, int, bytes, str]] = []  # (fold point, tokens, units before it, key, summary)
         chain = self._chain
-        if chain is not None and chain[1] and len(span) >= len(chain[0]) and span[:len(chain[0])] == chain[0]:
+        if chain is not None and chain[1] and _backend.extends(chain[0], span):
             points = list(chain[1])
             lo, cum, units0, key, text = points[-1]
         ends, units = self._folds(span, lo, cum)
