@@ -382,3 +382,42 @@ def test_pickles_by_model_folder(families):
     bare = ChatTemplateTokenCounter(Tokenizer.from_file(os.path.join(fam.path, "tokenizer.json")), "{{ messages }}")
     with pytest.raises(pickle.PicklingError, match="model folder"):
         pickle.dumps(bare)
+
+
+_SANDBOX_TEMPLATES = [
+    "{{ messages[0].role }}|{{ messages[0]['content'] }}|{{ messages[0].get('name', 'none') }}",
+    "{{ messages[0].items() | list | length }}{{ messages[0].missing is defined }}{{ messages[0].missing }}",
+    "{{ messages[0].content.upper() }}{{ messages[0].content.split(' ') }}{{ messages[0].content.startswith('h') }}",
+    "{{ 'x{}y'.format(messages[0].role) }}{{ '{r}'.format_map({'r': 1}) }}",
+    "{% if tools %}{{ tools[0].items is callable }}{{ tools[0].keys() | list }}{{ tools[0].function.name }}{% endif %}",
+    "{% set ns = namespace(n=0) %}{% for m in messages %}{% set ns.n = ns.n + loop.index %}{% endfor %}{{ ns.n }}",
+    "{{ messages.append(1) }}",
+    "{{ messages[0].update({'a': 1}) }}",
+    "{{ messages[0].__class__ }}",
+    "{{ messages[0].content.__class__.__mro__ }}",
+    "{{ ''.format.__globals__ }}",
+    "{{ dict(a=1).pop('a') }}",
+    "{{ raise_exception('no') if messages | length > 1 else 'ok' }}",
+]
+
+
+@pytest.mark.parametrize("template", _SANDBOX_TEMPLATES)
+def test_sandbox_fast_paths_match_transformers(families, template):
+    """The renderer's sandbox shortcuts (attribute verdicts cached per type and name, dict/str
+    lookups, builtin-method calls) give transformers' outcome: the same text, or a refusal."""
+    fam = families["hermes"]
+    from tokenizers import Tokenizer
+
+    tok = Tokenizer.from_file(os.path.join(fam.path, "tokenizer.json"))
+    ms = [Message(role="user", content="hello there"), Message(role="assistant", content="hi")]
+    dicts = [message_to_template_dict(m) for m in ms]
+    try:
+        expected = fam.hf.apply_chat_template(dicts, tools=TOOLS, chat_template=template, tokenize=False,
+                                              add_generation_prompt=True)
+    except Exception:  # a template refusing every conversation cannot even be loaded
+        with pytest.raises(MessageValidationError, match="chat template"):
+            ChatTemplateTokenCounter(tok, template).render(ms, TOOLS)
+        return
+    c = ChatTemplateTokenCounter(tok, template)
+    assert c.render(ms, TOOLS) == expected
+    assert c.count_request(ms, TOOLS) == len(fam.hf(expected, add_special_tokens=False)["input_ids"])

@@ -376,8 +376,10 @@ def _load_dir(path: str) -> tuple[Any, str, dict[str, str]]:
 
     tok_path = os.path.join(path, "tokenizer.json")
     try:
-        if os.path.isfile(tok_path):
-            tok = Tokenizer.from_file(tok_path)
+        if os.path.isfile(tok_path):  # one tokenizer per file content and process, as HFTokenCounter's
+            from ._encodings import load_hf_tokenizer
+
+            tok = load_hf_tokenizer(tok_path)[0]
         elif os.path.isfile(tok_path + ".gz"):
             with gzip.open(tok_path + ".gz", "rt", encoding="utf-8") as f:
                 tok = Tokenizer.from_str(f.read())
@@ -524,7 +526,8 @@ class ChatTemplateTokenCounter:
             self._sensitive = frozenset(f for f, probes in _FEATURE_PROBES.items() if not self._probes_add_up(probes))
         self._local_units = {}
         for k in range(1, 4):  # probe the usual unit patterns once, not in the hot loop
-            self._is_local([{"role": "assistant", "tool_calls": [{}] * k}] + [{"role": "tool"}] * k)
+            for text in ("", "."):  # calls alone, and with a line of text ("Let me check.")
+                self._is_local([{"role": "assistant", "content": text, "tool_calls": [{}] * k}] + [{"role": "tool"}] * k)
         for role in ("system", "user", "assistant"):
             self._is_local([{"role": role}])
 
@@ -540,7 +543,10 @@ class ChatTemplateTokenCounter:
         """The template rendered over ``messages`` (Messages, chat-completions dicts or template
         dicts) and ``tools``, as ``apply_chat_template(..., tokenize=False)`` returns it."""
         dicts = [d for _, d in (self._entry(m, i) for i, m in enumerate(messages))]
-        return self._render(dicts, tools, add_generation_prompt)
+        try:
+            return self._render(dicts, tools, add_generation_prompt)
+        except _Refused as exc:
+            raise MessageValidationError(f"the chat template refused the conversation: {exc}") from None
 
     def _render(self, dicts: list[dict[str, Any]], tools: Any, agp: bool) -> str:
         import jinja2
