@@ -187,3 +187,21 @@ def test_model_copy_is_pydantics_shallow_copy_with_frozen_lists(update, make):
     assert m.model_copy(update={"bogus": 1}).__dict__["bogus"] == 1
     deep = m.model_copy(update=update, deep=True)
     assert deep == ours
+
+
+@pytest.mark.parametrize("make", [
+    lambda: ai(None, tool_calls=_CALLS, metadata={"k": 1}),
+    lambda: tool("r", tool_call_id="c1", name="f", metadata={"tool_result": 4}),
+    lambda: Message.from_openai({"role": "assistant", "content": [{"type": "text", "text": "x"}], "refusal": None}),
+])
+def test_with_text_equals_model_copy(make):
+    """The annotations' copy helper builds what ``model_copy`` builds for a text content."""
+    from jianmu_fast.message.model import _with_text
+
+    m = make()
+    before = m.model_dump()
+    ours = _with_text(m, "note", {"semantic_kind": "x"})
+    theirs = m.model_copy(update={"content": "note", "metadata": {"semantic_kind": "x"}})
+    assert ours.__dict__ == theirs.__dict__ and ours.model_fields_set == theirs.model_fields_set
+    assert ours.__pydantic_extra__ is None and ours.__pydantic_private__ is None and ours is not m
+    assert ours.to_openai() == theirs.to_openai() and m.model_dump() == before

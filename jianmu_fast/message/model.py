@@ -307,6 +307,29 @@ _new_message = object.__new__
 _setattr = object.__setattr__
 
 
+_CONTENT_AND_METADATA = frozenset(("content", "metadata"))
+
+
+def _with_text(m: Message, content: Optional[str], metadata: dict[str, Any]) -> Message:
+    """``m.model_copy(update={"content": content, "metadata": metadata})`` for a text (or
+    ``None``) content, without the generic steps: the hot loop's annotated copies
+    (``StateHistoryProvider``). ``m`` must be a ``Message`` (not a subclass).
+
+    >>> c = _with_text(human("a"), "b", {"k": 1})
+    >>> (c.content, c.metadata, sorted(c.model_fields_set)) == ("b", {"k": 1}, ["content", "metadata", "role"])
+    True
+    """
+    d = m.__dict__.copy()
+    d["content"] = content
+    d["metadata"] = metadata
+    new = _new_message(Message)
+    _setattr(new, "__dict__", d)
+    _setattr(new, "__pydantic_extra__", None)
+    _setattr(new, "__pydantic_fields_set__", m.__pydantic_fields_set__ | _CONTENT_AND_METADATA)
+    _setattr(new, "__pydantic_private__", None)
+    return new
+
+
 def _format_loc(loc: tuple[Any, ...]) -> str:
     out = ""
     for part in loc:

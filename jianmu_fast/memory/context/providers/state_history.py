@@ -58,6 +58,7 @@ from typing import Any, Mapping, Optional, Sequence
 
 from ....errors import MessageValidationError
 from ....message import Message, coerce_message, coerce_messages, system
+from ....message.model import _with_text
 
 __all__ = ["StateHistoryProvider", "HistoryCacheInfo", "PLAN_NOTE", "RECEIPT_NOTE", "SEMANTICS_RECHECK_S"]
 
@@ -115,10 +116,11 @@ def annotate_plan(m: Message) -> Message:
     """The ``self_tool_plan`` copy of an assistant message with ``tool_calls``."""
     c = m.content
     text = c if type(c) is str else m.text()
-    return m.model_copy(update={
-        "content": f"{PLAN_NOTE}\nOriginal message: {text}" if text else PLAN_NOTE,
-        "metadata": {**m.metadata, "semantic_kind": "self_tool_plan"},
-    })
+    content = f"{PLAN_NOTE}\nOriginal message: {text}" if text else PLAN_NOTE
+    metadata = {**m.metadata, "semantic_kind": "self_tool_plan"}
+    if type(m) is Message:
+        return _with_text(m, content, metadata)
+    return m.model_copy(update={"content": content, "metadata": metadata})
 
 
 def annotate_receipt(m: Message, tool_name: Optional[str]) -> Message:
@@ -133,9 +135,10 @@ def annotate_receipt(m: Message, tool_name: Optional[str]) -> Message:
     text = m.text()
     if text and text != (result if isinstance(result, str) else _dumps(result)) and text != _plain_json(result):
         receipt["content"] = text
-    return m.model_copy(
-        update={"content": _dumps(receipt), "metadata": {**m.metadata, "semantic_kind": "tool_observation"}}
-    )
+    content, metadata = _dumps(receipt), {**m.metadata, "semantic_kind": "tool_observation"}
+    if type(m) is Message:
+        return _with_text(m, content, metadata)
+    return m.model_copy(update={"content": content, "metadata": metadata})
 
 
 def _plain_json(v: Any) -> Optional[str]:
