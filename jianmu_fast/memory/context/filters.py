@@ -124,6 +124,7 @@ def _check_eviction(eviction: str, chunk: Optional[int], unit: str) -> int:
 
 
 _ROLE = _backend.ROLE_CODES
+_ROLE_BIT = {r: 1 << c for r, c in _ROLE.items()}
 
 
 def _list_counter(counter: Any) -> Any:
@@ -131,8 +132,6 @@ def _list_counter(counter: Any) -> Any:
     compiled ``counts_of`` bound to the counter): a turn's new messages counted as a list of
     ints in range; None for other counters."""
     return partial(_backend.counts_of, counter) if type(counter) in _CACHED_COUNTERS else None
-
-_ROLE_BIT = {r: 1 << c for r, c in _ROLE.items()}
 
 
 class _WindowFilter:
