@@ -51,6 +51,7 @@ from operator import countOf
 from typing import Any, Iterable, Literal, Optional, Sequence
 
 from . import _backend
+from ._batch_provide import provide_all, provider_order
 from .errors import BatchError
 from .memory.context._batch_plan import trim_many
 from .memory.context.filters import MaxMessagesFilter, TokenBudgetFilter
@@ -324,7 +325,7 @@ def _run_stages(builder, states, lists, global_state, ctx, tools_schema, bar=Non
     tick = bar.update if bar is not None else None
     interned = None  # the rows of the prompts (intern_rows), while they are the input lists
     if lists is None:
-        prompts = _provide_all(builder, states, global_state, ctx, tools_schema, errors, tick)
+        prompts = provide_all(builder, states, global_state, ctx, tools_schema, errors, tick)
     else:
         prompts, interned = _coerce_all(lists, errors, tick)
     alive = [i for i in range(n) if i not in errors] if errors else list(range(n))
@@ -357,91 +358,6 @@ def _run_stages(builder, states, lists, global_state, ctx, tools_schema, bar=Non
     return BatchReport(prompts, [BatchFailure(i, errors[i]) for i in sorted(errors)])
 
 
-def _provide_all(builder, states, global_state, ctx, tools_schema, errors, tick) -> list[Any]:
-    """Every state's provided prompt (``None`` where it failed: the error is in ``errors``)."""
-    n = len(states)
-    prompts: list[Any] = [None] * n
-    rest = _provide_grouped(builder, states, global_state, ctx, prompts)
-    done = 0 if rest is None else n - len(rest)
-    if tick is not None and done >= 256:
-        tick(done - done % 256)
-    provide = builder._provide
-    for i in _provider_order(states) if rest is None else _provider_order([states[i] for i in rest]):
-        if rest is not None:
-            i = rest[i]
-        try:
-            prompts[i] = provide(states[i], global_state, ctx, tools_schema)
-        except Exception as exc:
-            errors[i] = exc
-        done += 1
-        if tick is not None and not done & 255:
-            tick(256)
-    return prompts
-
-
-def _fixed_providers(builder, global_state, ctx) -> Optional[tuple[list[Message], Any, list[Message]]]:
-    """``(head, history provider, tail)`` when the builder's providers are the library's own
-    fixed-text providers around one ``StateHistoryProvider`` (no working memory), none of
-    them overridden: the prompt of a state is then ``head + [note] + history + tail``."""
-    from .memory.context.providers.state_history import StateHistoryProvider
-    from .memory.context.providers.static_prompt import StaticPromptProvider
-    from .memory.context.providers.tools_desc import ToolsDescProvider
-
-    head: list[Message] = []
-    tail: list[Message] = []
-    history = None
-    for p in builder.providers:
-        cls = type(p)
-        if "get_messages" in vars(p):
-            return None
-        if cls is StateHistoryProvider and history is None and p.working_memory is None and "_blocks" not in vars(p):
-            history = p
-        elif cls is StaticPromptProvider or cls is ToolsDescProvider:
-            try:
-                block = p.get_messages(None, global_state, ctx)
-            except Exception:  # its error belongs to each state: the per-state path raises it
-                return None
-            (tail if history is not None else head).extend(block)
-        else:
-            return None
-    return None if history is None else (head, history, tail)
-
-
-def _provide_grouped(builder, states, global_state, ctx, prompts) -> Optional[list[int]]:
-    """The provider stage of the usual builder (``_fixed_providers``) for states that are
-    dicts holding a list of Messages: states whose histories are prefixes of one longest
-    history (by identity) share one provider call on it, and each gets a slice of its
-    output (the history provider annotates each message from it and the messages before
-    it only; the semantics note goes with any annotated message). Fills ``prompts`` and
-    returns the indices left to the per-state path, or ``None`` when not applicable."""
-    fixed = _fixed_providers(builder, global_state, ctx)
-    if fixed is None:
-        return None
-    head, hp, tail = fixed
-    srcs, order, group_off, tops, rest = _backend.group_states(states, hp.messages_key)
-    prefix_prompts = _backend.prefix_prompts
-    bounds = group_off.tolist()
-    for g, top in enumerate(tops.tolist()):
-        members = order[bounds[g]:bounds[g + 1]]
-        longest = srcs[top]
-        if countOf(map(type, longest), Message) != len(longest):
-            rest.extend(members.tolist())
-            continue
-        try:
-            note, hist = hp._blocks(states[top], global_state, ctx)
-        except Exception:  # the per-state path raises or logs it for each state
-            rest.extend(members.tolist())
-            continue
-        if type(hist) is not list or len(hist) != len(longest):
-            rest.extend(members.tolist())
-            continue
-        # the states whose histories are not prefixes of the longest (by identity) go on
-        rest.extend(prefix_prompts(head, head + [note] if note is not None else head, tail, hist, longest,
-                                   srcs, members, prompts))
-    rest.sort()
-    return rest
-
-
 def _coerce_all(lists, errors, tick) -> tuple[list[Any], Any]:
     """``(prompts, interned)``: the input lists as lists of Messages, and their rows
     (``intern_rows``, one C pass that also finds the lists that are not all Messages) when
@@ -471,19 +387,6 @@ def _unshare(prompts: list[Any], lists: Sequence[Any], alive: list[int]) -> None
     for i in alive:
         if prompts[i] is lists[i]:
             prompts[i] = prompts[i][:]
-
-
-def _provider_order(states: list[Any]) -> Sequence[int]:
-    """The order to run providers in: states whose ``"messages"`` lists start with the same
-    message are grouped, shortest first, so that an incremental provider (the history
-    provider reuses its previous output when the new history extends it) does work for the
-    new messages only. Any other state keeps its place; results keep the input order."""
-    keys = []
-    for i, s in enumerate(states):
-        ms = s.get("messages") if isinstance(s, dict) else None
-        keys.append((id(ms[0]), len(ms), i) if type(ms) is list and ms else (-1, 0, i))
-    keys.sort()
-    return [k[2] for k in keys]
 
 
 def _python_stage(builder, fi, prompts, i, states, global_state, ctx, tools_schema, errors) -> None:
@@ -540,7 +443,7 @@ def _run_pool(builder, states, lists, global_state, ctx, tools_schema, workers, 
     one conversation meet the same worker's caches), run by a process pool; results are
     unpickled copies, equal to ``build()``'s, placed back in input order."""
     n = len(states)
-    order = list(_provider_order(states)) if lists is None else list(range(n))
+    order = list(provider_order(states)) if lists is None else list(range(n))
     n_chunks = min(n, workers * 4)
     bounds = [n * k // n_chunks for k in range(n_chunks + 1)]
     chunks = [order[a:b] for a, b in zip(bounds, bounds[1:])]
