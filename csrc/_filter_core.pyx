@@ -953,8 +953,8 @@ cdef class Records:
             return None
         self._decide(budget, mask, from_start, chunk, pinned_free, out)
         n_pinned, lo, hi = out[1], out[2], out[3]
-        if out[0] != 0 or n_pinned == self.n or lo == hi:
-            return None
+        if out[0] != 0 or n_pinned == self.n or lo == hi or PyList_GET_SIZE(msgs) < self.n:
+            return None  # (the last test: count() shortened msgs; the caller starts over)
         result = PyList_New(n_pinned + hi - lo)
         for i in range(n_pinned):
             x = <object>PyList_GET_ITEM(msgs, i)

@@ -586,8 +586,8 @@ class Records:
         if not self._msgs:
             return None
         status, n_pinned, lo, hi = self.plan(budget, mask, from_start, chunk, pinned_free)
-        if status or n_pinned == len(self._msgs) or lo == hi:
-            return None
+        if status or n_pinned == len(self._msgs) or lo == hi or len(msgs) < len(self._msgs):
+            return None  # (the last test: count() shortened msgs; the caller starts over)
         return msgs[:n_pinned] + msgs[lo:hi], bool(sanitize) and self.sanitize(n_pinned, lo, hi) == 0
 
     def sanitize(self, n_pinned, lo, hi):

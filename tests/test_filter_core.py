@@ -558,3 +558,22 @@ def test_records_window_is_advance_plan_and_slice_on_both_twins(steps, data):
     for r in recs:
         with pytest.raises(ValueError, match=r"settings must be \(pinned_mask, from_start, chunk, pinned_free\)"):
             r.window(history, len, 5, (1, True), False)
+
+
+def test_records_window_survives_a_count_that_shortens_the_list():
+    """A counter that edits the caller's list while counting cannot make the compiled turn
+    read past the list's end: the turn says None and the caller starts over."""
+    from jianmu_fast.message import human, system
+
+    for core in _cores():
+        history = [system("s"), human("a"), human("b")]
+        rec = core.Records(type(history[0]))
+        assert rec.window(history, lambda new: [1] * len(new), 100, (1, True, 0, False), False) is not None
+        history.append(human("c"))
+
+        def shrinking(new):
+            del history[:]
+            return [1] * len(new)
+
+        assert rec.window(history, shrinking, 100, (1, True, 0, False), False) is None
+        assert rec.match([]) == -1
