@@ -532,3 +532,19 @@ def test_stages_pickle_and_share_across_threads():
     with ThreadPoolExecutor(8) as pool:
         got = list(pool.map(lambda p: [m.to_openai() for m in b.transform(p)], prefixes * 4))
     assert got == expect * 4
+
+
+@pytest.mark.parametrize("name", ["ToolResultCapFilter", "ClearToolResultsFilter", "SummarizingBudgetFilter",
+                                  "SummaryFailedWarning", "_Cutter"])
+def test_pickles_made_before_the_package_split_still_resolve(name):
+    """Pickles from the single-module ``editing.py`` name ``jianmu_fast.memory.context.editing.<name>``
+    (``_Cutter``: the cutter inside a pickled cap or summarizing stage): the unpickler finds the same class."""
+    import io
+    import pickle
+
+    from jianmu_fast.memory.context.editing import _cutter, cap, clearing, summarizer, summarizing
+
+    now = {"ToolResultCapFilter": cap.ToolResultCapFilter, "ClearToolResultsFilter": clearing.ClearToolResultsFilter,
+           "SummarizingBudgetFilter": summarizing.SummarizingBudgetFilter,
+           "SummaryFailedWarning": summarizer.SummaryFailedWarning, "_Cutter": _cutter.Cutter}[name]
+    assert pickle.Unpickler(io.BytesIO()).find_class("jianmu_fast.memory.context.editing", name) is now

@@ -1,0 +1,196 @@
+"""``ToolResultCapFilter``: cut every tool result over a token cap to its head and tail."""
+
+from __future__ import annotations
+
+import threading
+from typing import Any, Optional, Sequence
+
+from .... import _backend
+from ....message import Message
+from ..counters import SimpleTokenCounter
+from ._common import DEFAULT_CUT_MARKER, ObjectCache, check_counter, check_int, edited
+from ._cutter import Cutter
+
+__all__ = ["ToolResultCapFilter"]
+
+
+class ToolResultCapFilter:
+    """Cut every tool result whose content counts more than ``max_tokens`` to its head and
+    tail around ``marker`` (``{omitted}`` is replaced by the number of tokens left out).
+
+    The content of a cut result counts at most ``max_tokens`` by ``counter.count_text``
+    (default ``SimpleTokenCounter()``); results under the cap, and every other message, are
+    returned unchanged (the same objects). Cuts fall on the counter's token boundaries and never
+    split a UTF-8 character. Structured content is cut in its text blocks: whole blocks from the
+    start and from the end are kept while they fit, the block where the cut falls keeps its head
+    (or tail), text blocks in between are left out, other blocks stay. The cut of a message is
+    computed once and cached.
+
+    >>> from jianmu_fast.message import human, tool
+    >>> f = ToolResultCapFilter(20)
+    >>> out = f.apply([human("q"), tool("0123456789" * 40, tool_call_id="c1")])
+    >>> out[1].content
+    '012345678901234567890123\\n[... 88 tokens omitted ...]\\n678901234567890123456789'
+    >>> SimpleTokenCounter().count_text(out[1].content) <= 20, out[1].metadata["context_edit"]["kind"]
+    (True, 'cut')
+    """
+
+    def __init__(self, max_tokens: int, counter: Any = None, *, marker: str = DEFAULT_CUT_MARKER) -> None:
+        self.max_tokens = check_int("max_tokens", max_tokens, 1)
+        if not isinstance(marker, str):
+            raise TypeError(f"marker: expected a str, got {type(marker).__name__}")
+        try:
+            marker.format(omitted=0)
+        except (KeyError, IndexError, ValueError) as exc:
+            raise ValueError(f"marker: a format string whose only field is {{omitted}}, got {marker!r} ({exc})") from None
+        self.marker = marker
+        self.counter = check_counter(counter)
+        self._cutter = Cutter(self.counter)
+        self._cache = ObjectCache()
+        self._last: Optional[tuple[list[Message], list[Message]]] = None
+        self._lock = threading.Lock()
+
+    def __repr__(self) -> str:
+        return f"ToolResultCapFilter(max_tokens={self.max_tokens}, counter={self.counter!r})"
+
+    def __getstate__(self) -> dict[str, Any]:
+        state = self.__dict__.copy()
+        state["_cache"] = None
+        state["_last"] = None
+        state.pop("_lock", None)
+        return state
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.__dict__.update(state)
+        self._cache = ObjectCache()
+        self._lock = threading.Lock()
+
+    def cap(self, message: Message) -> Message:
+        """``message`` cut to the cap (a tool result over it), else ``message`` itself.
+
+        >>> from jianmu_fast.message import tool
+        >>> m = tool("short", tool_call_id="c1")
+        >>> ToolResultCapFilter(20).cap(m) is m
+        True
+        """
+        if message.role != "tool":
+            return message
+        out = self._cache.get(message)
+        if out is None:
+            out = self._cap(message)
+            self._cache.put(message, out)
+        return out
+
+    def _cap(self, m: Message) -> Message:
+        content = m.content
+        if isinstance(content, str):
+            got = self._cutter.cut(content, self.max_tokens, self.marker)
+            if got is None:
+                return m
+            before = self._cutter.count_text(content)
+            return edited(m, {"content": got[0]}, {"kind": "cut", "tokens_before": before,
+                                                   "tokens_after": self._cutter.count_text(got[0]), "omitted": got[1]})
+        if not content:
+            return m
+        return self._cap_blocks(m, list(content))
+
+    def _block_cost(self, block: Any) -> int:
+        if block.get("type") == "text":
+            return self._cutter.count_text(block["text"])
+        return int(getattr(self.counter, "image_tokens", SimpleTokenCounter.PER_NON_TEXT_BLOCK))
+
+    def _cap_blocks(self, m: Message, blocks: list[Any]) -> Message:
+        costs = [self._block_cost(b) for b in blocks]
+        before = sum(costs)
+        if before <= self.max_tokens:
+            return m
+        text_idx = [i for i, b in enumerate(blocks) if b.get("type") == "text"]
+        fixed = before - sum(costs[i] for i in text_idx)
+        omitted_guess = before - self.max_tokens
+        allowance = self.max_tokens - fixed - self._cutter.count_text(self.marker.format(omitted=omitted_guess))
+        for _ in range(16):
+            new = self._cut_text_blocks(blocks, costs, text_idx, allowance, before - fixed)
+            if new is not None:
+                after = sum(self._block_cost(b) for b in new[0])
+                if after <= self.max_tokens:
+                    return edited(m, {"content": new[0]}, {"kind": "cut", "tokens_before": before,
+                                                             "tokens_after": after, "omitted": new[1]})
+                allowance -= max(1, after - self.max_tokens)
+            else:
+                break
+        # nothing of the text fits: the non-text blocks and the marker alone (or nothing)
+        keep = [b for b in blocks if b.get("type") != "text"]
+        text_total = before - fixed
+        for marker in (self.marker.format(omitted=text_total), "[...]"):
+            trial = keep + [{"type": "text", "text": marker}]
+            if sum(self._block_cost(b) for b in trial) <= self.max_tokens:
+                return edited(m, {"content": trial}, {"kind": "cut", "tokens_before": before,
+                                                       "tokens_after": sum(self._block_cost(b) for b in trial),
+                                                       "omitted": text_total})
+        return edited(m, {"content": ""}, {"kind": "cut", "tokens_before": before, "tokens_after": 0, "omitted": before})
+
+    def _cut_text_blocks(self, blocks, costs, text_idx, allowance, text_total):
+        if allowance <= 0 or not text_idx:
+            return None
+        head_left, tail_left = (allowance + 1) // 2, allowance // 2
+        i_pos = 0
+        while i_pos < len(text_idx) and costs[text_idx[i_pos]] <= head_left:
+            head_left -= costs[text_idx[i_pos]]
+            i_pos += 1
+        j_pos = len(text_idx) - 1
+        while j_pos > i_pos and costs[text_idx[j_pos]] <= tail_left:
+            tail_left -= costs[text_idx[j_pos]]
+            j_pos -= 1
+        if i_pos >= len(text_idx):
+            return None  # pragma: no cover - the text blocks do not fit the allowance
+        i, j = text_idx[i_pos], text_idx[j_pos]
+        out: list[Any] = []
+        kept = 0
+        for k, b in enumerate(blocks):
+            if b.get("type") != "text" or k < i or k > j:
+                out.append(dict(b))
+                if b.get("type") == "text":
+                    kept += costs[k]
+                continue
+            if k == i == j:
+                head, tail = self._cutter.pieces(b["text"], head_left, tail_left)
+                kept += self._cutter.count_text(head) + self._cutter.count_text(tail)
+                out.append({**b, "text": head + "\0MARK\0" + tail})
+            elif k == i:
+                head, _ = self._cutter.pieces(b["text"], head_left, 0)
+                kept += self._cutter.count_text(head)
+                out.append({**b, "text": head + "\0MARK\0"})
+            elif k == j:
+                _, tail = self._cutter.pieces(b["text"], 0, tail_left)
+                kept += self._cutter.count_text(tail)
+                out.append({**b, "text": tail})
+        omitted = max(0, text_total - kept)
+        for b in out:
+            if b.get("type") == "text" and "\0MARK\0" in b["text"]:
+                b["text"] = b["text"].replace("\0MARK\0", self.marker.format(omitted=omitted))
+        return out, omitted
+
+    def apply(self, messages: Sequence[Message], local_state: Any = None, global_state: Any = None,
+              ctx: Any = None, **kwargs: Any) -> list[Message]:
+        """``messages`` with every tool result over the cap cut (a new list; the input is untouched).
+
+        A history that extends the previous call's (the agent loop) costs only its new messages."""
+        with self._lock:
+            return self._apply(messages)
+
+    def _apply(self, messages: Sequence[Message]) -> list[Message]:
+        msgs = messages if type(messages) is list else list(messages)
+        last = self._last
+        if last is not None:
+            ref, out = last  # our own lists: the previous input and its output, grown in place
+            k = len(ref)
+            if _backend.extends(ref, msgs):
+                if len(msgs) > k:
+                    new = msgs[k:]
+                    capped = [self.cap(m) for m in new]  # (raises before anything is extended)
+                    ref.extend(new)
+                    out.extend(capped)
+                return out[:]
+        out = [self.cap(m) for m in msgs]
+        self._last = (msgs[:], out)
+        return out[:]

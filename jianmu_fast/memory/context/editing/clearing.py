@@ -1,0 +1,340 @@
+"""``ClearToolResultsFilter``: replace old tool results by a placeholder once the prompt is over
+a trigger, in steps, monotonically along a growing history (the decision is the compiled
+``plan_clearing``, see ``jianmu_fast/_editing_core_py.py``)."""
+
+from __future__ import annotations
+
+import array
+import threading
+from typing import Any, Iterable, Optional, Sequence
+
+import numpy as np
+
+from .... import _backend
+from ...._editing_core_py import STATE_LEN
+from ....errors import JianmuError, TrimmingError
+from ....message import Message
+from ..counters import SimpleTokenCounter
+from ..filters import TokenBudgetFilter
+from ._common import MAX_VALUE, TRUSTED, ObjectCache, check_counter, check_int, checked_counts, edited
+
+__all__ = ["ClearToolResultsFilter"]
+
+#: ``kinds`` codes of the clearing core (see ``jianmu_fast/_editing_core_py.py``)
+_UNIT, _EXCLUDED, _CLEARABLE, _PINNED, _ASSISTANT = 0, 1, 2, 3, 4
+
+
+class _ClearRecords:
+    """Everything the clearing stage knows about one history, extended as it grows: its
+    messages (a copy), per-message records in ``array`` buffers (appending costs what is
+    appended; the compiled core reads them in place), the compiled scan's ``state`` (so a
+    longer history scans only its new messages) and the output for the history so far (the
+    cleared copies in place)."""
+
+    __slots__ = ("messages", "counts", "kinds", "savings", "results", "result_kinds", "calls", "owner",
+                 "n_pinned", "base", "state", "out", "cleared")
+
+    def __init__(self, base: int) -> None:
+        self.messages: list[Message] = []
+        self.counts = array.array("q")        # cost of each message, uncleared
+        self.kinds = array.array("b")         # the core's kinds (see _editing_core_py)
+        self.savings = array.array("q")       # what clearing each result saves
+        self.results: list[int] = []          # indices of tool results, in order
+        self.result_kinds: list[int] = []     # their kinds (1 excluded, 2 clearable)
+        self.calls: dict[str, tuple[int, int]] = {}  # call id -> (assistant index, position in its calls)
+        self.owner: dict[int, tuple[int, int]] = {}  # result index -> (assistant index, call position)
+        self.n_pinned = 0                     # leading system messages so far
+        self.base = base                      # the request's fixed cost and tools the scan used
+        self.state = array.array("q", bytes(8 * STATE_LEN))
+        self.out: list[Message] = []          # the output for ``messages``
+        self.cleared = 0                      # results of ``out`` cleared (the core's ``cleared``)
+
+    @property
+    def n(self) -> int:
+        return len(self.messages)
+
+
+class ClearToolResultsFilter:
+    """Replace the content of old tool results by ``placeholder`` once the prompt is over
+    ``trigger_tokens``.
+
+    The prompt is counted as ``TokenBudgetFilter`` counts it: the messages with their chat
+    overhead, the request's fixed cost and the request's tools (``apply(..., tools_schema=)``).
+    Never cleared: the ``keep`` newest tool results (of any tool) and results of tools named in
+    ``exclude_tools``. With ``clear_tool_inputs=True`` the arguments of the calls whose results
+    were cleared become ``{}``. Every message keeps its role and ids.
+
+    The decision is a pure function of the messages and settings, made by the compiled core
+    (``plan_clearing``, see ``jianmu_fast/_editing_core_py.py``) in a scan over per-message
+    records of the growing history, resumed where the previous call stopped when the history
+    extends the previous one. With ``clear_at_least=0`` every eligible result is cleared
+    whenever the prompt is over the trigger (all but the ``keep`` newest results). With
+    ``clear_at_least=C > 0`` the two stages' steps are designed together: the scan follows
+    ``TokenBudgetFilter(trigger_tokens, eviction="chunked", chunk=C)`` (pinned system prompt,
+    units), and a *step* is taken only where that filter's cut moves anyway (the prompt stops
+    extending the previous one there, so the step costs no cache miss of its own; at the
+    moving message, or at the next one that is not an assistant message). A step clears the
+    oldest eligible results, at least ``C`` tokens of them or all that are eligible, as many as
+    keep the cut's room (how far the prompt may grow before the cut moves again, computed on
+    the cleared costs) at nine tenths of what the move alone leaves or more; none if no run
+    does. The decision is monotone: as a conversation grows, a result once cleared stays
+    cleared, so between two steps each prompt extends the previous one. (It depends on the
+    messages before it, the pinned system prompt and the tools included: change those and the
+    steps move.)
+
+    >>> from jianmu_fast.message import human, ai, tool
+    >>> def call(i):
+    ...     return ai(None, tool_calls=[{"id": f"c{i}", "type": "function",
+    ...                                  "function": {"name": "search", "arguments": "{}"}}])
+    >>> history = [human("find it")]
+    >>> for i in range(5):
+    ...     history += [call(i), tool("result " * 100, tool_call_id=f"c{i}")]
+    >>> out = ClearToolResultsFilter(500, keep=2).apply(history)
+    >>> [m.content[:6] for m in out if m.role == "tool"]
+    ['[clear', '[clear', '[clear', 'result', 'result']
+    >>> [m.id for m in out] == [m.id for m in history]
+    True
+    """
+
+    def __init__(
+        self,
+        trigger_tokens: int,
+        counter: Any = None,
+        *,
+        keep: int = 3,
+        clear_at_least: int = 0,
+        exclude_tools: Iterable[str] = (),
+        clear_tool_inputs: bool = False,
+        placeholder: str = "[cleared]",
+    ) -> None:
+        self.trigger_tokens = check_int("trigger_tokens", trigger_tokens, 0)
+        self.keep = check_int("keep", keep, 0)
+        self.clear_at_least = check_int("clear_at_least", clear_at_least, 0)
+        if isinstance(exclude_tools, (str, bytes)):
+            raise TypeError(f"exclude_tools must be a collection of tool names, not a string ({exclude_tools!r})")
+        names = tuple(exclude_tools)
+        for i, name in enumerate(names):
+            if not isinstance(name, str):
+                raise TypeError(f"exclude_tools[{i}]: expected a tool name (str), got {type(name).__name__}")
+        self.exclude_tools = frozenset(names)
+        if not isinstance(clear_tool_inputs, bool):
+            raise TypeError(f"clear_tool_inputs: expected a bool, got {type(clear_tool_inputs).__name__}")
+        self.clear_tool_inputs = clear_tool_inputs
+        if not isinstance(placeholder, str):
+            raise TypeError(f"placeholder: expected a str, got {type(placeholder).__name__}")
+        self.placeholder = placeholder
+        self.counter = check_counter(counter)
+        # counters whose message count is additive in the content: savings without a copy
+        self._additive = self._trusted = type(self.counter).__name__ in TRUSTED
+        self._tools = TokenBudgetFilter(MAX_VALUE, self.counter)  # its cached tools_cost
+        self._reset()
+
+    def _reset(self) -> None:
+        self._lock = threading.RLock()
+        request = self.counter.count_messages([])
+        if isinstance(request, bool) or not isinstance(request, (int, np.integer)) or not 0 <= request <= MAX_VALUE:
+            raise TypeError(f"counter {self.counter!r}: count_messages([]) must be an int between 0 and 2**53, got {request!r}")
+        self._request = int(request)  # the request's fixed cost
+        self._placeholder_cost = int(self.counter.count_text(self.placeholder)) if self._additive else 0
+        self._rec = _ClearRecords(-1)
+        self._cleared_cache = ObjectCache()
+        self._inputs_cache = ObjectCache()
+
+    def __repr__(self) -> str:
+        opts = f", keep={self.keep}, clear_at_least={self.clear_at_least}"
+        if self.exclude_tools:
+            opts += f", exclude_tools={tuple(sorted(self.exclude_tools))!r}"
+        if self.clear_tool_inputs:
+            opts += ", clear_tool_inputs=True"
+        return f"ClearToolResultsFilter(trigger_tokens={self.trigger_tokens}, counter={self.counter!r}{opts})"
+
+    def __getstate__(self) -> dict[str, Any]:
+        state = self.__dict__.copy()
+        for k in ("_rec", "_cleared_cache", "_inputs_cache", "_lock"):
+            state.pop(k, None)
+        return state
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.__dict__.update(state)
+        self._reset()
+
+    # -- records ---------------------------------------------------------------------------
+
+    def _cleared_result(self, m: Message) -> Message:
+        out = self._cleared_cache.get(m)
+        if out is None:
+            edit: dict[str, Any] = {"kind": "cleared"}
+            out = edited(m, {"content": self.placeholder}, edit)
+            # metadata holds ``edit`` itself (never sent, never counted): fill in what was saved
+            edit["tokens_saved"] = max(0, int(self.counter.count_message(m)) - int(self.counter.count_message(out)))
+            self._cleared_cache.put(m, out)
+        return out
+
+    def _result_saving(self, m: Message, count: int) -> int:
+        """Tokens clearing ``m`` saves (its content's cost less the placeholder's)."""
+        if self._additive:
+            ct = self.counter.count_text
+            c = m.content
+            if type(c) is str or isinstance(c, str):
+                cost = ct(c)
+            elif c:
+                image = int(getattr(self.counter, "image_tokens", SimpleTokenCounter.PER_NON_TEXT_BLOCK))
+                cost = sum(ct(b["text"]) if b.get("type") == "text" else image for b in c)
+            else:
+                cost = 0
+            return cost - self._placeholder_cost
+        return count - int(self.counter.count_message(self._cleared_result(m)))
+
+    def _without_inputs(self, a: Message, positions: frozenset[int]) -> Message:
+        got = self._inputs_cache.get(a)
+        if got is not None and got[0] == positions:
+            return got[1]
+        calls = [dict(c) for c in a.tool_calls or ()]
+        ids = []
+        for p in sorted(positions):
+            fn = dict(calls[p]["function"])
+            fn["arguments"] = "{}"
+            calls[p]["function"] = fn
+            ids.append(calls[p].get("id"))
+        out = edited(a, {"tool_calls": calls}, {"kind": "inputs_cleared", "calls": ids})
+        self._inputs_cache.put(a, (positions, out))
+        return out
+
+    def _new_counts(self, new: list[Message]) -> list[int]:
+        if len(new) <= 4:
+            count = self.counter.count_message
+            counts = [count(m) for m in new]
+            if not self._trusted and (min(counts) < 0 or max(counts) > MAX_VALUE or
+                                      not all(isinstance(c, (int, np.integer)) for c in counts)):
+                raise TrimmingError(f"counter {self.counter!r} returned a count outside [0, 2**53]")
+            return counts
+        return checked_counts(self.counter, new).tolist()
+
+    def _append(self, rec: _ClearRecords, msgs: list[Message], k: int) -> None:
+        """Records of ``msgs[k:]`` (``msgs[:k]`` is ``rec.messages``)."""
+        new = msgs[k:]
+        counts = self._new_counts(new)
+        kinds = rec.kinds
+        savings = rec.savings
+        i = k
+        for m in new:
+            role = m.role
+            if role == "tool":
+                kind, saved = self._result_record(rec, msgs, i, m, counts[i - k])
+                kinds.append(kind)
+                savings.append(saved)
+                i += 1
+                continue
+            if role == "assistant":
+                kinds.append(_ASSISTANT)
+                if m.tool_calls:
+                    for p, c in enumerate(m.tool_calls):
+                        cid = c.get("id")
+                        if cid:
+                            rec.calls[cid] = (i, p)
+            elif role == "system" and i == rec.n_pinned:
+                kinds.append(_PINNED)
+                rec.n_pinned += 1
+            else:
+                kinds.append(_UNIT)
+            savings.append(0)
+            i += 1
+        rec.counts.extend(counts)
+        rec.messages.extend(new)
+
+    def _result_record(self, rec: _ClearRecords, msgs: list[Message], i: int, m: Message,
+                       count: int) -> tuple[int, int]:
+        """The kind of the tool result ``msgs[i]`` and what clearing it saves."""
+        rec.results.append(i)
+        owner = rec.calls.get(m.tool_call_id) if m.tool_call_id else None
+        if owner is None:
+            a = i - 1
+            while a >= 0 and msgs[a].role == "tool":
+                a -= 1
+            if a >= 0 and msgs[a].role == "assistant" and len(msgs[a].tool_calls or ()) == 1:
+                owner = (a, 0)
+        name = m.name
+        if owner is not None:
+            rec.owner[i] = owner
+            name = (msgs[owner[0]].tool_calls or ())[owner[1]]["function"]["name"]
+        if name in self.exclude_tools:
+            rec.result_kinds.append(_EXCLUDED)
+            return _EXCLUDED, 0
+        rec.result_kinds.append(_CLEARABLE)
+        saved = self._result_saving(m, count)
+        if self.clear_tool_inputs and owner is not None:
+            call_msg = msgs[owner[0]]
+            saved += int(self.counter.count_message(call_msg)) - int(
+                self.counter.count_message(self._without_inputs(call_msg, frozenset((owner[1],)))))
+        return _CLEARABLE, min(max(0, saved), count)
+
+    # -- the filter --------------------------------------------------------------------------
+
+    def _update(self, msgs: list[Message], tools_schema: Any) -> _ClearRecords:
+        """The records of ``msgs``, their decision made and their output up to date. A history
+        that extends the previous one (the agent loop) costs only its new messages: one C-level
+        comparison of the old part, records and a resumed compiled scan for the new part, and
+        the previous output objects extended (the cleared copies are the same objects turn
+        after turn, so the next stage sees a prompt that extends its previous one)."""
+        base = self._request + (self._tools.tools_cost(tools_schema) if tools_schema else 0)
+        rec = self._rec
+        ref = rec.messages
+        k = len(ref)
+        n = len(msgs)
+        if rec.base != base or not _backend.extends(ref, msgs):
+            rec = self._rec = _ClearRecords(base)
+            k = 0
+        if n == k:
+            return rec
+        self._append(rec, msgs, k)
+        cleared, _ = _backend.plan_clearing(rec.counts, rec.kinds, rec.savings, base, self.trigger_tokens,
+                                            self.clear_at_least, self.keep, rec.state)
+        rec.out.extend(msgs[k:])
+        if cleared > rec.cleared:
+            self._edit(rec, cleared)
+        return rec
+
+    def _edit(self, rec: _ClearRecords, cleared: int) -> None:
+        """Clear the results ``rec.cleared:cleared`` in ``rec.out`` (and their calls' inputs)."""
+        msgs, out = rec.messages, rec.out
+        new = [i for i, kind in zip(rec.results[rec.cleared:cleared], rec.result_kinds[rec.cleared:cleared])
+               if kind == _CLEARABLE]
+        rec.cleared = cleared
+        for i in new:
+            out[i] = self._cleared_result(msgs[i])
+        if self.clear_tool_inputs and new:
+            owner = rec.owner
+            touched = {owner[i][0] for i in new if i in owner}
+            cleared_calls: dict[int, set[int]] = {}
+            for i, kind in zip(rec.results[:cleared], rec.result_kinds):
+                o = owner.get(i)
+                if kind == _CLEARABLE and o is not None and o[0] in touched:
+                    cleared_calls.setdefault(o[0], set()).add(o[1])
+            for a, positions in cleared_calls.items():
+                out[a] = self._without_inputs(msgs[a], frozenset(positions))
+
+    def cleared_results(self, messages: Sequence[Message], tools_schema: Any = None) -> list[int]:
+        """Indices of the tool results of ``messages`` that ``apply`` clears.
+
+        >>> from jianmu_fast.message import human
+        >>> ClearToolResultsFilter(10).cleared_results([human("hi")])
+        []
+        """
+        msgs = messages if isinstance(messages, list) else list(messages)
+        with self._lock:
+            rec = self._update(msgs, tools_schema)
+            return [i for i, k in zip(rec.results[:rec.cleared], rec.result_kinds) if k == _CLEARABLE]
+
+    def apply(self, messages: Sequence[Message], local_state: Any = None, global_state: Any = None,
+              ctx: Any = None, *, tools_schema: Optional[Sequence[dict[str, Any]]] = None,
+              **kwargs: Any) -> list[Message]:
+        """``messages`` with the old tool results cleared (a new list; the input is untouched)."""
+        try:
+            with self._lock:
+                msgs = messages if type(messages) is list else list(messages)
+                return self._update(msgs, tools_schema).out[:]
+        except JianmuError:
+            raise
+        except Exception as exc:
+            self._rec = _ClearRecords(-1)  # never resume from a half-updated history
+            raise TrimmingError(f"{type(self).__name__}: could not clear tool results ({type(exc).__name__}: {exc})") from exc

@@ -1,0 +1,342 @@
+"""``SummarizingBudgetFilter``: a token budget that puts one rolling summary of what it drops
+right after the pinned prefix."""
+
+from __future__ import annotations
+
+import concurrent.futures
+import hashlib
+import json
+import logging
+import threading
+import warnings
+from typing import Any, Iterable, Optional, Sequence
+
+from .... import _backend
+from ....errors import ContextBudgetError, JianmuError, TrimmingError
+from ....message import Message
+from ..filters import Eviction, TokenBudgetFilter
+from ._common import DEFAULT_CUT_MARKER, EDIT_KEY, TRUSTED, ObjectCache, check_counter, check_int, checked_counts
+from ._cutter import Cutter
+from .summarizer import SummaryFailedWarning, executor, run_summarize, summarizer_from_client
+
+__all__ = ["SummarizingBudgetFilter", "SUMMARY_HEADER"]
+
+logger = logging.getLogger("jianmu_fast.context")
+SUMMARY_HEADER = "Summary of the earlier conversation:\n"
+
+
+class SummarizingBudgetFilter(TokenBudgetFilter):
+    """A token budget that, instead of only dropping the oldest units, puts one summary of
+    them right after the pinned prefix.
+
+    ``summarize(messages) -> str`` (sync, or async returning an awaitable) condenses what the
+    budget drops; a ``ModelClient`` is accepted too (see :func:`summarizer_from_client`). The
+    budget ``max_tokens`` holds for the whole request: pinned prefix, summary, kept units and
+    tools (``apply(..., tools_schema=)``). ``summary_max_tokens`` of it are set aside for the
+    summary message when something is dropped (its text is cut to fit); ``keep_tokens``, when
+    given, bounds the newest history kept verbatim (the rest is summarized). ``eviction`` and
+    ``chunk`` are ``TokenBudgetFilter``'s: with ``eviction="chunked"`` the cut, and so the span
+    to summarize, moves once per chunk, and a hot loop calls ``summarize`` about once per move.
+
+    The summary message is a ``system`` message (text after :data:`SUMMARY_HEADER`, its
+    metadata ``{"context_edit": {"kind": "summary", "messages": N, "units": U}}``): right after
+    the pinned system prompt it joins the leading system run, so providers that take one system
+    block (Anthropic) accept it, later trimming stages keep it pinned, and the model never reads
+    it as something the user said.
+
+    The summary is a pure function of the dropped span's content (``build_batch`` equals
+    per-state ``build``), and a rolling one: the span is folded at the first unit start past
+    each multiple of ``chunk`` tokens (``max_tokens // 4`` with exact eviction), the first
+    piece summarized alone and each next one as ``summarize([summary so far, *piece])``; every
+    step is cached by the content of the span up to it. Chunked eviction moves its cut to
+    exactly those points, so a longer history extends the previous summary from the newly
+    dropped units with one call per move instead of summarizing everything again. If ``summarize``
+    raises, times out (``timeout`` seconds) or returns something else than a str, the result
+    is the plain ``TokenBudgetFilter``'s, with a :class:`SummaryFailedWarning`: never over the
+    budget, never a failed build.
+
+    >>> from jianmu_fast.message import system, human, ai
+    >>> f = SummarizingBudgetFilter(70, summarize=lambda ms: "they talked", summary_max_tokens=25)
+    >>> msgs = [system("Be brief.")] + [human("x" * 40), ai("y" * 40)] * 3 + [human("and now?")]
+    >>> out = f.apply(msgs)
+    >>> [m.role for m in out], out[1].content
+    (['system', 'system', 'user', 'assistant', 'user'], 'Summary of the earlier conversation:\\nthey talked')
+    """
+
+    def __init__(
+        self,
+        max_tokens: int,
+        counter: Any = None,
+        *,
+        summarize: Any,
+        summary_max_tokens: int = 512,
+        keep_tokens: Optional[int] = None,
+        eviction: Eviction = "exact",
+        chunk: Optional[int] = None,
+        pinned_roles: Iterable[str] = ("system",),
+        timeout: Optional[float] = 60.0,
+    ) -> None:
+        if not callable(summarize):
+            if callable(getattr(summarize, "invoke", None)):
+                summarize = summarizer_from_client(summarize)
+            else:
+                raise TypeError(f"summarize: expected a callable (messages) -> str or a ModelClient, got {type(summarize).__name__}")
+        max_tokens = check_int("max_tokens", max_tokens, 1)
+        # a TokenBudgetFilter: the builder calls its _trim directly (the compiled sanitize
+        # decision, no Python sanitize step when the output is clean); validates the rest
+        super().__init__(max_tokens, check_counter(counter), pinned_roles=pinned_roles, eviction=eviction, chunk=chunk)
+        self.summarize = summarize
+        self.summary_max_tokens = check_int("summary_max_tokens", summary_max_tokens, 1)
+        if self.summary_max_tokens >= self.max_tokens:
+            raise ValueError(f"summary_max_tokens ({summary_max_tokens}) must be below max_tokens ({max_tokens})")
+        self.keep_tokens = None if keep_tokens is None else check_int("keep_tokens", keep_tokens, 1)
+        if timeout is not None and (isinstance(timeout, bool) or not isinstance(timeout, (int, float)) or not timeout > 0):
+            raise ValueError(f"timeout must be a positive number of seconds or None, got {timeout!r}")
+        self.timeout = timeout
+        self.eviction = eviction
+        self.chunk_tokens = chunk
+        self._plain = TokenBudgetFilter(max_tokens, self.counter, pinned_roles=self.pinned_roles,
+                                        eviction=eviction, chunk=chunk)
+        self._cutter = Cutter(self.counter)
+        self._fold = chunk if eviction == "chunked" and chunk else max(1, self.max_tokens // 4)
+        # the library's counters count a request as PER_REQUEST plus each message's count, so
+        # kept (within max_tokens - summary_max_tokens) plus the capped summary is within budget
+        self._additive = type(self.counter).__name__ in TRUSTED
+        self._reset()
+
+    def _reset(self) -> None:
+        self._lock = threading.RLock()
+        self._inner: dict[int, TokenBudgetFilter] = {}
+        self._over_ref: Optional[tuple[list[Message], int]] = None
+        self._last_span: Optional[tuple[list[Message], tuple[str, int]]] = None
+        #: (span, its summary message, the history copy it was cut from, the cut)
+        self._last: Optional[tuple[list[Message], Message, list[Message], int]] = None
+        self._chain: Optional[tuple[list[Message], list[tuple[int, int, int, bytes, str]]]] = None
+        self._by_content: dict[bytes, str] = {}
+        self._digests = ObjectCache()
+        self._messages: dict[tuple[int, int, str], Message] = {}
+        self.calls = 0
+        """How many times ``summarize`` was called (successful or not)."""
+
+    def __repr__(self) -> str:
+        return (f"SummarizingBudgetFilter(max_tokens={self.max_tokens}, counter={self.counter!r}, "
+                f"summarize={getattr(self.summarize, '__qualname__', self.summarize)!s}, "
+                f"summary_max_tokens={self.summary_max_tokens})")
+
+    def __getstate__(self) -> dict[str, Any]:
+        state = super().__getstate__()
+        for k in ("_inner", "_over_ref", "_last_span", "_last", "_chain", "_by_content", "_messages", "_digests", "_lock"):
+            state.pop(k, None)
+        return state
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        super().__setstate__(state)
+        calls = state.get("calls", 0)
+        self._reset()
+        self.calls = calls
+
+    def _inner_filter(self, limit: int) -> TokenBudgetFilter:
+        f = self._inner.get(limit)
+        if f is None:
+            if len(self._inner) >= 8:
+                self._inner.pop(next(iter(self._inner)))
+            f = self._inner[limit] = TokenBudgetFilter(limit, self.counter, pinned_roles=self.pinned_roles,
+                                                       eviction=self.eviction, chunk=self.chunk_tokens)
+        return f
+
+    def _trim(self, messages: Sequence[Any], tools_schema: Any, sanitize: bool) -> tuple[list[Message], bool]:
+        """``(output, clean)`` as ``TokenBudgetFilter._trim``: the budget's output with a summary
+        of what it dropped. A turn whose cut did not move costs what the budget filter costs:
+        one inner ``_trim`` (records extended, the compiled sanitize decision), the summary
+        message reused, two C-level list comparisons."""
+        try:
+            with self._lock:
+                return self._summarized(messages, tools_schema, sanitize)
+        except JianmuError:
+            raise
+        except Exception as exc:  # a budget stage never lets an untrimmed prompt through
+            raise TrimmingError(f"{type(self).__name__}: could not trim the prompt ({type(exc).__name__}: {exc})") from exc
+
+    def _trim_many(self, prompts: list[list[Message]], tools_schema: Any, sanitize: bool) -> list[Any]:
+        out: list[Any] = []
+        for p in prompts:
+            try:
+                out.append(self._trim(p, tools_schema, sanitize))
+            except Exception as exc:
+                out.append(exc)
+        return out
+
+    def _summarized(self, messages: Sequence[Any], tools_schema: Any, sanitize: bool) -> tuple[list[Message], bool]:
+        msgs = messages if type(messages) is list else list(messages)
+        n_pinned = 0
+        pinned = self.pinned_roles
+        while n_pinned < len(msgs) and msgs[n_pinned].role in pinned:
+            n_pinned += 1
+        limit = self.max_tokens - self.summary_max_tokens
+        if self.keep_tokens is not None:
+            fixed = int(self.counter.count_messages(msgs[:n_pinned])) + self._plain.tools_cost(tools_schema)
+            limit = min(limit, fixed + self.keep_tokens)
+        try:
+            kept, clean = self._inner_filter(max(1, limit))._trim(msgs, tools_schema, sanitize)
+        except ContextBudgetError:
+            return self._plain._trim(msgs, tools_schema, sanitize)  # no room for a summary
+        if len(kept) == len(msgs):
+            return kept, clean
+        over, grown = self._over(msgs, tools_schema)
+        if not over:
+            # everything fits the budget: nothing to summarize (the plain filter keeps it all)
+            return self._plain._trim(msgs, tools_schema, sanitize)
+        cut = len(msgs) - (len(kept) - n_pinned)
+        last = self._last
+        if grown and last is not None and last[2] is self._over_ref[0] and last[3] == cut:
+            summary = last[1]  # the same history, grown, and the cut did not move: the same summary
+        else:
+            span = msgs[n_pinned:cut]
+            if last is not None and len(last[0]) == len(span) and last[0] == span:
+                summary = last[1]
+            else:
+                got = self._summary_text(span) if span else None
+                if got is None:
+                    return self._plain._trim(msgs, tools_schema, sanitize)
+                summary = self._summary_message(got[0], len(span), got[1])
+            self._last = (span, summary, self._over_ref[0], cut)
+        out = kept[:n_pinned] + [summary] + kept[n_pinned:] if n_pinned else [summary] + kept
+        if not self._additive and int(self.counter.count_messages(out)) + self._plain.tools_cost(tools_schema) > self.max_tokens:
+            return self._plain._trim(msgs, tools_schema, sanitize)  # pragma: no cover - capped to fit
+        # a system message right after the pinned prefix changes no tool pairing: the inner
+        # filter's sanitize decision holds for the output
+        return out, clean
+
+    def _over(self, msgs: list[Message], tools_schema: Any) -> tuple[bool, bool]:
+        """Whether the whole prompt is over the budget, and whether ``msgs`` grew the history
+        last found over (our own copy, extended in place). A history that extends one known to
+        be over (with tools that cost no less) is over too, without counting it again."""
+        tools = self._plain.tools_cost(tools_schema)
+        known = self._over_ref
+        if known is not None:
+            ref, ref_tools = known
+            k = len(ref)
+            if tools >= ref_tools and _backend.extends(ref, msgs):
+                if len(msgs) > k:
+                    ref.extend(msgs[k:])
+                return True, True
+        over = int(self.counter.count_messages(msgs)) + tools > self.max_tokens
+        if over:
+            self._over_ref = (msgs[:], tools)
+        return over, False
+
+    def _digest(self, m: Message) -> bytes:
+        d = self._digests.get(m)
+        if d is None:
+            d = hashlib.sha256(json.dumps(m.to_openai(), sort_keys=True, ensure_ascii=False,
+                                          default=repr).encode("utf-8")).digest()
+            self._digests.put(m, d)
+        return d
+
+    def _folds(self, span: list[Message], start: int = 0, cum0: int = 0) -> tuple[list[tuple[int, int, int]], int]:
+        """Where the rolling summary of ``span`` folds after ``start`` (a fold point, ``cum0``
+        tokens after the span's start): the first unit start at or past each multiple of
+        ``fold`` tokens (cumulative from the span's start), then the span's end; each with the
+        tokens and the units before it from ``start`` (``-1`` tokens for the end). One pass
+        over ``span[start:]`` with the counter's cached counts."""
+        part = span[start:]
+        counts = [self.counter.count_message(m) for m in part] if self._additive else checked_counts(self.counter, part).tolist()
+        fold = self._fold
+        level = (cum0 // fold + 1) * fold  # the next multiple of fold a unit start may reach
+        acc = cum0
+        units = 0
+        ends: list[tuple[int, int, int]] = []
+        for j, m in enumerate(part):
+            if m.role != "tool":
+                if acc >= level:
+                    ends.append((start + j, acc, units))
+                    level = (acc // fold + 1) * fold
+                units += 1
+            acc += counts[j]
+        ends.append((len(span), -1, units))
+        return ends, units
+
+    def _summary_text(self, span: list[Message]) -> Optional[tuple[str, int]]:
+        """The summary of ``span`` and its number of units, a pure function of its content: a
+        fold over the pieces between ``_folds`` (each step ``summarize([summary so far,
+        *piece])``), every step cached by the content of the span up to it. With chunked
+        eviction the cut moves to those fold points, so a move costs one call. A span that
+        extends the previous one resumes at the previous span's last fold point (the fold
+        points of a span are those of every longer span), so a move also costs only its new
+        messages' bookkeeping. ``span`` is the caller's own list (kept, never changed)."""
+        last = self._last_span
+        if last is not None and len(span) == len(last[0]) and span == last[0]:
+            return last[1]
+        from ....message import system
+
+        text: Optional[str] = None
+        key = b""
+        lo = cum = units0 = 0
+        points: list[tuple[int, int, int, bytes, str]] = []  # (fold point, tokens, units before it, key, summary)
+        chain = self._chain
+        if chain is not None and chain[1] and _backend.extends(chain[0], span):
+            points = list(chain[1])
+            lo, cum, units0, key, text = points[-1]
+        ends, units = self._folds(span, lo, cum)
+        for hi, before, n_units in ends:
+            h = hashlib.sha256(key)
+            for m in span[lo:hi]:
+                h.update(self._digest(m))
+            key = h.digest()
+            got = self._by_content.get(key)
+            if got is None:
+                piece = span[lo:hi]
+                got = self._call(piece if text is None else [system(SUMMARY_HEADER + text), *piece])
+                if got is None:
+                    return None
+                if len(self._by_content) >= 1024:
+                    self._by_content.pop(next(iter(self._by_content)))
+                self._by_content[key] = got
+            text, lo = got, hi
+            if before >= 0:
+                points.append((hi, before, units0 + n_units, key, got))
+        self._chain = (span, points)
+        out = (text or "", units0 + units)
+        self._last_span = (span, out)
+        return out
+
+    def _call(self, messages: list[Message]) -> Optional[str]:
+        self.calls += 1
+        try:
+            fut = executor().submit(run_summarize, self.summarize, list(messages))
+            text = fut.result(timeout=self.timeout)
+        except concurrent.futures.TimeoutError:
+            self._warn(f"summarize did not answer within {self.timeout} s")
+            return None
+        except Exception as exc:
+            self._warn(f"summarize raised {type(exc).__name__}: {exc}")
+            return None
+        if not isinstance(text, str):
+            self._warn(f"summarize returned {type(text).__name__}, not a str")
+            return None
+        return text
+
+    def _warn(self, why: str) -> None:
+        logger.warning("SummarizingBudgetFilter: %s; the prompt is the plain budget filter's", why)
+        warnings.warn(f"SummarizingBudgetFilter: {why}; the prompt is the plain budget filter's (no summary)",
+                      SummaryFailedWarning, stacklevel=4)
+
+    def _summary_message(self, text: str, n: int, units: int) -> Message:
+        key = (n, units, text)
+        m = self._messages.get(key)
+        if m is not None:
+            return m
+        from ....message import system
+
+        edit = {"kind": "summary", "messages": n, "units": units}
+        m = system(SUMMARY_HEADER + text, metadata={EDIT_KEY: edit})
+        room = self.summary_max_tokens
+        if int(self.counter.count_message(m)) > room:
+            text = SUMMARY_HEADER + text
+            overhead = int(self.counter.count_message(m)) - self._cutter.count_text(text)
+            got = self._cutter.cut(text, max(0, room - overhead), DEFAULT_CUT_MARKER)
+            m = system(got[0] if got else "", metadata={EDIT_KEY: {**edit, "cut": True}})
+        if len(self._messages) >= 64:
+            self._messages.pop(next(iter(self._messages)))
+        self._messages[key] = m
+        return m
