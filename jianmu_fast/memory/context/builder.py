@@ -7,15 +7,20 @@ pipeline goes on, as the design document says. Errors of jianmu_fast's own hiera
 ...) protect the contract's invariants and always propagate.
 
 Hot loop: when every provider before the last is a fixed one (``StaticPromptProvider``,
-``ToolsDescProvider``), the last is a ``StateHistoryProvider`` and every filter is a
-``MaxMessagesFilter`` or ``TokenBudgetFilter`` (the presets' usual shape), ``build()`` keeps
-its prompt (before the filters) between calls and, when the history only grew, extends it by
-the new messages instead of copying the whole history again. It is made anew whenever a
-fixed message, the semantics note or the history provider's list is another object (any edit
-of the history other than appending, see ``StateHistoryProvider``), when ``providers`` or
+``ToolsDescProvider``), the last is a ``StateHistoryProvider`` and every filter is one of the
+library's own (exact classes, no subclass): ``MaxMessagesFilter``, ``TokenBudgetFilter`` or a
+context-editing stage (``ToolResultCapFilter``, ``ClearToolResultsFilter``,
+``SummarizingBudgetFilter``; the presets' shapes), ``build()`` keeps its prompt (before the
+filters) between calls and, when the history only grew, extends it by the new messages
+instead of copying the whole history again; the stages' outputs (new lists of Messages) go to
+the next stage without the per-message type check, and a trimming filter last decides the
+sanitize step in compiled code, as on the general path. The kept prompt is made anew whenever
+a fixed message, the semantics note or the history provider's list is another object (any
+edit of the history other than appending, see ``StateHistoryProvider``), when ``providers`` or
 ``filters`` changed, or when a stage's method was replaced on the instance (then the general
-path runs). The kept list never leaves the builder (the filters return new lists), is not
-pickled, and a call that finds another thread using it takes the general path.
+path runs). The kept list never leaves the builder (the filters return new lists, and a stage
+that failed and was skipped hands on a copy), is not pickled, and a call that finds another
+thread using it takes the general path. Outputs and errors are the general path's.
 """
 
 from __future__ import annotations
@@ -129,39 +134,76 @@ def _limit_filters(max_messages: Optional[int], max_tokens: Optional[int], token
     return out
 
 
-def _derive_hot(providers: list[Any], filters: list[Any]) -> Optional["_Hot"]:
-    """The hot plan of these stages, or None (see ``_Hot``)."""
+_EDITING_MODULE = __name__.rpartition(".")[0] + ".editing"
+
+
+def _editing_classes() -> tuple[type, type, type]:
+    """``(ToolResultCapFilter, ClearToolResultsFilter, SummarizingBudgetFilter)``, imported on
+    first use (a dict hit afterwards)."""
+    classes = _LAZY.get("editing")
+    if classes is None:
+        from .editing import ClearToolResultsFilter, SummarizingBudgetFilter, ToolResultCapFilter
+
+        classes = _LAZY["editing"] = (ToolResultCapFilter, ClearToolResultsFilter, SummarizingBudgetFilter)
+    return classes
+
+
+def _hot_filter_kind(flt: Any) -> int:
+    """0: not a hot-path filter; 1: a stage whose ``apply`` never keeps, changes or returns the
+    list it is given and returns a new list of Messages (the context-editing cap and clearing);
+    2: a trimming filter with ``_trim(messages, tools_schema, sanitize) -> (output, clean)``
+    (``MaxMessagesFilter``, ``TokenBudgetFilter``, ``SummarizingBudgetFilter``), which returns
+    a new list of Messages too. Exact classes only: a subclass may do anything."""
     from .filters import MaxMessagesFilter, TokenBudgetFilter
 
+    cls = type(flt)
+    if cls is MaxMessagesFilter or cls is TokenBudgetFilter:
+        return 2
+    if not cls.__module__.startswith(_EDITING_MODULE):
+        return 0  # (no import of the editing module for a filter that cannot be one of its)
+    cap, clear, summarizing = _editing_classes()
+    if cls is cap or cls is clear:
+        return 1
+    return 2 if cls is summarizing else 0
+
+
+def _derive_hot(providers: list[Any], filters: list[Any]) -> Optional["_Hot"]:
+    """The hot plan of these stages, or None (see ``_Hot``)."""
     history_cls = _history_provider_cls()
     if not providers or not filters or type(providers[-1]) is not history_cls:
         return None
-    if not all(type(f) in (MaxMessagesFilter, TokenBudgetFilter) for f in filters):
+    kinds = [_hot_filter_kind(f) for f in filters]
+    if not all(kinds):
         return None  # the library's own (no subclass): they never keep the list they are given
     heads = providers[:-1]
     if not all(_returns_messages(p) and type(p) is not history_cls for p in heads):
         return None
-    return _Hot(providers, filters)
+    return _Hot(providers, filters, kinds[-1] == 2)
 
 
 class _Hot:
     """How ``build()`` may keep its prompt between calls (the agent loop), derived from the
     stages: every provider before the last is one of the library's fixed ones
     (``StaticPromptProvider``, ``ToolsDescProvider``), the last is a ``StateHistoryProvider``,
-    and every filter is one of the library's trimming filters (which never keep, change or
-    return the list they are given)."""
+    and every filter is one of the library's trimming or context-editing filters (which never
+    keep, change or return the list they are given, and return a new list of Messages; see
+    ``_hot_filter_kind``)."""
 
-    __slots__ = ("heads", "static", "history", "single", "dicts")
+    __slots__ = ("heads", "static", "history", "n", "last", "dicts")
 
-    def __init__(self, providers: list[Any], filters: list[Any]) -> None:
+    def __init__(self, providers: list[Any], filters: list[Any], trims_last: bool) -> None:
         self.heads = providers[:-1]
         static_cls = _static_prompt_cls()
         #: all heads are StaticPromptProviders: their messages are read directly
         self.static = all(type(p) is static_cls for p in self.heads)
         self.history = providers[-1]
-        self.single = filters[0] if len(filters) == 1 else None
-        #: the stages' instance dicts, where a replaced get_messages / apply would show
+        self.n = len(filters)
+        #: the last filter when it is a trimming one (called through its ``_trim``), else None
+        self.last = filters[-1] if trims_last else None
+        #: the stages' instance dicts, where a replaced get_messages / apply / _trim would show
         self.dicts = [(vars(p), "get_messages") for p in providers] + [(vars(f), "apply") for f in filters]
+        if trims_last:
+            self.dicts.append((vars(filters[-1]), "_trim"))
 
 
 class _Turn:
@@ -347,11 +389,7 @@ class ContextBuilder:
         if hot is not None and self._turn_lock.acquire(False):
             try:  # the builder's own prompt, grown by the new history (see _provide_hot)
                 prompt = self._provide_hot(hot, local_state, global_state, ctx, tools_schema)
-                flt = hot.single
-                if flt is not None and self.sanitize:  # _filter's path for one trimming filter
-                    out, clean = flt._trim(prompt, tools_schema, True)
-                    return out if clean else self._finish(out, tools_schema)
-                return self._filter(prompt, local_state, global_state, ctx, tools_schema)
+                return self._filter_hot(hot, prompt, local_state, global_state, ctx, tools_schema)
             finally:
                 self._turn_lock.release()
         messages = self._provide(local_state, global_state, ctx, tools_schema)
@@ -485,15 +523,36 @@ class ContextBuilder:
             messages = self._apply_filter(last, messages, local_state, global_state, ctx, tools_schema)
         return self._finish(messages, tools_schema)
 
-    def _apply_filter(self, i, messages, local_state, global_state, ctx, tools_schema) -> list[Message]:
-        """Run ``filters[i]`` with the pipeline's error isolation (shared with ``jianmu_fast.batch``)."""
+    def _filter_hot(self, hot: _Hot, prompt: list[Message], local_state: Any, global_state: Any, ctx: Any,
+                    tools_schema: Any) -> list[Message]:
+        """``_filter`` for the hot plan's filters over the builder's own ``prompt``: the same
+        calls, error isolation and sanitize step, without the per-message type check of each
+        stage's output (a new list of Messages from a stage given Messages, see
+        ``_hot_filter_kind``)."""
+        messages = prompt
+        last = hot.last
+        if last is not None and self.sanitize:  # _filter's path for a trimming filter last
+            for i in range(hot.n - 1):
+                messages = self._apply_filter(i, messages, local_state, global_state, ctx, tools_schema, True)
+            out, clean = last._trim(messages, tools_schema, True)
+            return out if clean else self._finish(out, tools_schema)
+        for i in range(hot.n):
+            messages = self._apply_filter(i, messages, local_state, global_state, ctx, tools_schema, True)
+        if messages is prompt:  # every stage failed and was skipped: never hand out our own list
+            messages = prompt.copy()
+        return self._finish(messages, tools_schema)
+
+    def _apply_filter(self, i, messages, local_state, global_state, ctx, tools_schema,
+                      trusted: bool = False) -> list[Message]:
+        """Run ``filters[i]`` with the pipeline's error isolation (shared with ``jianmu_fast.batch``).
+        ``trusted``: the filter is known to return a new list of Messages (the hot plan's)."""
         flt = self.filters[i]
         try:
             if self._filter_takes_tools[i]:
                 out = flt.apply(messages, local_state, global_state, ctx, tools_schema=tools_schema)
             else:
                 out = flt.apply(messages, local_state, global_state, ctx)
-            if type(out) is list and countOf(map(type, out), Message) == len(out):
+            if trusted or (type(out) is list and countOf(map(type, out), Message) == len(out)):
                 return out  # already a list of Messages: skip the per-item coercion loop
             return coerce_messages(out, f"filters[{i}] ({type(flt).__name__}) output")
         except JianmuError:

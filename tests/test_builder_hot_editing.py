@@ -1,0 +1,320 @@
+"""The builder's hot path with the context-editing stages (issue 19).
+
+``ToolResultCapFilter``, ``ClearToolResultsFilter`` and ``SummarizingBudgetFilter`` (exact
+classes), alone or chained as ``for_react`` builds them (cap → clear → budget/summarizer) or in
+any other order, keep the builder on its hot path (``ContextBuilder._provide_hot`` /
+``_filter_hot``). Every output and every error is compared with the general path of an
+identical builder (a call that finds the builder's prompt lock taken runs the general path, as
+a second thread's call does) along randomly growing histories, and with a fresh builder's at
+the end; run on both backends (``JIANMU_FAST_PURE_PYTHON=1`` for the pure-Python twins).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import pickle
+import random
+import threading
+import warnings
+from typing import Any, Callable
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from jianmu_fast.errors import JianmuError
+from jianmu_fast.memory.context import (
+    ClearToolResultsFilter,
+    ContextBuilder,
+    MaxMessagesFilter,
+    SimpleTokenCounter,
+    StateHistoryProvider,
+    StaticPromptProvider,
+    SummarizingBudgetFilter,
+    TiktokenTokenCounter,
+    TokenBudgetFilter,
+    ToolResultCapFilter,
+)
+from jianmu_fast.memory.context.editing import SummaryFailedWarning
+from jianmu_fast.message import Message, ai, human, system, tool
+
+TIKTOKEN = TiktokenTokenCounter("o200k_base")
+SIMPLE = SimpleTokenCounter()
+TOOLS = [{"type": "function", "function": {"name": f"tool_{i}", "description": "does a thing " * 15,
+                                           "parameters": {"type": "object", "properties": {"q": {"type": "string"}}}}}
+         for i in range(3)]
+SETTINGS = settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+WORDS = ["alpha", "beta", "gamma", "delta", "中文", "é", "🙂", "{\"k\": 1}", "\n", "42"]
+
+
+def summarize(messages: list[Message]) -> str:
+    """Deterministic: the first words of each user message."""
+    return "asked: " + " / ".join(str(m.content)[:20] for m in messages if m.role == "user")
+
+
+def history(seed: int, n_units: int, broken: bool) -> list[Message]:
+    """A seeded agent history: a system prompt (mostly), users, answers and tool rounds
+    (parallel calls too) whose results are small or thousands of tokens, text or blocks; with
+    ``broken``, now and then a result that answers no call."""
+    rnd = random.Random(seed)
+    msgs: list[Message] = [system("You are an agent. " * rnd.randint(1, 30))] if rnd.random() < 0.8 else []
+    n = 0
+
+    def text(lo: int, hi: int) -> str:
+        return " ".join(rnd.choice(WORDS) for _ in range(rnd.randint(lo, hi)))
+
+    for _ in range(n_units):
+        kind = rnd.choice(["user", "assistant", "tools", "tools", "tools"])
+        if kind == "user":
+            msgs.append(human(text(1, 30)))
+        elif kind == "assistant":
+            msgs.append(ai(text(1, 40)))
+        else:
+            calls = []
+            for _ in range(rnd.choice([1, 1, 2])):
+                n += 1
+                calls.append({"id": f"c{n}", "type": "function",
+                              "function": {"name": rnd.choice(["search", "read_file", "memory"]),
+                                           "arguments": json.dumps({"q": text(1, 5)})}})
+            msgs.append(ai(None, tool_calls=calls))
+            for c in calls:
+                size = rnd.choice([(1, 20), (1, 60), (100, 400), (600, 2500)])
+                if rnd.random() < 0.15:
+                    content: Any = [{"type": "text", "text": text(*size)}, {"type": "text", "text": text(1, 50)}]
+                else:
+                    content = text(*size)
+                msgs.append(tool(content, tool_call_id=c["id"]))
+        if broken and rnd.random() < 0.05:
+            msgs.append(tool("orphan " + text(1, 5), tool_call_id=f"nobody{n}"))
+    return msgs
+
+
+#: the stage lists under test: (name, factory(counter, budget, keep, clear_at_least, chunked))
+def _summ(counter: Any, budget: int, chunked: bool) -> SummarizingBudgetFilter:
+    return SummarizingBudgetFilter(budget, counter, summarize=summarize, summary_max_tokens=max(1, budget // 8),
+                                   eviction="chunked" if chunked else "exact", chunk=max(1, budget // 4) if chunked else None)
+
+
+def _budget(counter: Any, budget: int, chunked: bool) -> TokenBudgetFilter:
+    return TokenBudgetFilter(budget, counter, eviction="chunked" if chunked else "exact",
+                             chunk=max(1, budget // 4) if chunked else None)
+
+
+COMBOS: dict[str, Callable[..., list[Any]]] = {
+    "cap": lambda c, b, k, a, ch: [ToolResultCapFilter(b // 4, c)],
+    "clear": lambda c, b, k, a, ch: [ClearToolResultsFilter(b, c, keep=k, clear_at_least=a)],
+    "summarizer": lambda c, b, k, a, ch: [_summ(c, b, ch)],
+    "cap+budget": lambda c, b, k, a, ch: [ToolResultCapFilter(b // 4, c), _budget(c, b, ch)],
+    "clear+budget": lambda c, b, k, a, ch: [ClearToolResultsFilter(b, c, keep=k, clear_at_least=a), _budget(c, b, ch)],
+    "cap+clear+budget": lambda c, b, k, a, ch: [ToolResultCapFilter(b // 4, c),
+                                                ClearToolResultsFilter(b, c, keep=k, clear_at_least=a), _budget(c, b, ch)],
+    "cap+clear+summarizer": lambda c, b, k, a, ch: [ToolResultCapFilter(b // 4, c),
+                                                    ClearToolResultsFilter(b - b // 8, c, keep=k, clear_at_least=a),
+                                                    _summ(c, b, ch)],
+    "max+cap+clear+budget": lambda c, b, k, a, ch: [MaxMessagesFilter(30), ToolResultCapFilter(b // 4, c),
+                                                    ClearToolResultsFilter(b, c, keep=k, clear_at_least=a,
+                                                                           clear_tool_inputs=True), _budget(c, b, ch)],
+    "budget+cap": lambda c, b, k, a, ch: [_budget(c, b, ch), ToolResultCapFilter(b // 8, c)],
+    "summarizer+max": lambda c, b, k, a, ch: [_summ(c, b, ch), MaxMessagesFilter(12)],
+    "clear+cap+clear": lambda c, b, k, a, ch: [ClearToolResultsFilter(b, c, keep=k), ToolResultCapFilter(b // 4, c),
+                                               ClearToolResultsFilter(b // 2, c, keep=1, exclude_tools=("memory",))],
+}
+
+
+def make(combo: str, counter: Any, budget: int, keep: int, at_least: int, chunked: bool, sanitize: bool) -> ContextBuilder:
+    return ContextBuilder(providers=[StaticPromptProvider("You are a careful agent."), StateHistoryProvider()],
+                          filters=COMBOS[combo](counter, budget, keep, at_least, chunked), sanitize=sanitize)
+
+
+def dump(msgs: list[Message]) -> list:
+    """What is sent, plus metadata and ids (a fixed prompt's id is per builder)."""
+    return [(m.role, m.content, m.tool_calls, m.tool_call_id, m.name, m.metadata, None if m.role == "system" else m.id)
+            for m in msgs]
+
+
+def outcome(b: ContextBuilder, state: Any, tools: Any) -> tuple:
+    """``("ok", dump)`` or ``("error", type, message)``."""
+    try:
+        return ("ok", dump(b.build(state, tools_schema=tools)))
+    except JianmuError as exc:
+        return ("error", type(exc).__name__, str(exc))
+
+
+def general(b: ContextBuilder) -> ContextBuilder:
+    """``b`` with its prompt lock held: each ``build`` runs the general path."""
+    assert b._turn_lock.acquire(False)
+    return b
+
+
+@given(seed=st.integers(0, 10**6), combo=st.sampled_from(sorted(COMBOS)), budget=st.sampled_from([300, 1200, 4000]),
+       keep=st.integers(0, 4), at_least=st.sampled_from([0, 100, 1000]), chunked=st.booleans(),
+       sanitize=st.booleans(), tools=st.booleans(), simple=st.booleans(), broken=st.booleans())
+@SETTINGS
+def test_hot_path_equals_the_general_path_along_growing_histories(seed, combo, budget, keep, at_least, chunked,
+                                                                   sanitize, tools, simple, broken):
+    counter = SIMPLE if simple else TIKTOKEN
+    hist = history(seed, 40, broken)
+    rnd = random.Random(seed + 1)
+    hot = make(combo, counter, budget, keep, at_least, chunked, sanitize)
+    ref = general(make(combo, counter, budget, keep, at_least, chunked, sanitize))
+    assert hot._hot is not None and ref._hot is not None  # every combination is admitted
+    schema = TOOLS if tools else None
+    state: dict[str, Any] = {"messages": []}
+    end = 0
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        while end < len(hist):
+            step = rnd.choice([1, 1, 2, 3, 7])
+            state["messages"].extend(hist[end:end + step])  # the agent loop: one list, grown in place
+            end += step
+            got = outcome(hot, state, schema)
+            assert got == outcome(ref, state, schema)
+            assert hot._turn is not None  # the hot path ran (and kept its prompt)
+            if rnd.random() < 0.05:  # now and then an edit that is not appending: the prompt is made anew
+                i = rnd.randrange(len(state["messages"]))
+                state["messages"] = state["messages"][:i] + [human(f"edited {i}")] + state["messages"][i + 1:]
+                assert outcome(hot, state, schema) == outcome(ref, state, schema)
+    assert ref._turn is None
+    fresh = make(combo, counter, budget, keep, at_least, chunked, sanitize)
+    assert outcome(fresh, {"messages": list(state["messages"])}, schema) == outcome(hot, state, schema)
+
+
+@pytest.mark.parametrize("editing", [
+    {"tool_result_max_tokens": 300},
+    {"clear_tool_results": 2},
+    {"summarize": summarize},
+    {"tool_result_max_tokens": 300, "clear_tool_results": {"keep": 1, "clear_tool_inputs": True}, "summarize": summarize},
+])
+def test_presets_with_editing_stages_take_the_hot_path(editing):
+    hist = history(7, 120, False)
+    b = ContextBuilder.for_react("You are an agent.", max_tokens=2000, token_counter=TIKTOKEN, **editing)
+    ref = general(ContextBuilder.for_react("You are an agent.", max_tokens=2000, token_counter=TIKTOKEN, **editing))
+    state: dict[str, Any] = {"messages": []}
+    kept = None
+    for m in hist:
+        state["messages"].append(m)
+        assert outcome(b, state, None) == outcome(ref, state, None)
+        if kept is not None and b._turn.note is not None:
+            assert b._turn.prompt is kept  # grown in place, not rebuilt (once the semantics note is there)
+        kept = b._turn.prompt if b._turn.note is not None else None
+    assert b._hot is not None and b._hot.last is (b.filters[-1])
+
+
+class Boom(SimpleTokenCounter):
+    """A counter whose ``count_text`` fails on one word (not a library error)."""
+
+    def count_text(self, text: str) -> int:
+        if "BOOM" in text:
+            raise RuntimeError("cannot count BOOM")
+        return super().count_text(text)
+
+
+@pytest.mark.parametrize("sanitize", [True, False])
+def test_a_failing_editing_stage_is_skipped_as_on_the_general_path(sanitize, caplog):
+    def builder() -> ContextBuilder:
+        return ContextBuilder(providers=[StaticPromptProvider("x"), StateHistoryProvider()],
+                              filters=[ToolResultCapFilter(5, Boom())], sanitize=sanitize)
+
+    b, ref = builder(), general(builder())
+    state = {"messages": [human("q"), ai(None, tool_calls=[{"id": "c1", "type": "function",
+                                                            "function": {"name": "f", "arguments": "{}"}}])]}
+    state["messages"].append(tool("word " * 20, tool_call_id="c1"))
+    assert outcome(b, state, None) == outcome(ref, state, None)
+    state["messages"] += [ai(None, tool_calls=[{"id": "c2", "type": "function", "function": {"name": "f", "arguments": "{}"}}]),
+                          tool("BOOM " * 20, tool_call_id="c2")]  # the cap raises: skipped, logged
+    with caplog.at_level(logging.ERROR, logger="jianmu_fast.context"):
+        out = b.build(state)
+    assert "filters[0] (ToolResultCapFilter) failed" in caplog.text
+    assert dump(out) == outcome(ref, state, None)[1]
+    assert out is not b._turn.prompt  # the kept prompt never reaches the caller
+    out.clear()
+    assert dump(b.build(state)) == outcome(ref, state, None)[1]
+
+
+def test_a_failing_summarizer_falls_back_as_on_the_general_path():
+    def bad(messages: list[Message]) -> str:
+        raise RuntimeError("model down")
+
+    def builder() -> ContextBuilder:
+        return ContextBuilder(providers=[StaticPromptProvider("x"), StateHistoryProvider()],
+                              filters=[ClearToolResultsFilter(700, TIKTOKEN, keep=1),
+                                       SummarizingBudgetFilter(800, TIKTOKEN, summarize=bad, summary_max_tokens=100)])
+
+    b, ref = builder(), general(builder())
+    state: dict[str, Any] = {"messages": []}
+    seen = []
+    for m in history(3, 60, False):
+        state["messages"].append(m)
+        with warnings.catch_warnings(record=True) as hot_w:
+            warnings.simplefilter("always")
+            got = outcome(b, state, None)
+        with warnings.catch_warnings(record=True) as ref_w:
+            warnings.simplefilter("always")
+            want = outcome(ref, state, None)
+        assert got == want
+        assert [type(w.message) for w in hot_w] == [type(w.message) for w in ref_w]
+        seen += [type(w.message) for w in hot_w]
+    assert b.filters[-1].calls > 0 and SummaryFailedWarning in seen
+
+
+def test_subclasses_and_replaced_methods_leave_the_hot_path():
+    class MyClear(ClearToolResultsFilter):
+        pass
+
+    def builder(*filters: Any) -> ContextBuilder:
+        return ContextBuilder(providers=[StaticPromptProvider("x"), StateHistoryProvider()], filters=list(filters))
+
+    assert builder(MyClear(100))._hot is None
+    assert builder(ToolResultCapFilter(10), TokenBudgetFilter(100))._hot is not None
+    state = {"messages": history(5, 30, False)}
+    b = builder(ToolResultCapFilter(50, TIKTOKEN), ClearToolResultsFilter(300, TIKTOKEN, keep=1),
+                SummarizingBudgetFilter(400, TIKTOKEN, summarize=summarize, summary_max_tokens=50))
+    want = dump(b.build(state))
+    for flt, name in [(b.filters[0], "apply"), (b.filters[1], "apply"), (b.filters[2], "apply"), (b.filters[2], "_trim")]:
+        original = getattr(flt, name)
+        calls: list[int] = []
+
+        def spy(*a: Any, _orig: Any = original, _calls: list = calls, **k: Any) -> Any:
+            _calls.append(1)
+            return _orig(*a, **k)
+
+        setattr(flt, name, spy)
+        assert b._hot_plan() is None
+        assert dump(b.build(state)) == want and calls  # the instance's method ran
+        delattr(flt, name)
+        assert b._hot_plan() is not None
+    b.filters.append(MyClear(100))  # a changed filter list: derived again
+    assert b._hot_plan() is None
+    b.filters.pop()
+    assert b._hot_plan() is not None and dump(b.build(state)) == want
+
+
+def test_pickled_and_threaded_builders_with_editing_stages():
+    b = ContextBuilder.for_react("You are an agent.", max_tokens=1500, token_counter=TIKTOKEN,
+                                 tool_result_max_tokens=300, clear_tool_results=2, summarize=summarize)
+    hist = history(11, 80, False)
+    state = {"messages": hist[:150]}
+    first = dump(b.build(state))
+    other = pickle.loads(pickle.dumps(b))
+    assert other._turn is None and dump(other.build(state)) == first and other._turn is not None
+    states = [{"messages": history(20 + t, 50, False)} for t in range(4)]
+    want = [outcome(ContextBuilder.for_react("You are an agent.", max_tokens=1500, token_counter=TIKTOKEN,
+                                             tool_result_max_tokens=300, clear_tool_results=2, summarize=summarize),
+                    s, None) for s in states]
+    errors: list[Any] = []
+
+    def run(t: int) -> None:
+        try:
+            for _ in range(25):
+                if outcome(b, {"messages": list(states[t]["messages"])}, None) != want[t]:
+                    errors.append(t)
+        except Exception as exc:  # pragma: no cover - reported below
+            errors.append(exc)
+
+    threads = [threading.Thread(target=run, args=(t,)) for t in range(4)]
+    for th in threads:
+        th.start()
+    for th in threads:
+        th.join()
+    assert errors == []
