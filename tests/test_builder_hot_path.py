@@ -6,7 +6,8 @@ calls and extends it by the new history. These tests pin what invalidates that p
 edit of the history other than appending, a changed fixed provider, a changed semantics
 note, changed ``providers``/``filters`` lists, a method replaced on an instance; and that the
 kept list never leaks to a caller, pickles away, and survives threads. Every output is
-compared with a fresh builder's (no state) on the same input.
+compared with a fresh builder's (no state) on the same input. The context-editing stages on
+the same path: ``tests/test_builder_hot_editing.py``.
 """
 
 from __future__ import annotations
