@@ -525,9 +525,10 @@ class ChatTemplateTokenCounter:
         if self.additive:
             self._sensitive = frozenset(f for f, probes in _FEATURE_PROBES.items() if not self._probes_add_up(probes))
         self._local_units = {}
-        for k in range(1, 4):  # probe the usual unit patterns once, not in the hot loop
+        for n_calls in range(1, 4):  # probe the usual unit patterns once, not in the hot loop
             for text in ("", "."):  # calls alone, and with a line of text ("Let me check.")
-                self._is_local([{"role": "assistant", "content": text, "tool_calls": [{}] * k}] + [{"role": "tool"}] * k)
+                call: dict[str, Any] = {"role": "assistant", "content": text, "tool_calls": [{}] * n_calls}
+                self._is_local([call] + [{"role": "tool"}] * n_calls)
         for role in ("system", "user", "assistant"):
             self._is_local([{"role": role}])
 
@@ -705,12 +706,12 @@ class ChatTemplateTokenCounter:
                 snap = (copy.deepcopy(m.content), copy.deepcopy(m.tool_calls))
             with self._lock:
                 if len(self._memo) >= self.cache_size:
-                    for k in list(self._memo)[: self.cache_size // 4]:
-                        del self._memo[k]
+                    for old_id in list(self._memo)[: self.cache_size // 4]:
+                        del self._memo[old_id]
                 self._memo[id(m)] = (weakref.ref(m), snap, d, key)
                 if len(self._by_key) >= self.cache_size:
-                    for k in list(self._by_key)[: self.cache_size // 4]:
-                        del self._by_key[k]
+                    for old_key in list(self._by_key)[: self.cache_size // 4]:
+                        del self._by_key[old_key]
                 self._by_key[key] = d
         return key, d
 
