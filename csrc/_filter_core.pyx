@@ -562,9 +562,10 @@ cdef class Records:
     prefix sums of the counts over the counted tail, so a plan is a binary search."""
 
     cdef readonly Py_ssize_t n
-    cdef Py_ssize_t cap, ids_cap, n_ids, c0, pin_n
+    cdef Py_ssize_t cap, ids_cap, n_ids, c0, pin_n, common
     cdef int64_t pin_mask
     cdef bint dirty, ps_ok
+    cdef Py_ssize_t last_lo
     cdef object _ra, _ca, _rida, _offa, _idsa, _psa
     cdef int8_t* r
     cdef int64_t* c
@@ -589,6 +590,7 @@ cdef class Records:
         self.ids_cap = 0
         self.c0 = 0
         self.pin_n = 0
+        self.common = 0
         self.pin_mask = -1
         self.dirty = False
         self.ps_ok = True
@@ -683,40 +685,76 @@ cdef class Records:
     # -- growth -----------------------------------------------------------------------------
 
     cdef Py_ssize_t _match(self, list msgs) except -2:
-        cdef Py_ssize_t n = self.n, i
+        cdef Py_ssize_t n = self.n, m = PyList_GET_SIZE(msgs), i, lim
         cdef PyObject* a
         cdef PyObject* b
-        if PyList_GET_SIZE(msgs) < n:
-            return -1
-        if n == 0 or memcmp((<PyListObject*>msgs).ob_item, (<PyListObject*>self._msgs).ob_item,
-                            n * sizeof(PyObject*)) == 0:
-            return PyList_GET_SIZE(msgs) - n  # the same objects: one vectorized comparison
-        for i in range(n):
+        if m >= n and (n == 0 or memcmp((<PyListObject*>msgs).ob_item, (<PyListObject*>self._msgs).ob_item,
+                                        n * sizeof(PyObject*)) == 0):
+            return m - n  # the same objects: one vectorized comparison
+        lim = m if m < n else n
+        for i in range(lim):
             a = PyList_GET_ITEM(msgs, i)
             b = PyList_GET_ITEM(self._msgs, i)
             if a != b:
                 x = <object>a
                 y = <object>b
                 if not PyObject_RichCompareBool(x, y, Py_EQ):
+                    self.common = i
                     return -1
-                if PyList_GET_SIZE(msgs) < n:  # the comparison changed the list
+                if PyList_GET_SIZE(msgs) < m:  # the comparison changed the list
+                    self.common = 0
                     return -1
                 self._msgs[i] = x
-        return PyList_GET_SIZE(msgs) - n
+        if m < n:
+            self.common = m
+            return -1
+        return m - n
 
     def match(self, list msgs):
         """See the twin."""
         return self._match(msgs)
 
+    cdef Py_ssize_t _rewind(self) except -1:
+        """See the twin."""
+        cdef Py_ssize_t k = self.common
+        if k == 0 or len(self._intern) > 2 * (self.n_ids + self.n) + 64:
+            return 0
+        self._truncate(k)
+        return k
+
+    cdef int _truncate(self, Py_ssize_t k) except -1:
+        del self._msgs[k:]
+        self.n = k
+        self.n_ids = self.off[k]
+        if self.pin_n > k:
+            self.pin_n = k
+        if not self.dirty and not (self.ps_ok and self.c0 <= k):
+            self.dirty = True  # the prefix sums up to k are not all valid: rebuilt when planning
+        return 0
+
+    def truncate(self, Py_ssize_t k):
+        """See the twin."""
+        if not 0 <= k <= self.n:
+            raise ValueError(f"k must be between 0 and {self.n}, got {k}")
+        self._truncate(k)
+
     def advance(self, list msgs, count):
         """See the twin."""
-        cdef Py_ssize_t k = self._match(msgs), i
+        cdef Py_ssize_t k = self._match(msgs), i, skip = 0
+        if k < 0:
+            if not self._rewind():
+                return -1
+            k = PyList_GET_SIZE(msgs) - self.n
+            skip = self.last_lo - self.n if self.last_lo - self.n < k else k
         if k <= 0:
             return k
         new = msgs[self.n:]
         for i in range(k):
             if type(<object>PyList_GET_ITEM(new, i)) is not self._type:
                 return -2
+        if skip > 0:
+            self.extend(new[:skip])
+            new = new[skip:]
         self.extend(new, count(new))
         return k
 
@@ -927,23 +965,32 @@ cdef class Records:
         cdef int64_t out[4]
         _check_plan_args(budget, chunk)
         if self.n == 0:
+            self.last_lo = 0
             return (0, 0, 0, 0)
         self._decide(budget, pinned_mask, from_start, chunk, pinned_free, out)
         if out[0] == 3:
             raise MemoryError()
+        if out[0] == 0:
+            self.last_lo = out[2]
         return (out[0], out[1], out[2], out[3])
 
     def window(self, list msgs, count, int64_t budget, tuple settings, bint sanitize):
         """See the twin."""
         cdef int64_t out[4]
-        cdef Py_ssize_t k = self._match(msgs), i, n_pinned, lo, hi, j
+        cdef Py_ssize_t k = self._match(msgs), i, n_pinned, lo, hi, j, skip = 0
         if k < 0:
-            return None
+            if not self._rewind():
+                return None
+            k = PyList_GET_SIZE(msgs) - self.n
+            skip = self.last_lo - self.n if self.last_lo - self.n < k else k
         if k > 0:
             new = msgs[self.n:]
             for i in range(k):
                 if type(<object>PyList_GET_ITEM(new, i)) is not self._type:
                     return None
+            if skip > 0:
+                self.extend(new[:skip])
+                new = new[skip:]
             self.extend(new, count(new))
         if len(settings) != 4:
             raise ValueError(f"settings must be (pinned_mask, from_start, chunk, pinned_free), got {settings!r}")
@@ -953,6 +1000,8 @@ cdef class Records:
             return None
         self._decide(budget, mask, from_start, chunk, pinned_free, out)
         n_pinned, lo, hi = out[1], out[2], out[3]
+        if out[0] == 0:
+            self.last_lo = lo
         if out[0] != 0 or n_pinned == self.n or lo == hi or PyList_GET_SIZE(msgs) < self.n:
             return None  # (the last test: count() shortened msgs; the caller starts over)
         result = PyList_New(n_pinned + hi - lo)
@@ -1012,7 +1061,7 @@ cdef int _fill(counter, ms, list missing, list out, str where) except -1:
     cdef list rows = []
     cdef dict need = {}
     cdef list texts, rest
-    cdef Py_ssize_t i, added, longest
+    cdef Py_ssize_t i, added, longest, size
     cdef bint keep
     for i in missing:
         m = ms[i]
@@ -1074,9 +1123,17 @@ cdef int _fill(counter, ms, list missing, list out, str where) except -1:
     if need:
         new = list(need)
         encode = counter._direct_encode  # what _encode_counts does for one text, without its frame
+        size = 0
+        if encode is not None and counter._auto_chars >= 0:  # engine="auto" still counting; see the twin
+            for t in new:
+                size += len(<str>t)
+            if counter._auto_chars + size >= counter.AUTO_FASTOKENS_CHARS:
+                encode = None
         if encode is not None:
             try:
                 counts = [len(encode(t)) for t in new]
+                if size:
+                    counter._auto_chars += size
             except UnicodeEncodeError:
                 counts = counter._encode_counts(new)
         else:

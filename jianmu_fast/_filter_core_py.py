@@ -416,7 +416,10 @@ class Records:
     id), as ``plan_window`` and ``sanitize_window`` read them, plus the messages themselves.
 
     The next prompt that starts with the recorded messages (``match``) only appends records
-    (``advance``), so a turn of the agent loop costs its new messages. ``plan`` and
+    (``advance``), so a turn of the agent loop costs its new messages. A prompt that shares
+    only a prefix with them (a message edited, inserted or deleted in the middle, as context
+    editing does) keeps the records of that common prefix and re-appends the rest
+    (``truncate`` then ``extend``), so an edit costs the messages after it. ``plan`` and
     ``sanitize`` equal ``plan_window`` and ``sanitize_window`` over ``roles``, ``counts``,
     ``call_off``, ``call_ids`` and ``result_ids``; the compiled twin keeps prefix sums of
     the counted tail, extended with each record, so that ``plan`` is a binary search
@@ -437,6 +440,10 @@ class Records:
     (0, 1, 2, 4)
     >>> rec.advance(history, len), rec.advance(history[1:], len), rec.advance(history + [{}], len)
     (0, -1, -2)
+    >>> history[1] = human("edited")  # an edit after the system prompt: its record is kept;
+    >>> # the edited one lies before the last plan's window (it starts at 2): left uncounted
+    >>> rec.advance(history, lambda new: [4, 9]), rec.counts.tolist(), rec.n
+    (3, [5, -1, 4, 9], 4)
     """
 
     def __init__(self, message_type=object):
@@ -448,6 +455,8 @@ class Records:
         self._rids = []
         self._off = [0]
         self._ids = []
+        self._common = 0  # after a failed match: how many leading messages msgs shares
+        self._last_lo = 0  # the window start of the last decided plan
 
     @property
     def n(self):
@@ -491,30 +500,67 @@ class Records:
         """``len(msgs) - n`` when the list ``msgs`` starts with the recorded messages, each the
         same object or an equal one (which then replaces the recorded one), else ``-1``."""
         n = len(self._msgs)
-        if len(msgs) < n:
-            return -1
-        for i in range(n):
+        m = len(msgs)
+        for i in range(min(m, n)):
             a, b = msgs[i], self._msgs[i]
             if a is not b:
                 if not (a == b):
+                    self._common = i
                     return -1
-                if len(msgs) < n:  # the comparison changed the list
+                if len(msgs) < m:  # the comparison changed the list
+                    self._common = 0
                     return -1
                 self._msgs[i] = a
-        return len(msgs) - n
+        if m < n:
+            self._common = m
+            return -1
+        return m - n
+
+    def _rewind(self):
+        """After a failed ``match``: keep the records of the messages the list shares with
+        the recorded ones (``truncate``) and return their number, or ``0`` (nothing changes;
+        the caller starts over) when it shares none or when the id table holds more than
+        twice the ids in use plus 64 (ids are only ever added: fresh records forget them)."""
+        k = self._common
+        if k == 0 or len(self._intern) > 2 * (len(self._ids) + len(self._msgs)) + 64:
+            return 0
+        self.truncate(k)
+        return k
+
+    def truncate(self, k):
+        """Keep only the records of the first ``k`` messages (interned ids stay interned)."""
+        if not 0 <= k <= len(self._msgs):
+            raise ValueError(f"k must be between 0 and {len(self._msgs)}, got {k}")
+        del self._msgs[k:], self._roles[k:], self._counts[k:], self._rids[k:]
+        del self._ids[self._off[k]:], self._off[k + 1:]
 
     def advance(self, msgs, count):
-        """Record what the list ``msgs`` appends to the recorded messages: ``-1`` if it does
-        not start with them (nothing changes), ``-2`` if an appended item is not a
-        ``message_type`` (nothing changes), else how many were appended, with the counts
-        ``count(new)`` returns (not called when nothing is new)."""
+        """Record the list ``msgs``: the records of the longest prefix it shares with the
+        recorded messages (as ``match`` compares them) are kept, those after it dropped, and
+        the messages after it appended, with the counts ``count(new)`` returns (not called
+        when nothing is new). After such a rewind to ``k`` messages, the appended ones before
+        the start of the last decided plan's window stay uncounted (``count`` gets the rest):
+        the planner asks for them only if they can be kept, as for fresh records of a long
+        prompt. Returns how many were appended; ``-1`` if ``msgs`` shares no
+        prefix with them or the id table is due for a fresh start (nothing changes); ``-2``
+        if an appended item is not a ``message_type`` (the records then hold the common
+        prefix, still the start of ``msgs``)."""
         k = self.match(msgs)
-        if k <= 0:
-            return k
+        skip = 0
+        if k < 0:
+            if not self._rewind():
+                return -1
+            k = len(msgs) - len(self._msgs)
+            skip = min(k, self._last_lo - len(self._msgs))
+        if k == 0:
+            return 0
         new = msgs[len(self._msgs):]
         for m in new:
             if type(m) is not self._type:
                 return -2
+        if skip > 0:
+            self.extend(new[:skip])
+            new = new[skip:]
         self.extend(new, count(new))
         return k
 
@@ -567,7 +613,10 @@ class Records:
 
     def plan(self, budget, pinned_mask, from_start, chunk=0, pinned_free=False):
         """``plan_window`` over the records."""
-        return plan_window(self.roles, self.counts, pinned_mask, budget, from_start, chunk, pinned_free)
+        got = plan_window(self.roles, self.counts, pinned_mask, budget, from_start, chunk, pinned_free)
+        if got[0] == 0:
+            self._last_lo = got[2]
+        return got
 
     def window(self, msgs, count, budget, settings, sanitize):
         """The agent loop's turn in one call: ``advance(msgs, count)``, then ``plan(budget,
@@ -575,7 +624,8 @@ class Records:
         that plan is decided and keeps something besides the pinned prefix, returns
         ``(msgs[:n_pinned] + msgs[lo:hi], clean)``, ``clean`` being ``sanitize and
         self.sanitize(n_pinned, lo, hi) == 0``. Otherwise returns ``None``: the caller takes
-        the general path (the records stay advanced when ``msgs`` extended them)."""
+        the general path (the records stay advanced when ``msgs`` extended them, or when it
+        shares a prefix with them: see ``advance``)."""
         if self.advance(msgs, count) < 0:
             return None
         if len(settings) != 4:
@@ -692,9 +742,16 @@ def _fill(counter, ms, missing, out, where):
     if need:
         new = list(need)
         encode = counter._direct_encode  # what _encode_counts does for one text, without its frame
+        size = 0
+        if encode is not None and counter._auto_chars >= 0:  # engine="auto" still counting
+            size = sum(map(len, new))
+            if counter._auto_chars + size >= counter.AUTO_FASTOKENS_CHARS:
+                encode = None  # _encode_counts applies the rule
         if encode is not None:
             try:
                 counts = [len(encode(t)) for t in new]
+                if size:
+                    counter._auto_chars += size
             except UnicodeEncodeError:
                 counts = counter._encode_counts(new)
         else:

@@ -285,11 +285,12 @@ def _messages_for_counting(draw_ops, surrogates=True):
 
 def _cache_state(counter):
     return (list(counter._texts.items()), counter._chars,
-            [(key, e[0]() is not None, e[1]) for key, e in counter._msgs.items()])
+            [(key, e[0]() is not None, e[1]) for key, e in counter._msgs.items()],
+            getattr(counter, "_auto_chars", None), getattr(counter, "engine_in_use", None))
 
 
 @pytest.mark.skipif(__import__("os").environ.get("JIANMU_FAST_PURE_PYTHON") == "1", reason="pure-Python run")
-@pytest.mark.parametrize("kind", ["tiktoken", "tiktoken-engine", "hf"])
+@pytest.mark.parametrize("kind", ["tiktoken", "tiktoken-engine", "auto-switch", "hf"])
 def test_compiled_counts_equal_the_twin_caches_included(kind):
     """``counts_of`` (compiled) and ``_filter_core_py.counts_of``: the same counts, the same
     text cache (content, order, characters) and message cache (keys, order, counts), over
@@ -307,7 +308,11 @@ def test_compiled_counts_equal_the_twin_caches_included(kind):
             counter = TiktokenTokenCounter("o200k_base", cache_size=cache_size, engine="tiktoken")
             assert counter._direct_encode is not None
             return counter
-        return TiktokenTokenCounter("o200k_base", cache_size=cache_size)
+        counter = TiktokenTokenCounter("o200k_base", cache_size=cache_size)
+        assert counter._direct_encode is not None  # engine="auto" also calls tiktoken's core directly
+        if kind == "auto-switch":  # ... until its rule moves it to fastokens (if installed) mid-stream
+            counter.AUTO_FASTOKENS_CHARS = 300
+        return counter
 
     @settings(max_examples=60, deadline=None)
     @given(ops=st.lists(st.tuples(st.integers(0, 6), st.integers(0, 40)), max_size=40),
@@ -347,3 +352,34 @@ def test_counts_of_coercion_errors_are_the_same_on_both():
             core.counts_of(c, [human("a"), 5])
         with pytest.raises(MessageValidationError, match=r"^message: expected a Message"):
             core.counts_of(c, [5], "message")
+
+
+def test_auto_engine_counts_directly_and_keeps_its_switching_rule(monkeypatch):
+    """``engine="auto"``: the counting loop encodes with tiktoken's core directly and adds
+    the characters to the rule's tally (each distinct new text once, as ``_encode_counts``
+    would); the call that reaches ``AUTO_FASTOKENS_CHARS`` goes through the rule, and once
+    fastokens is engaged the direct path is dropped. Counts never change."""
+    from jianmu_fast import _backend
+    from jianmu_fast.memory.context import _encodings
+
+    monkeypatch.setattr(TiktokenTokenCounter, "AUTO_FASTOKENS_CHARS", 40)
+    c = TiktokenTokenCounter("o200k_base")
+    ref = TiktokenTokenCounter("o200k_base", engine="tiktoken")
+    assert c._direct_encode is not None and c._auto_chars == 0
+    _backend.counts_of(c, [human(""), ai("")])  # the roles' own texts go through count_text
+    base = c._auto_chars
+    first = [human("hello there"), ai("hello there"), human("twelve chars")]
+    assert _backend.counts_of(c, first) == [ref.count_message(m) for m in first]
+    assert c._auto_chars == base + len("hello there") + len("twelve chars") and c.engine_in_use == "tiktoken"
+    more = [human("x" * 30)]
+    assert _backend.counts_of(c, more) == [ref.count_message(more[0])]
+    try:
+        _encodings.import_fastokens()
+        have = True
+    except ImportError:  # pragma: no cover - the [fast] extra is installed for the tests
+        have = False
+    assert c._auto_chars == -1 and c.engine_in_use == ("fastokens" if have else "tiktoken")
+    assert (c._direct_encode is None) == have
+    last = [human("after the switch")]
+    assert _backend.counts_of(c, last) == [ref.count_message(last[0])]
+    assert TiktokenTokenCounter("o200k_base", engine="tiktoken")._auto_chars == -1

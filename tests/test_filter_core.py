@@ -577,3 +577,145 @@ def test_records_window_survives_a_count_that_shortens_the_list():
 
         assert rec.window(history, shrinking, 100, (1, True, 0, False), False) is None
         assert rec.match([]) == -1
+
+
+# -- Records after an edit in the middle: the common prefix is kept, the rest re-appended ----
+
+def _canonical_ids(rec):
+    """The records' call and result ids renamed by first use (fresh records number ids in
+    that order; records that kept a prefix may number them otherwise, ids only being added)."""
+    names: dict = {}
+    rename = lambda v: -1 if v == -1 else names.setdefault(v, len(names))  # noqa: E731
+    off, ids, rids = rec.call_off.tolist(), rec.call_ids.tolist(), rec.result_ids.tolist()
+    out = []
+    for i in range(rec.n):
+        out.append((tuple(rename(v) for v in ids[off[i]:off[i + 1]]), rename(rids[i])))
+    return out
+
+
+def _state(rec):
+    return (rec.roles.tolist(), rec.counts.tolist(), rec.call_off.tolist(), _canonical_ids(rec), rec.n)
+
+
+def _edited(history, data):
+    """``history`` after a random edit at a random position: a message replaced by one of the
+    same role with other content (ids kept), deleted, inserted, or the list truncated."""
+    from jianmu_fast.message import human
+
+    out = list(history)
+    kind = data.draw(st.sampled_from(["replace", "delete", "insert", "truncate", "replace"]))
+    if not out or kind == "insert":
+        out.insert(data.draw(st.integers(0, len(out))), human(f"inserted {data.draw(st.integers(0, 9))}"))
+    elif kind == "replace":
+        i = data.draw(st.integers(0, len(out) - 1))
+        m = out[i]
+        out[i] = m.model_copy(update={"content": f"{m.content or ''} [edited {data.draw(st.integers(0, 9))}]"})
+    elif kind == "delete":
+        del out[data.draw(st.integers(0, len(out) - 1))]
+    else:
+        del out[data.draw(st.integers(0, len(out))):]
+    return out
+
+
+@given(steps=st.lists(st.tuples(sanitize_units, st.integers(0, 2), st.booleans()), min_size=1, max_size=8),
+       data=st.data())
+@settings(deadline=None, max_examples=max(60, MAX_EXAMPLES // 2))
+def test_records_after_an_edit_equal_fresh_records_on_both_twins(steps, data):
+    """A growing history edited at random positions (replace, delete, insert, truncate):
+    after ``advance``/``window`` the records equal fresh records of the edited list (ids
+    compared up to their numbering), twin == compiled exactly (numbering included), and they
+    plan and sanitize as ``plan_window``/``sanitize_window`` over those arrays."""
+    from jianmu_fast.message import Message
+
+    cost = {}  # one count per message object, as a counter's cache gives
+
+    def count_of(m):
+        return cost.setdefault(id(m), (len(str(m.content)) * 7 + len(m.role)) % 41)
+
+    recs = _record_cores()
+    keep = []  # every message stays alive, so id() in ``cost`` stays unique
+    history: list = []
+    for units, how, windowed in steps:
+        history = history + _record_messages(units)
+        if history and data.draw(st.booleans()):
+            history = _edited(history, data)
+        keep.append(history)
+        counted = how != 0  # 0: appended records stay uncounted (the filter counts on demand)
+        count = (lambda new: [count_of(m) for m in new]) if counted else (lambda new: None)
+        if windowed and counted:
+            settings_ = (data.draw(st.integers(0, 15)), data.draw(st.booleans()),
+                         data.draw(st.sampled_from([0, 0, 7])), data.draw(st.booleans()))
+            budget = data.draw(st.integers(0, 200))
+            got = [r.window(history, count, budget, settings_, True) for r in recs]
+            assert all(g == got[0] for g in got)
+        got_k = [r.advance(history, count) for r in recs]  # 0 after a window that recorded it
+        assert all(k == got_k[0] for k in got_k)
+        if got_k[0] == -1:  # shares no prefix: the caller starts over
+            recs = _record_cores()
+            for r in recs:
+                r.extend(history, count(history) if history else None)
+        assert [r.n for r in recs] == [len(history)] * len(recs)
+        if how == 2 and history:  # fill some counts, as the filter does when asked
+            index = data.draw(st.lists(st.integers(0, len(history) - 1), max_size=4, unique=True))
+            for r in recs:
+                r.set_counts(np.array(index, dtype=np.int64), [count_of(history[i]) for i in index])
+        fresh = core_py.Records(Message)
+        fresh.extend(history, None)
+        views = [(r.roles.tolist(), r.call_off.tolist(), r.call_ids.tolist(), r.result_ids.tolist(), r.n,
+                  r.interned, r.counts.tolist()) for r in recs]
+        assert all(v == views[0] for v in views)
+        assert all(r.msgs == history and all(a is b for a, b in zip(r.msgs, history)) for r in recs)
+        assert [_state(r)[0] for r in recs] == [_state(fresh)[0]] * len(recs)
+        assert [_state(r)[2:] for r in recs] == [_state(fresh)[2:]] * len(recs)
+        counts = recs[0].counts
+        known = [c for c in counts.tolist() if c >= 0]
+        assert all(c == count_of(m) for c, m in zip(counts.tolist(), history) if c >= 0) and len(known) <= len(history)
+        roles = recs[0].roles
+        for _ in range(2):
+            mask = data.draw(st.integers(0, 15))
+            budget = data.draw(st.one_of(st.integers(0, 300), st.just(2**53)))
+            from_start = data.draw(st.booleans())
+            chunk = data.draw(st.sampled_from([0, 0, 5])) if from_start else 0
+            free = data.draw(st.booleans())
+            want = core_py.plan_window(roles, counts, mask, budget, from_start, chunk, free)
+            assert [r.plan(budget, mask, from_start, chunk, free) for r in recs] == [want] * len(recs)
+        if history:
+            n = len(history)
+            k = data.draw(st.integers(0, n))
+            lo = data.draw(st.integers(k, n))
+            hi = data.draw(st.integers(lo, n))
+            want_s = core_py.sanitize_window(fresh.roles, fresh.call_off, fresh.call_ids, fresh.result_ids, k, lo, hi)[0]
+            assert [r.sanitize(k, lo, hi) for r in recs] == [want_s] * len(recs)
+
+
+def test_records_edit_keeps_the_common_prefix_and_bounds_the_id_table():
+    """An edit re-appends only what follows it (the count callback sees those messages);
+    ``truncate`` checks its argument; a table of ids grown past twice the ids in use plus
+    64 makes the records decline (-1: the caller starts over with fresh records)."""
+    from jianmu_fast.message import Message, ai, human, system, tool
+
+    def call(i):
+        return [{"id": f"c{i}", "type": "function", "function": {"name": "f", "arguments": "{}"}}]
+
+    for core in _cores():
+        history = [system("s"), human("q"), ai(None, tool_calls=call(0)), tool("r", tool_call_id="c0"), human("z")]
+        rec = core.Records(Message)
+        seen = []
+        counting = lambda new: (seen.append(list(new)), [3] * len(new))[1]  # noqa: E731
+        assert rec.advance(history, counting) == 5
+        history[3] = tool("[cleared]", tool_call_id="c0")
+        assert rec.advance(history, counting) == 2 and seen[-1] == history[3:]
+        assert rec.result_ids.tolist() == [-1, -1, -1, 0, -1] and rec.interned == 1
+        assert rec.advance(history[:2], counting) == 0 and rec.n == 2 and len(seen) == 2
+        assert rec.call_off.tolist() == [0, 0, 0] and rec.call_ids.tolist() == []
+        with pytest.raises(ValueError, match=r"k must be between 0 and 2, got 3"):
+            rec.truncate(3)
+        assert rec.advance([system("other")], counting) == -1 and rec.n == 2
+        # many conversations sharing one system prompt: the id table stays bounded
+        for j in range(200):
+            convo = [history[0]] + [ai(None, tool_calls=call(f"{j}_{i}")) for i in range(3)]
+            k = rec.advance(convo, lambda new: [1] * len(new))
+            if k == -1:
+                rec = core.Records(Message)
+                rec.extend(convo, [1] * 4)
+            assert rec.n == 4 and rec.interned <= 2 * (3 + 4) + 64 + 3

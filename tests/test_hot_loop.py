@@ -20,6 +20,7 @@ from jianmu_fast.memory.context import (
     TiktokenTokenCounter,
     TokenBudgetFilter,
 )
+from jianmu_fast.errors import ContextBudgetError
 from jianmu_fast.message import Message, ai, human, system, tool
 
 
@@ -125,3 +126,76 @@ def test_builds_equal_on_replay_and_in_batch(core):
         acc = acc + unit
         prefixes.append({"messages": acc})
     assert build_batch(builder, prefixes) == turns
+
+
+# -- an edit in the middle of the history (context editing, an annotating provider) ----------
+
+from hypothesis import given, settings  # noqa: E402
+from hypothesis import strategies as st  # noqa: E402
+
+
+def _edit(history: list[Message], data: st.DataObject) -> tuple[list[Message], int]:
+    """``history`` after a random edit at a random position, and that position: a message
+    replaced by one of the same role and ids with other content (as clearing does), deleted,
+    inserted, or the list truncated."""
+    out = list(history)
+    kind = data.draw(st.sampled_from(["replace", "replace", "delete", "insert", "truncate"]))
+    i = data.draw(st.integers(0, len(out) - 1))
+    if kind == "replace":
+        out[i] = out[i].model_copy(update={"content": "[cleared]" if out[i].role == "tool" else "edited"})
+    elif kind == "delete":
+        del out[i]
+    elif kind == "insert":
+        out.insert(i, human(f"inserted at {i}"))
+    else:
+        del out[max(1, i):]
+    return out, i
+
+
+@given(seed=st.integers(0, 10**6), n=st.integers(2, 90), edits=st.integers(1, 4), data=st.data())
+@settings(deadline=None, max_examples=40)
+def test_an_edit_in_the_middle_keeps_the_common_prefix_and_equals_a_fresh_filter(core, seed, n, edits, data):
+    """After random edits at random positions the filters (both eviction modes, counted and
+    message-count limits) return what a fresh filter returns for the edited list, and their
+    records equal fresh records of it (ids up to numbering); an edit after the first message
+    keeps the records object (the common prefix is not rebuilt)."""
+    counter = TiktokenTokenCounter("o200k_base")
+    make = [lambda: TokenBudgetFilter(900, counter),
+            lambda: TokenBudgetFilter(700, counter, eviction="chunked", chunk=200),
+            lambda: MaxMessagesFilter(12)]
+    history = [m for u in units(n, seed) for m in u]
+    for build in make:
+        flt = build()
+        h = list(history)
+        flt.apply(h)
+        for _ in range(edits):
+            rec = flt._rec
+            h, at = _edit(h, data)
+            h = h + [m for u in units(data.draw(st.integers(0, 6)), seed + len(h))[1:] for m in u]
+            fresh = build()
+            try:
+                want = fresh.apply(h)
+            except ContextBudgetError as exc:
+                with pytest.raises(ContextBudgetError) as got_exc:
+                    flt.apply(h)
+                assert str(got_exc.value) == str(exc)
+                continue
+            got = flt.apply(h)
+            assert got == want and all(a is b for a, b in zip(got, want))
+            if at > 0 and rec is not None:
+                assert flt._rec is rec  # the prefix was kept, the rest re-appended
+            r, f = flt._rec, fresh._rec
+            assert r.n == f.n == len(h) and r.msgs == h
+            assert r.roles.tolist() == f.roles.tolist() and r.call_off.tolist() == f.call_off.tolist()
+            ids = [(r.call_ids.tolist(), r.result_ids.tolist()), (f.call_ids.tolist(), f.result_ids.tolist())]
+            assert len({tuple(_renamed(*x)) for x in ids}) == 1
+            known = [(a, b) for a, b in zip(r.counts.tolist(), f.counts.tolist()) if a >= 0 and b >= 0]
+            assert all(a == b for a, b in known)
+
+
+def _renamed(call_ids: list[int], result_ids: list[int]) -> tuple[tuple[int, ...], tuple[int, ...]]:
+    """Ids renamed by first use (calls first, then results: enough to compare two numberings
+    of the same strings)."""
+    names: dict[int, int] = {}
+    calls = tuple(names.setdefault(v, len(names)) for v in call_ids)
+    return calls, tuple(-1 if v == -1 else names.setdefault(v, len(names)) for v in result_ids)

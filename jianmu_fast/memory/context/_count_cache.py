@@ -71,6 +71,11 @@ class CachedChatCounter:
     _frozen_list = FrozenList
     #: ``len(_direct_encode(text))`` is ``_encode_counts([text])[0]`` (None: call _encode_counts)
     _direct_encode: Any = None
+    #: characters an engine rule has been asked for (``engine="auto"``); -1: no rule pending.
+    #: ``counts_of`` adds what it encodes by ``_direct_encode``, and leaves a call that would
+    #: reach ``AUTO_FASTOKENS_CHARS`` to ``_encode_counts`` (which applies the rule)
+    _auto_chars = -1
+    AUTO_FASTOKENS_CHARS = 0
 
     def _init_cache(self, cache_size: int, image_tokens: int) -> None:
         self.cache_size = _check_cache_size(cache_size)

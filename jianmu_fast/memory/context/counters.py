@@ -214,8 +214,11 @@ class TiktokenTokenCounter(CachedChatCounter):
         core = getattr(self._enc, "_core_bpe", None)
         # tiktoken's Rust core, called directly (its wrapper only adds the lone-surrogate repair)
         self._core_encode: Any = getattr(core, "encode_ordinary", None)
-        if engine == "tiktoken" and type(self)._encode_counts is TiktokenTokenCounter._encode_counts:
-            self._direct_encode = self._core_encode  # the compiled counting loop calls it directly
+        if engine != "fastokens" and type(self)._encode_counts is TiktokenTokenCounter._encode_counts:
+            # the compiled counting loop calls it directly; for "auto" it first adds the
+            # characters to _auto_chars, and leaves the call that reaches the threshold to
+            # _encode_counts (the rule below), which drops the direct path if fastokens engages
+            self._direct_encode = self._core_encode
         if engine == "fastokens":
             _encodings.import_fastokens()
             if not self._fastokens_exact():
@@ -265,6 +268,7 @@ class TiktokenTokenCounter(CachedChatCounter):
             self._fast = _encodings.load_fastokens(self.encoding_name)
         except ImportError:
             return None
+        self._direct_encode = None  # counts_of now calls _encode_counts (fastokens)
         return self._fast
 
     def _encode_counts(self, texts: list[str]) -> list[int]:

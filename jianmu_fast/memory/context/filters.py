@@ -20,9 +20,11 @@ that a filter keeps for its last prompt (``Records``). When the next prompt exte
 one (the agent loop: the same list grown in place, or a list that starts with the same
 messages), one compiled call records just the new messages (counted by the counter, each
 distinct text tokenized once), finds the window by binary search over prefix sums of the
-counts, and builds the output list: a turn costs its new messages plus O(log n). Other
-prompts are recorded anew, and only the tail of the history that can possibly be kept is
-counted.
+counts, and builds the output list: a turn costs its new messages plus O(log n). A prompt
+that shares only a prefix with the last one (a message edited, inserted or deleted in the
+middle: context editing clearing old tool results) keeps the records of that prefix and
+re-records the messages after it. Other prompts are recorded anew, and only the tail of the
+history that can possibly be kept is counted.
 
 Ranges (validated here, ``ValueError`` naming the argument): ``max_messages``, ``max_tokens``
 and ``chunk`` are at most ``2**53`` (``MAX_VALUE``), and so is every count a counter returns;
@@ -62,7 +64,9 @@ __all__ = ["MaxMessagesFilter", "TokenBudgetFilter", "split_units"]
 Eviction = Literal["exact", "chunked"]
 _EMPTY = np.zeros(0, dtype=np.int64)
 MAX_VALUE = _backend.MAX_VALUE
-_PARALLEL_MIN = 2048  # messages in one count call before it is split over two threads
+# unused here since the batch path moved to _batch_plan (PARALLEL_MIN, _CPUS there); kept while
+# tests/test_batch.py::test_exact_tiktoken_counter still patches them
+_PARALLEL_MIN = 2048
 _CPUS = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
 #: counters whose counts are always ints in range (never re-checked)
 _TRUSTED_COUNTERS = (SimpleTokenCounter, TiktokenTokenCounter, HFTokenCounter)
@@ -330,11 +334,6 @@ class _WindowFilter:
         from ._batch_plan import eager_counts_many
 
         return eager_counts_many(self, distinct, mean_len)
-
-    def _counts_many(self, msgs: list[Message]) -> np.ndarray:
-        from ._batch_plan import counts_many
-
-        return counts_many(self, msgs)
 
     def _check_decision(self, msgs: list[Message], rec: Any, n_pinned: int, lo: int, hi: int, limit: int) -> None:
         """Raise the ``ContextBudgetError`` of a plan that keeps nothing (or is over)."""
@@ -614,27 +613,6 @@ class TokenBudgetFilter(_WindowFilter):
 
     def _eager_counts(self, msgs):
         return self._counts(msgs, 0, len(msgs)) if len(msgs) <= 64 else None
-
-    def _counts_many(self, msgs: list[Message]) -> np.ndarray:
-        """Counts of many distinct messages. A large call with a ``TiktokenTokenCounter``
-        (thread-safe; tiktoken releases the GIL while it encodes) is split over two threads
-        by the hash of the text, so a text two messages share is encoded by one thread."""
-        if len(msgs) < _PARALLEL_MIN or type(self.counter) is not TiktokenTokenCounter or _CPUS < 2:
-            return self._counts(msgs, 0, len(msgs))
-        sides: tuple[list[int], list[int]] = ([], [])
-        for i, m in enumerate(msgs):
-            c = m.content
-            simple = type(c) is str and m.tool_calls is None and m.name is None
-            sides[hash(c) & 1 if simple else 0].append(i)
-        from concurrent.futures import ThreadPoolExecutor
-
-        parts = [[msgs[i] for i in side] for side in sides]
-        with ThreadPoolExecutor(2) as pool:
-            counted = list(pool.map(lambda part: self._counts(part, 0, len(part)), parts))
-        out = np.empty(len(msgs), dtype=np.int64)
-        for side, c in zip(sides, counted):
-            out[side] = c
-        return out
 
     def _counts(self, messages, lo, hi):
         part = messages[lo:hi]
