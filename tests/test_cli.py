@@ -205,3 +205,19 @@ def test_workers(tmp_path):
 def test_summary_percentiles():
     assert "p50 0, p95 0" in cli.summarize([], 0, 0, 0.0)
     assert "p50 50, p95 95" in cli.summarize(list(range(1, 101)), 0, 0, 1.0)
+
+
+def test_names_of_the_single_module_cli_still_import():
+    """``jianmu_fast.cli`` is a package now: every name code imported from the old module still
+    imports from it, ``UsageError`` keeps its name, and ``python -m jianmu_fast.cli`` runs."""
+    import subprocess
+    import sys
+
+    old = ["main", "make_counter", "make_builder", "load_tools", "InputPersonaProvider", "split_persona", "summarize",
+           "spec_namespace", "process_conversations", "ConversationResult", "UsageError", "TOKENIZER_FORMS", "PROG",
+           "MAX_LIMIT", "MAX_WORKERS", "_parser", "_drop_nulls", "_read_text", "_Job", "_process", "_CHUNK"]
+    assert [n for n in old if not hasattr(cli, n)] == []
+    assert f"{cli.UsageError.__module__}.{cli.UsageError.__qualname__}" == "jianmu_fast.cli.UsageError"
+    assert cli._parser is cli.make_parser and cli._drop_nulls([{"a": None}]) == [{}]
+    got = subprocess.run([sys.executable, "-m", "jianmu_fast.cli", "--version"], capture_output=True, text=True)
+    assert got.returncode == 0 and got.stdout.startswith("jianmu-fast "), got

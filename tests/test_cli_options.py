@@ -124,7 +124,7 @@ def test_tools_file_reaches_the_builder_and_the_budget(tmp_path, capsys):
     cost = counter.count_tools(tools)
     assert f"tools: 10 from {tmp_path / 'tools.json'}, {cost} tokens per request, inside --max-tokens" in err
     got = read_jsonl(out)
-    args = cli._parser().parse_args(["build", "-", *flags])
+    args = cli.make_parser().parse_args(["build", "-", *flags])
     builder = cli.make_builder(args, counter)
     expected = build_batch(builder, [{"messages": coerce_messages(r)} for r in rows], tools_schema=tools)
     assert [g["messages"] for g in got] == [[m.to_openai() for m in p] for p in expected]

@@ -44,7 +44,7 @@ import logging
 import pickle
 from typing import Any, Callable, Iterator, Mapping, Optional, Sequence, Union
 
-from ..cli import _drop_nulls as _strip_none  # Arrow's null-filled message structs, read as given
+from ..cli.reading import drop_nulls as _strip_none  # Arrow's null-filled message structs, read as given
 from ..errors import BatchError
 
 __all__ = ["BuildPrompts", "build_dataset", "SPEC_KEYS", "builder_from_spec", "run_lines"]
@@ -280,14 +280,14 @@ _DATASET_LINES = 100_000  # input lines per Ray dataset: bounds the driver's mem
 def _portable_args(args: Any) -> Any:
     """``args`` with file flags read on the driver, so workers on other nodes need no copy of
     them (``--skills-dir`` and ``--workspace-dir`` must still be visible on every node)."""
-    from ..cli import _read_text
+    from ..cli.common import read_text
 
     ns = copy.copy(args)
     if ns.system_prompt_file is not None:
-        ns.system_prompt = _read_text(ns.system_prompt_file, "--system-prompt-file")
+        ns.system_prompt = read_text(ns.system_prompt_file, "--system-prompt-file")
         ns.system_prompt_file = None
     if ns.tools_desc_file:
-        ns.tools_desc = _read_text(ns.tools_desc_file, "--tools-desc-file")
+        ns.tools_desc = read_text(ns.tools_desc_file, "--tools-desc-file")
         ns.tools_desc_file = None
     ns.engine = "local"
     ns.workers = 1
@@ -296,22 +296,23 @@ def _portable_args(args: Any) -> Any:
 
 class _LinesWorker:
     """A Ray Data actor: builds the ``build`` job once, then processes batches of input lines
-    exactly as the local engine does (``cli._process``); each line comes back pickled."""
+    exactly as the local engine does (``cli.processing.process``); each line comes back pickled."""
 
     def __init__(self, args: Any, tools: Any, src_name: str) -> None:
-        from ..cli import _Job, make_builder, make_counter
+        from ..cli import make_builder, make_counter
+        from ..cli.processing import Job
 
         counter = make_counter(args.tokenizer)
-        self.job = _Job(args, make_builder(args, counter), counter, None, src_name, tools)  # type: ignore[arg-type]
+        self.job = Job(args, make_builder(args, counter), counter, None, src_name, tools)  # type: ignore[arg-type]
 
     def __call__(self, batch: Any) -> Any:
         import pyarrow as pa
 
-        from ..cli import _process
+        from ..cli.processing import process
 
         linenos = batch.column("lineno").to_pylist()
         raws = batch.column("raw").to_pylist()
-        lines = _process(list(zip(linenos, raws)), self.job)
+        lines = process(list(zip(linenos, raws)), self.job)
         return pa.table({
             "lineno": pa.array([line.lineno for line in lines], pa.int64()),
             "line": pa.array([pickle.dumps(line) for line in lines], pa.binary()),
@@ -320,7 +321,7 @@ class _LinesWorker:
 
 def run_lines(job: Any, chunks: Iterator[list[tuple[int, bytes]]]) -> Iterator[list[Any]]:
     """Process the command line's input lines on Ray Data; yields the processed lines (the
-    local engine's ``_Line`` objects) in input order, a batch at a time.
+    local engine's ``cli.processing.Line`` objects) in input order, a batch at a time.
 
     Connects to ``job.args.ray_address`` when given (else starts a local instance, stopped at
     the end); ``--workers N`` (N > 1) fixes the actor pool's size, else it scales with the
@@ -350,12 +351,12 @@ def run_lines(job: Any, chunks: Iterator[list[tuple[int, bytes]]]) -> Iterator[l
         workers = job.args.workers
         compute = (ray.data.ActorPoolStrategy(size=workers) if workers > 1
                    else ray.data.ActorPoolStrategy(min_size=1, max_size=None))
-        from ..cli import _CHUNK
+        from ..cli.reading import CHUNK
 
         for group in _regroup(chunks, _DATASET_LINES):
             ds = ray.data.from_items([{"lineno": n, "raw": raw} for n, raw in group])
             out = ds.map_batches(
-                _LinesWorker, fn_constructor_args=(args, job.tools, job.src_name), batch_size=_CHUNK,
+                _LinesWorker, fn_constructor_args=(args, job.tools, job.src_name), batch_size=CHUNK,
                 compute=compute, batch_format="pyarrow", zero_copy_batch=False,
             )
             for batch in out.iter_batches(batch_size=None, batch_format="pyarrow"):
