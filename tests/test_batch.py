@@ -203,17 +203,33 @@ def test_batch_equals_build_hypothesis(histories, budget, max_messages, from_sta
 @pytest.mark.parametrize("threads", [False, True])
 def test_exact_tiktoken_counter(core, threads, monkeypatch):
     """Exact counts, counted in one thread, or split over two (forced for small batches)."""
-    import jianmu_fast.memory.context.filters as windows
+    import jianmu_fast.memory.context._batch_plan as plan
     from jianmu_fast.memory.context import TiktokenTokenCounter
 
-    if threads:
-        monkeypatch.setattr(windows, "_PARALLEL_MIN", 16)
-        monkeypatch.setattr(windows, "_CPUS", 2)
-    counter = TiktokenTokenCounter("o200k_base")
+    if threads:  # forced: small batches, two CPUs, an idle core whatever the machine's load
+        monkeypatch.setattr(plan, "PARALLEL_MIN", 16)
+        monkeypatch.setattr(plan, "_CPUS", 2)
+        monkeypatch.setattr(plan, "_idle_core", lambda: True)
+    else:
+        monkeypatch.setattr(plan, "PARALLEL_MIN", 1 << 62)
+    import threading
+
+    counter = TiktokenTokenCounter("o200k_base", engine="tiktoken")  # "auto" counts in one thread
+    budget = TokenBudgetFilter(250, counter=counter)
+    threads_seen: set[str] = set()
+    counts = budget._counts
+
+    def spy(messages, lo, hi):
+        threads_seen.add(threading.current_thread().name)
+        return counts(messages, lo, hi)
+
+    monkeypatch.setattr(budget, "_counts", spy)
     builder = ContextBuilder([StaticPromptProvider("You are terse."), History()],
-                             [MaxMessagesFilter(30), TokenBudgetFilter(250, counter=counter)])
+                             [MaxMessagesFilter(30), budget])
     states = random_states(seed=11, n=600)
-    assert batch_outcomes(build_batch_report(builder, states)) == outcomes(builder, states)
+    got = batch_outcomes(build_batch_report(builder, states))
+    assert (threads_seen != {threading.current_thread().name}) == threads
+    assert got == outcomes(builder, states)
 
 
 def test_transform_batch_equals_transform(core):

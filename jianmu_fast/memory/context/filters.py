@@ -46,7 +46,6 @@ from __future__ import annotations
 from typing import Any, Iterable, Literal, Optional, Sequence
 
 import json
-import os
 import threading
 from functools import partial
 from operator import countOf
@@ -64,10 +63,6 @@ __all__ = ["MaxMessagesFilter", "TokenBudgetFilter", "split_units"]
 Eviction = Literal["exact", "chunked"]
 _EMPTY = np.zeros(0, dtype=np.int64)
 MAX_VALUE = _backend.MAX_VALUE
-# unused here since the batch path moved to _batch_plan (PARALLEL_MIN, _CPUS there); kept while
-# tests/test_batch.py::test_exact_tiktoken_counter still patches them
-_PARALLEL_MIN = 2048
-_CPUS = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
 #: counters whose counts are always ints in range (never re-checked)
 _TRUSTED_COUNTERS = (SimpleTokenCounter, TiktokenTokenCounter, HFTokenCounter)
 _CACHED_COUNTERS = (TiktokenTokenCounter, HFTokenCounter)
