@@ -187,7 +187,8 @@ class ToolResultCapFilter:
             if _backend.extends(ref, msgs):
                 if len(msgs) > k:
                     new = msgs[k:]
-                    capped = [self.cap(m) for m in new]  # (raises before anything is extended)
+                    cap = self.cap  # (raises before anything is extended)
+                    capped = [m if m.role != "tool" else cap(m) for m in new]
                     ref.extend(new)
                     out.extend(capped)
                 return out[:]

@@ -210,10 +210,13 @@ class ClearToolResultsFilter:
             return counts
         return checked_counts(self.counter, new).tolist()
 
-    def _append(self, rec: _ClearRecords, msgs: list[Message], k: int) -> None:
-        """Records of ``msgs[k:]`` (``msgs[:k]`` is ``rec.messages``)."""
-        new = msgs[k:]
-        counts = self._new_counts(new)
+    def _append(self, rec: _ClearRecords, msgs: list[Message], k: int, new: list[Message]) -> None:
+        """Records of ``new``, that is ``msgs[k:]`` (``msgs[:k]`` is ``rec.messages``)."""
+        if self._trusted and len(new) <= 4:  # the agent loop's turn: no array, no check
+            count = self.counter.count_message
+            counts = [count(m) for m in new]
+        else:
+            counts = self._new_counts(new)
         kinds = rec.kinds
         savings = rec.savings
         i = k
@@ -286,10 +289,11 @@ class ClearToolResultsFilter:
             k = 0
         if n == k:
             return rec
-        self._append(rec, msgs, k)
+        new = msgs[k:]
+        self._append(rec, msgs, k, new)
         cleared, _ = _backend.plan_clearing(rec.counts, rec.kinds, rec.savings, base, self.trigger_tokens,
                                             self.clear_at_least, self.keep, rec.state)
-        rec.out.extend(msgs[k:])
+        rec.out.extend(new)
         if cleared > rec.cleared:
             self._edit(rec, cleared)
         return rec

@@ -200,7 +200,8 @@ class SummarizingBudgetFilter(TokenBudgetFilter):
                     return self._plain._trim(msgs, tools_schema, sanitize)
                 summary = self._summary_message(got[0], len(span), got[1])
             self._last = (span, summary, self._over_ref[0], cut)
-        out = kept[:n_pinned] + [summary] + kept[n_pinned:] if n_pinned else [summary] + kept
+        kept.insert(n_pinned, summary)  # (the inner filter's output is a new list: ours to grow)
+        out = kept
         if not self._additive and int(self.counter.count_messages(out)) + self._plain.tools_cost(tools_schema) > self.max_tokens:
             return self._plain._trim(msgs, tools_schema, sanitize)  # pragma: no cover - capped to fit
         # a system message right after the pinned prefix changes no tool pairing: the inner
