@@ -345,8 +345,10 @@ def _run_stages(builder, states, lists, global_state, ctx, tools_schema, bar=Non
             alive = [i for i in alive if i not in errors]
     if lists is not None:
         _unshare(prompts, lists, alive)
-    for i in alive if not clean else [i for i in alive if i not in clean]:
-        # (a prompt the last trimming stage found valid has nothing to sanitize)
+    # a prompt the last trimming stage found valid has nothing to sanitize (``clean`` holds
+    # live prompts only: when it holds as many as ``alive``, it is all of them)
+    todo = alive if not clean else ([] if len(clean) == len(alive) else [i for i in alive if i not in clean])
+    for i in todo:
         try:
             prompts[i] = builder._finish(prompts[i], tools_schema)
         except Exception as exc:

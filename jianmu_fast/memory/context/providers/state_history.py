@@ -115,7 +115,7 @@ def _name_of_call(calls: Optional[Sequence[dict[str, Any]]], call_id: Any) -> Op
 def annotate_plan(m: Message) -> Message:
     """The ``self_tool_plan`` copy of an assistant message with ``tool_calls``."""
     c = m.content
-    text = c if type(c) is str else m.text()
+    text = c if type(c) is str else ("" if c is None else m.text())
     content = f"{PLAN_NOTE}\nOriginal message: {text}" if text else PLAN_NOTE
     metadata = {**m.metadata, "semantic_kind": "self_tool_plan"}
     if type(m) is Message:
@@ -393,43 +393,53 @@ class StateHistoryProvider:
         else:
             out, msgs, calls, n_annot, all_msgs = [], [], None, 0, True
         ann = self._ann
+        ann_get = ann.get
         annotate = self.annotate
-        for i in range(start, len(items)):
-            item = items[i]
-            if type(item) is Message:
-                m = item
-            else:
-                all_msgs = False
-                m = item if isinstance(item, Message) else self._coerce(item, i)
-            msgs.append(m)
-            role = m.role
-            if role == "assistant" and m.tool_calls:
-                e = ann.get(id(m))
-                if e is None or e[0] is not m:
-                    a = annotate_plan(m) if annotate else m
-                    e = ann[id(m)] = (m, None, a)
-                    self._n_annotated += annotate
-                else:
-                    self._n_reused += annotate
-                calls = m.tool_calls
-                out.append(e[2])
-                n_annot += annotate
-            elif role == "tool":
-                if annotate and m.metadata.get("tool_result") is not None:
-                    tname = m.name or _name_of_call(calls, m.tool_call_id)
-                    e = ann.get(id(m))
-                    if e is None or e[0] is not m or e[1] != tname:
-                        e = ann[id(m)] = (m, tname, annotate_receipt(m, tname))
-                        self._n_annotated += 1
+        put, keep = out.append, msgs.append
+        made = reused = 0
+        try:
+            for i in range(start, len(items)):
+                m = items[i]
+                if type(m) is not Message:
+                    all_msgs = False
+                    if not isinstance(m, Message):
+                        m = self._coerce(m, i)
+                keep(m)
+                role = m.role
+                if role == "assistant":
+                    if m.tool_calls:
+                        e = ann_get(id(m))
+                        if e is None or e[0] is not m:
+                            e = ann[id(m)] = (m, None, annotate_plan(m) if annotate else m)
+                            made += 1
+                        else:
+                            reused += 1
+                        calls = m.tool_calls
+                        put(e[2])
+                        n_annot += annotate
                     else:
-                        self._n_reused += 1
-                    out.append(e[2])
-                    n_annot += 1
+                        calls = None
+                        put(m)
+                elif role == "tool":
+                    if annotate and m.metadata.get("tool_result") is not None:
+                        tname = m.name or _name_of_call(calls, m.tool_call_id)
+                        e = ann_get(id(m))
+                        if e is None or e[0] is not m or e[1] != tname:
+                            e = ann[id(m)] = (m, tname, annotate_receipt(m, tname))
+                            made += 1
+                        else:
+                            reused += 1
+                        put(e[2])
+                        n_annot += 1
+                    else:
+                        put(m)
                 else:
-                    out.append(m)
-            else:
-                calls = None
-                out.append(m)
+                    calls = None
+                    put(m)
+        finally:
+            if annotate:
+                self._n_annotated += made
+                self._n_reused += reused
         # a copy of the source: the caller may append to its own list in place
         if start:
             assert prev is not None
