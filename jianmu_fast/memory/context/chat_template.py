@@ -90,7 +90,7 @@ import numpy as np
 
 from ...errors import MessageValidationError, TokenizerLoadError
 from ...message import Message
-from ...message.model import coerce_message
+from ...message.model import FrozenList, coerce_message
 
 __all__ = ["ChatTemplateTokenCounter", "has_chat_template", "message_to_template_dict"]
 
@@ -144,6 +144,9 @@ _SAFE_STR_METHODS = frozenset(
     a for a in dir(str) if not a.startswith("_") and a not in ("format", "format_map")
 )
 _BUILTIN_METHOD = type("".strip)
+#: up to this many new pieces are encoded one by one: on a busy 2-core machine the batch
+#: call's thread handoff cost more than it saved for a hot-loop turn's few short pieces
+_LOOP_MAX = 1
 
 
 _CALL1 = [{"id": "p1", "type": "function", "function": {"name": "get", "arguments": '{"q": "a b"}'}}]
@@ -513,6 +516,7 @@ class ChatTemplateTokenCounter:
         # cost does not depend on their neighbours: the hot loop's one lookup per unit
         self._local_units: dict[tuple[str, ...], list[int]] = {}
         self._local: dict[Any, bool] = {}  # role pattern -> neighbour-independent?
+        self._looks: dict[str, bool] = {}  # message key -> _lookahead (once _sensitive is known)
         self._calls: dict[str, str] = {}  # tool-call id -> key of the assistant message that made it
         self._last: Optional[tuple[list[Any], list[int], list[int]]] = None
         self._ends: dict[str, Optional[int]] = {}
@@ -525,6 +529,7 @@ class ChatTemplateTokenCounter:
         if self.additive:
             self._sensitive = frozenset(f for f, probes in _FEATURE_PROBES.items() if not self._probes_add_up(probes))
         self._local_units = {}
+        self._looks = {}
         for n_calls in range(1, 4):  # probe the usual unit patterns once, not in the hot loop
             for text in ("", "."):  # calls alone, and with a line of text ("Let me check.")
                 call: dict[str, Any] = {"role": "assistant", "content": text, "tool_calls": [{}] * n_calls}
@@ -570,6 +575,9 @@ class ChatTemplateTokenCounter:
     def _encode_lengths(self, texts: list[str]) -> list[int]:
         """``len(encode(t, add_special_tokens=False))`` for each text, in one batch call (no
         offsets where the tokenizer offers that; the batch runs on every core)."""
+        if len(texts) <= _LOOP_MAX:  # a turn's few pieces: no thread handoff (see _LOOP_MAX)
+            encode = self._tok.encode
+            return [len(encode(t, add_special_tokens=False)) for t in texts]
         return [len(e) for e in self._encode_batch(texts, add_special_tokens=False)]
 
     def _count_many(self, texts: Sequence[str]) -> list[int]:
@@ -701,8 +709,9 @@ class ChatTemplateTokenCounter:
                     if isinstance(call.get("id"), str):
                         self._calls[call["id"]] = key
         if msg is m:
-            snap = None
-            if isinstance(m.content, list) or m.tool_calls is not None:
+            snap = None  # frozen lists (every validated Message) cannot change: no snapshot
+            if (isinstance(m.content, list) and type(m.content) is not FrozenList) or (
+                    m.tool_calls is not None and type(m.tool_calls) is not FrozenList):
                 snap = (copy.deepcopy(m.content), copy.deepcopy(m.tool_calls))
             with self._lock:
                 if len(self._memo) >= self.cache_size:
@@ -895,11 +904,32 @@ class ChatTemplateTokenCounter:
 
     def _entries(self, ms: Sequence[Any]) -> tuple[list[str], list[dict[str, Any]]]:
         keys, dicts = [], []
+        memo = self._memo
         for i, m in enumerate(ms):
+            e = memo.get(id(m))  # _entry's memo hit, inlined (the hot loop's per-message cost)
+            if e is not None and e[1] is None and e[0]() is m:
+                keys.append(e[3])
+                dicts.append(e[2])
+                continue
             k, d = self._entry(m, i)
             keys.append(k)
             dicts.append(d)
         return keys, dicts
+
+    def _any_lookahead(self, keys: Sequence[str], dicts: Sequence[Mapping[str, Any]]) -> bool:
+        """``any(self._lookahead(d) for d in dicts)``, cached per message key."""
+        looks = self._looks
+        for k, d in zip(keys, dicts):
+            v = looks.get(k)
+            if v is None:
+                v = looks[k] = self._lookahead(d)
+                if len(looks) >= self.cache_size:
+                    with self._lock:
+                        for old in list(looks)[: self.cache_size // 4]:
+                            looks.pop(old, None)
+            if v:
+                return True
+        return False
 
     @staticmethod
     def _starts(dicts: Sequence[Mapping[str, Any]]) -> list[int]:
@@ -929,8 +959,14 @@ class ChatTemplateTokenCounter:
             return self._empty
         keys, dicts = self._entries(ms)
         last = dicts[-1]["role"]
-        if (not self.additive or last not in ("user", "tool") or self._end_cost(last) is None
-                or any(self._lookahead(d) for d in dicts)):
+        if not self.additive or last not in ("user", "tool") or self._end_cost(last) is None:
+            return self._full(keys, dicts)
+        seen = 0  # the previous segmented call's messages had no lookahead: check only the rest
+        if self._last is not None:
+            lkeys = self._last[0]
+            if len(lkeys) <= len(keys) and keys[:len(lkeys)] == lkeys:
+                seen = len(lkeys)
+        if self._any_lookahead(keys[seen:], dicts[seen:]):
             return self._full(keys, dicts)
         try:
             return self._segments(ms, keys, dicts)
@@ -1028,15 +1064,20 @@ class ChatTemplateTokenCounter:
         all in one tokenizer batch (the turn's new units: one batch, not one per rendering)."""
         n = len(keys)
         convs: list[tuple[str, ...]] = []
+        todo: list[tuple[tuple[str, ...], str]] = []  # units (not tool-first) to cost after the batch
+        local_units = self._local_units
         for u, a in enumerate(starts):
             b = starts[u + 1] if u + 1 < len(starts) else n
             ukeys = tuple(keys[a:b])
-            if ukeys in self._local_units:
+            if ukeys in local_units:
                 continue
             unit = dicts[a:b]
-            if any(self._lookahead(d) for d in unit) or not self._is_local(unit):
+            if self._any_lookahead(ukeys, unit) or not self._is_local(unit):
                 continue
-            pred = self._canonical(unit[0]["role"])
+            first_role = unit[0]["role"]
+            pred = self._canonical(first_role)
+            if first_role != "tool":
+                todo.append((ukeys, pred))
             if (ukeys, pred, "user", None) in self._units:
                 continue
             pre, post = self._context(pred, "user")
@@ -1044,6 +1085,11 @@ class ChatTemplateTokenCounter:
             convs.extend(pre + ukeys[:j] + post for j in range(1, b - a + 1))
         if convs:
             self._prefill(convs)
+        for ukeys, pred in todo:  # count_array then finds them with one look-up each
+            try:
+                self._remember_local(ukeys, self._unit_cost(ukeys, pred, "user"))
+            except _Refused:
+                pass  # count_array reports the refusal where it renders the unit
 
     def count_tools(self, tools_schema: Optional[Sequence[Mapping[str, Any]]], messages: Optional[Sequence[Any]] = None) -> int:
         """Marginal tokens of ``tools_schema`` in a request of ``messages`` (default: one user
@@ -1095,6 +1141,7 @@ class ChatTemplateTokenCounter:
             self._texts = {}
             self._units = {}
             self._local_units = {}
+            self._looks = {}
             self._last = None
 
     def _fixed_cost(self) -> int:
