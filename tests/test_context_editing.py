@@ -390,6 +390,25 @@ def test_rolling_summary_resumed_along_a_growing_history_equals_a_fresh_one():
         assert [m.to_openai() for m in fresh.apply(msgs[:n])] == [m.to_openai() for m in out]
 
 
+@pytest.mark.parametrize("step", [1, 2, 5])
+def test_rolling_summary_resumed_from_the_previous_span_end_equals_a_fresh_one(step):
+    """The fold scan and the content hash resume at the previous span's end (not only at its
+    last fold point): every span of a growing history gets the summary, the fold points and
+    the content keys that a fresh filter computes for it."""
+    msgs = _long_history(40)
+    kw = dict(summary_max_tokens=200, eviction="chunked", chunk=300)
+    grown = SummarizingBudgetFilter(2500, TIKTOKEN, summarize=Recorder(), **kw)
+    for n in range(1, len(msgs) + 1, step):
+        span = msgs[:n]
+        got = grown._summary_text(span)
+        fresh = SummarizingBudgetFilter(2500, TIKTOKEN, summarize=Recorder(), **kw)
+        assert got == fresh._summary_text(span)
+        assert grown._chain[1] == fresh._chain[1]
+        assert grown._chain[2][:4] == fresh._chain[2][:4]
+        assert grown._chain[2][4].digest() == fresh._chain[2][4].digest()
+    assert len(grown._chain[1]) >= 3  # the history folds several times
+
+
 def test_async_summarizer_and_model_client_adapter():
     async def summarize(messages):
         await asyncio.sleep(0)

@@ -111,7 +111,9 @@ class SummarizingBudgetFilter(TokenBudgetFilter):
         self._last_span: Optional[tuple[list[Message], tuple[str, int]]] = None
         #: (span, its summary message, the history copy it was cut from, the cut)
         self._last: Optional[tuple[list[Message], Message, list[Message], int]] = None
-        self._chain: Optional[tuple[list[Message], list[tuple[int, int, int, bytes, str]]]] = None
+        #: (span, its fold points, its tail: (last fold point, span end, tokens and units from
+        #: the point to the end, the hash of the point's key and the digests up to the end))
+        self._chain: Optional[tuple[list[Message], list[tuple[int, int, int, bytes, str]], Any]] = None
         self._by_content: dict[bytes, str] = {}
         self._digests = ObjectCache()
         self._messages: dict[tuple[int, int, str], Message] = {}
@@ -234,28 +236,34 @@ class SummarizingBudgetFilter(TokenBudgetFilter):
             self._digests.put(m, d)
         return d
 
-    def _folds(self, span: list[Message], start: int = 0, cum0: int = 0) -> tuple[list[tuple[int, int, int]], int]:
+    def _folds(self, span: list[Message], start: int = 0, cum0: int = 0,
+               resume: Optional[tuple[int, int, int]] = None) -> tuple[list[tuple[int, int, int]], int, int]:
         """Where the rolling summary of ``span`` folds after ``start`` (a fold point, ``cum0``
         tokens after the span's start): the first unit start at or past each multiple of
         ``fold`` tokens (cumulative from the span's start), then the span's end; each with the
         tokens and the units before it from ``start`` (``-1`` tokens for the end). One pass
-        over ``span[start:]`` with the counter's cached counts."""
-        part = span[start:]
+        over ``span[start:]`` with the counter's cached counts, or over ``span[m:]`` with
+        ``resume=(m, tokens, units)``: the pass's values at ``m``, where a shorter span with
+        no fold point after ``start`` ended. Returns the folds, the units and the tokens
+        before the span's end."""
+        if resume is not None:
+            first, acc, units = resume
+        else:
+            first, acc, units = start, cum0, 0
+        part = span[first:]
         counts = [self.counter.count_message(m) for m in part] if self._additive else checked_counts(self.counter, part).tolist()
         fold = self._fold
         level = (cum0 // fold + 1) * fold  # the next multiple of fold a unit start may reach
-        acc = cum0
-        units = 0
         ends: list[tuple[int, int, int]] = []
         for j, m in enumerate(part):
             if m.role != "tool":
                 if acc >= level:
-                    ends.append((start + j, acc, units))
+                    ends.append((first + j, acc, units))
                     level = (acc // fold + 1) * fold
                 units += 1
             acc += counts[j]
         ends.append((len(span), -1, units))
-        return ends, units
+        return ends, units, acc
 
     def _summary_text(self, span: list[Message]) -> Optional[tuple[str, int]]:
         """The summary of ``span`` and its number of units, a pure function of its content: a
@@ -275,14 +283,27 @@ class SummarizingBudgetFilter(TokenBudgetFilter):
         lo = cum = units0 = 0
         points: list[tuple[int, int, int, bytes, str]] = []  # (fold point, tokens, units before it, key, summary)
         chain = self._chain
-        if chain is not None and chain[1] and _backend.extends(chain[0], span):
+        tail = None
+        if chain is not None and _backend.extends(chain[0], span):
             points = list(chain[1])
-            lo, cum, units0, key, text = points[-1]
-        ends, units = self._folds(span, lo, cum)
+            if points:
+                lo, cum, units0, key, text = points[-1]
+            tail = chain[2]
+            if tail is not None and (tail[0] != lo or not lo <= tail[1] <= len(span)):
+                tail = None  # pragma: no cover - the tail is always the last point's
+        ends, units, acc = self._folds(span, lo, cum, tail[1:4] if tail is not None else None)
+        new_tail = None
         for hi, before, n_units in ends:
-            h = hashlib.sha256(key)
-            for m in span[lo:hi]:
+            if tail is not None:
+                h = tail[4].copy()  # the hash up to the shorter span's end: only what follows
+                start, tail = tail[1], None
+            else:
+                h = hashlib.sha256(key)
+                start = lo
+            for m in span[start:hi]:
                 h.update(self._digest(m))
+            if before < 0:
+                new_tail = (lo, hi, acc, units - (ends[-2][2] if len(ends) > 1 else 0), h.copy())
             key = h.digest()
             got = self._by_content.get(key)
             if got is None:
@@ -296,7 +317,7 @@ class SummarizingBudgetFilter(TokenBudgetFilter):
             text, lo = got, hi
             if before >= 0:
                 points.append((hi, before, units0 + n_units, key, got))
-        self._chain = (span, points)
+        self._chain = (span, points, new_tail)
         out = (text or "", units0 + units)
         self._last_span = (span, out)
         return out
