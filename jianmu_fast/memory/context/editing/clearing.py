@@ -217,30 +217,30 @@ class ClearToolResultsFilter:
             counts = [count(m) for m in new]
         else:
             counts = self._new_counts(new)
-        kinds = rec.kinds
-        savings = rec.savings
+        add_kind = rec.kinds.append
+        add_saving = rec.savings.append
         i = k
         for m in new:
             role = m.role
             if role == "tool":
                 kind, saved = self._result_record(rec, msgs, i, m, counts[i - k])
-                kinds.append(kind)
-                savings.append(saved)
+                add_kind(kind)
+                add_saving(saved)
                 i += 1
                 continue
             if role == "assistant":
-                kinds.append(_ASSISTANT)
+                add_kind(_ASSISTANT)
                 if m.tool_calls:
                     for p, c in enumerate(m.tool_calls):
                         cid = c.get("id")
                         if cid:
                             rec.calls[cid] = (i, p)
             elif role == "system" and i == rec.n_pinned:
-                kinds.append(_PINNED)
+                add_kind(_PINNED)
                 rec.n_pinned += 1
             else:
-                kinds.append(_UNIT)
-            savings.append(0)
+                add_kind(_UNIT)
+            add_saving(0)
             i += 1
         rec.counts.extend(counts)
         rec.messages.extend(new)
@@ -264,7 +264,11 @@ class ClearToolResultsFilter:
             rec.result_kinds.append(_EXCLUDED)
             return _EXCLUDED, 0
         rec.result_kinds.append(_CLEARABLE)
-        saved = self._result_saving(m, count)
+        c = m.content
+        if self._additive and type(c) is str:  # (_result_saving's common case, inline)
+            saved = self.counter.count_text(c) - self._placeholder_cost
+        else:
+            saved = self._result_saving(m, count)
         if self.clear_tool_inputs and owner is not None:
             call_msg = msgs[owner[0]]
             saved += int(self.counter.count_message(call_msg)) - int(
