@@ -109,9 +109,15 @@ def big_input(tmp_path, n=30000):
     return str(path)
 
 
+def _default_sigint() -> None:
+    # a suite started in the background of a non-interactive shell inherits SIGINT ignored, and
+    # Python then leaves it ignored in the child: these tests need Ctrl-C's default behaviour
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
 def start(args, **kw):
     return subprocess.Popen([sys.executable, "-m", "jianmu_fast", "build", *args, "--tokenizer", "simple"],
-                            stderr=subprocess.PIPE, **kw)
+                            stderr=subprocess.PIPE, preexec_fn=_default_sigint, **kw)
 
 
 def test_sigint_on_stdout_writes_only_whole_lines(tmp_path):
