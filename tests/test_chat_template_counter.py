@@ -207,6 +207,38 @@ def test_hot_loop_counts_incrementally_and_exactly(family):
             assert c.count_messages(ms) == family.reference(ms)
 
 
+def test_unit_costs_do_not_depend_on_how_results_arrive(family):
+    """A call and its results counted in one batch (the agent loop's turn) get the same
+    per-message costs as when the results arrive one by one, and a message whose lists were
+    not frozen (``model_construct``) is recounted after an in-place change."""
+    def unit(i):
+        calls = [{"id": f"c{i}_{k}", "type": "function",
+                  "function": {"name": "get_weather", "arguments": json.dumps({"city": f"c{i}{k}"})}}
+                 for k in range(1 if family.name == "llama3.1" else 2)]
+        return [Message(role="assistant", content=None, tool_calls=calls)] + [
+            Message(role="tool", content=f"{k} degrees in c{i}", tool_call_id=c["id"], name="get_weather")
+            for k, c in enumerate(calls)]
+
+    head = [Message(role="user", content="Weather?")]
+    whole, one_by_one = ChatTemplateTokenCounter(family.path), ChatTemplateTokenCounter(family.path)
+    ms = head + unit(0)
+    for j in range(1, len(ms) + 1):
+        one_by_one.count_array(ms[:j])
+    assert whole.count_array(ms).tolist() == one_by_one.count_array(ms).tolist()
+    ref = family.reference(ms)
+    if not isinstance(ref, Exception):
+        assert whole.count_messages(ms) == ref
+    calls = [{"id": "d0", "type": "function", "function": {"name": "get_weather", "arguments": '{"city": "a"}'}}]
+    loose = Message.model_construct(role="assistant", content="", tool_calls=calls, name=None, tool_call_id=None,
+                                    extra={})
+    loose_ms = head + [loose, Message(role="tool", content="r", tool_call_id="d0", name="get_weather")]
+    before = whole.count_messages(loose_ms)
+    calls[0]["function"]["arguments"] = '{"city": "a much longer city name than before"}'
+    after = whole.count_messages(loose_ms)
+    assert after == ChatTemplateTokenCounter(family.path).count_messages(loose_ms)
+    assert after > before or family.name == "mistral"  # Mistral's count of it does not change here
+
+
 def test_reasoning_and_final_assistant_fall_back_exactly(families):
     """Qwen3 strips reasoning before the last user query and gives a final assistant message an
     empty think block: those calls are rendered whole, and stay exact."""
