@@ -65,6 +65,27 @@ cdef Slot* _grow(Slot* table, Py_ssize_t cap, Py_ssize_t new_cap) noexcept nogil
     return out
 
 
+cdef int64_t _row_of(Slot** tp, Py_ssize_t* capp, uintptr_t key, int64_t next_row) noexcept nogil:
+    """The row of ``key`` in the table at ``*tp``, added as ``next_row`` when absent (the
+    table doubles once past half full, updating ``*tp`` and ``*capp``); -1 when memory runs
+    out (``*tp`` is then freed and NULL)."""
+    cdef Slot* table = tp[0]
+    cdef uintptr_t mask = <uintptr_t>(capp[0] - 1)
+    cdef uintptr_t h = _hash(key) & mask
+    while table[h].key and table[h].key != key:
+        h = (h + 1) & mask
+    if table[h].key:
+        return table[h].row
+    table[h].key = key
+    table[h].row = next_row
+    if (next_row + 1) * 2 > capp[0]:
+        tp[0] = _grow(table, capp[0], capp[0] * 2)
+        capp[0] *= 2
+        if tp[0] == NULL:
+            return -1
+    return next_row
+
+
 def intern_rows(prompts, cls):
     """See ``jianmu_fast._batch_core_py.intern_rows``."""
     if not isinstance(cls, type):
@@ -97,7 +118,7 @@ def intern_rows(prompts, cls):
     distinct = []
     cdef Py_ssize_t cap = 1024, used = 0, x = 0
     cdef Slot* table = <Slot*>calloc(cap, sizeof(Slot))
-    cdef uintptr_t key, h, mask
+    cdef int64_t row
     cdef PyObject* item
     if table == NULL:
         raise MemoryError()
@@ -109,26 +130,13 @@ def intern_rows(prompts, cls):
             m = PyList_GET_SIZE(msgs)
             for j in range(m):
                 item = PyList_GET_ITEM(msgs, j)
-                key = <uintptr_t>item
-                mask = <uintptr_t>(cap - 1)
-                h = _hash(key) & mask
-                while table[h].key and table[h].key != key:
-                    h = (h + 1) & mask
-                if not table[h].key:
-                    table[h].key = key
-                    table[h].row = used
+                row = _row_of(&table, &cap, <uintptr_t>item, used)
+                if row < 0:
+                    raise MemoryError()
+                if row == used:
                     PyList_Append(distinct, <object>item)
                     used += 1
-                    if used * 2 > cap:
-                        table = _grow(table, cap, cap * 2)
-                        cap *= 2
-                        if table == NULL:
-                            raise MemoryError()
-                        mask = <uintptr_t>(cap - 1)
-                        h = _hash(key) & mask
-                        while table[h].key != key:
-                            h = (h + 1) & mask
-                r[x] = table[h].row
+                r[x] = row
                 x += 1
     finally:
         free(table)
@@ -329,7 +337,7 @@ def group_states(states, str key):
     cdef Py_ssize_t n = len(seq), i, g, n_groups = 0, cap = 1024
     cdef PyObject* st
     cdef PyObject* src
-    cdef uintptr_t k, h, mask
+    cdef int64_t row
     gid_a = np.full(n, -1, dtype=np.int64)
     cdef int64_t[::1] gid = gid_a
     srcs = [None] * n
@@ -351,25 +359,12 @@ def group_states(states, str key):
             if PyList_GET_SIZE(src) == 0:
                 rest.append(i)
                 continue
-            k = <uintptr_t>PyList_GET_ITEM(src, 0)
-            mask = <uintptr_t>(cap - 1)
-            h = _hash(k) & mask
-            while table[h].key and table[h].key != k:
-                h = (h + 1) & mask
-            if not table[h].key:
-                table[h].key = k
-                table[h].row = n_groups
+            row = _row_of(&table, &cap, <uintptr_t>PyList_GET_ITEM(src, 0), n_groups)
+            if row < 0:
+                raise MemoryError()
+            if row == n_groups:
                 n_groups += 1
-                if n_groups * 2 > cap:
-                    table = _grow(table, cap, cap * 2)
-                    cap *= 2
-                    if table == NULL:
-                        raise MemoryError()
-                    mask = <uintptr_t>(cap - 1)
-                    h = _hash(k) & mask
-                    while table[h].key != k:
-                        h = (h + 1) & mask
-            gid[i] = table[h].row
+            gid[i] = row
     finally:
         free(table)
     off_a = np.zeros(n_groups + 1, dtype=np.int64)
