@@ -7,14 +7,22 @@ pure-Python twin ``jianmu_fast/_editing_core_py.py``; both have the same names, 
 results and error messages (proven by tests/test_context_editing_core.py).
 """
 
-from cpython.list cimport PyList_GET_ITEM, PyList_GET_SIZE
+from cpython cimport array as carray
+from cpython.list cimport PyList_Append, PyList_GET_ITEM, PyList_GET_SIZE
+from cpython.ref cimport PyObject
+from cpython.weakref cimport PyWeakref_GetObject
 from libc.stdint cimport int64_t, int8_t
 from libc.stdlib cimport free, malloc
 
-__all__ = ["MAX_VALUE", "STATE_LEN", "extends", "plan_clearing"]
+import array
+
+__all__ = ["MAX_VALUE", "STATE_LEN", "TURN_MAX", "clearing_turn", "extend_capped", "extends", "plan_clearing"]
 
 MAX_VALUE = 1 << 53
 STATE_LEN = 7
+TURN_MAX = 16
+cdef enum:
+    C_TURN_MAX = 16
 cdef int64_t C_MAX = (<int64_t>1) << 53
 cdef int64_t C_SUM = (<int64_t>1) << 62
 
@@ -199,3 +207,157 @@ def extends(previous, current):
             if PyList_GET_SIZE(previous) != n or PyList_GET_SIZE(current) < n:
                 return False  # a comparison changed a list: no longer a prefix we can vouch for
     return True
+
+
+cdef str _TOOL = "tool"
+cdef str _ASSISTANT = "assistant"
+cdef str _SYSTEM = "system"
+
+
+def extend_capped(src, ref, out, cache):
+    """One turn of ``ToolResultCapFilter`` over a growing list; see ``_editing_core_py``."""
+    cdef Py_ssize_t i, n
+    cdef object m, v, e, role
+    if type(src) is not list or type(ref) is not list or type(out) is not list or type(cache) is not dict:
+        raise TypeError("src, ref and out must be lists and cache a dict")
+    i = PyList_GET_SIZE(ref)
+    if PyList_GET_SIZE(out) != i or PyList_GET_SIZE(src) < i:
+        raise ValueError(f"need len(out) == len(ref) <= len(src), got {PyList_GET_SIZE(out)}, {i}, {PyList_GET_SIZE(src)}")
+    n = PyList_GET_SIZE(src)
+    while i < n:
+        m = <object>PyList_GET_ITEM(src, i)
+        role = m.role
+        if role is _TOOL or role == _TOOL:
+            e = (<dict>cache).get(id(m))
+            if e is None or <object>PyWeakref_GetObject((<tuple>e)[0]) is not m:
+                break
+            v = (<tuple>e)[1]
+        else:
+            v = m
+        PyList_Append(ref, m)
+        PyList_Append(out, v)
+        n = PyList_GET_SIZE(src)  # (a role's __eq__ may have changed src)
+        i += 1
+    return i
+
+
+cdef int _is_array(object a, str name, char code) except -1:
+    if type(a) is not array.array or (<carray.array>a).ob_descr.typecode != code:
+        raise TypeError(f"{name} must be an array.array of typecode {chr(code)!r}")
+    return 0
+
+
+def clearing_turn(src, ref, out, counts, kinds, savings, results, result_kinds, state, counter, settings):
+    """One turn of ``ClearToolResultsFilter`` when the history only grew; see ``_editing_core_py``."""
+    cdef int64_t new_counts[C_TURN_MAX]
+    cdef int8_t new_kinds[C_TURN_MAX]
+    cdef int64_t new_savings[C_TURN_MAX]
+    cdef int64_t placeholder_cost, trigger, step, keep, c, t, saving, total, cleared, limit, pending, n_results, x
+    cdef int64_t *st
+    cdef Py_ssize_t k, n, i, j, n_pinned
+    cdef int8_t kind
+    cdef bint work = 0
+    cdef object m, e, role, content, tv, cv
+    cdef dict msgs_cache, texts
+    if (type(src) is not list or type(ref) is not list or type(out) is not list or type(results) is not list
+            or type(result_kinds) is not list):
+        raise TypeError("src, ref, out, results and result_kinds must be lists")
+    _is_array(counts, "counts", b'q')
+    _is_array(kinds, "kinds", b'b')
+    _is_array(savings, "savings", b'q')
+    _is_array(state, "state", b'q')
+    placeholder_cost, trigger, step, keep = settings
+    k = PyList_GET_SIZE(ref)
+    n = PyList_GET_SIZE(src)
+    if (n < k or PyList_GET_SIZE(out) != k or len(counts) != k or len(kinds) != k or len(savings) != k
+            or len(state) != STATE_LEN):
+        return -1
+    st = <int64_t *>(<carray.array>state).data.as_longlongs
+    if st[0] != k:
+        return -1
+    if k == 0 or n - k > C_TURN_MAX:
+        return -1  # (a fresh scan starts from ``base``: plan_clearing's)
+    msgs_cache = counter._msgs
+    texts = counter._texts
+    n_pinned = <Py_ssize_t>st[5]
+    for i in range(k, n):
+        j = i - k
+        m = <object>PyList_GET_ITEM(src, i)
+        e = msgs_cache.get(id(m))
+        if e is None or <object>PyWeakref_GetObject((<tuple>e)[0]) is not m:
+            return -1
+        cv = (<tuple>e)[1]
+        if type(cv) is not int:
+            return -1
+        c = cv
+        if c < 0 or c > C_MAX:
+            return -1
+        role = m.role
+        saving = 0
+        if role is _TOOL or role == _TOOL:
+            content = m.content
+            if type(content) is not str:
+                return -1
+            tv = texts.get(content)
+            if tv is None:
+                return -1
+            t = tv
+            saving = t - placeholder_cost
+            if saving < 0:
+                saving = 0
+            if saving > c:
+                saving = c
+            kind = 2
+        elif role is _ASSISTANT or role == _ASSISTANT:
+            kind = 4
+        elif (role is _SYSTEM or role == _SYSTEM) and i == n_pinned:
+            return -1
+        else:
+            kind = 0
+        if PyList_GET_SIZE(src) != n:
+            return -1  # (a role's __eq__ changed src)
+        new_counts[j] = c
+        new_kinds[j] = kind
+        new_savings[j] = saving
+    total, cleared, limit, pending, n_results = st[1], st[2], st[3], st[4], st[6]
+    for j in range(n - k):
+        total += new_counts[j]
+        if total > C_SUM:
+            work = 1  # (plan_clearing raises the error)
+            break
+        kind = new_kinds[j]
+        if kind == 2:
+            n_results += 1
+        x = total - trigger
+        if step == 0:
+            if x > 0 and n_results - keep > cleared:
+                work = 1
+                break
+            continue
+        if x > limit:
+            pending = 1
+        if pending and kind != 4:
+            work = 1
+            break
+    carray.resize_smart(<carray.array>counts, n)
+    carray.resize_smart(<carray.array>kinds, n)
+    carray.resize_smart(<carray.array>savings, n)
+    for j in range(n - k):
+        (<carray.array>counts).data.as_longlongs[k + j] = new_counts[j]
+        (<carray.array>kinds).data.as_schars[k + j] = new_kinds[j]
+        (<carray.array>savings).data.as_longlongs[k + j] = new_savings[j]
+        if new_kinds[j] == 2:
+            PyList_Append(results, k + j)
+            PyList_Append(result_kinds, 2)
+    for i in range(k, n):
+        m = <object>PyList_GET_ITEM(src, i)
+        PyList_Append(ref, m)
+        PyList_Append(out, m)
+    if work:
+        return 1
+    st = <int64_t *>(<carray.array>state).data.as_longlongs
+    st[0] = n
+    st[1] = total
+    st[4] = pending
+    st[6] = n_results
+    return 0

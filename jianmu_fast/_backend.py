@@ -16,8 +16,8 @@ if os.environ.get("JIANMU_FAST_PURE_PYTHON") == "1":
         MAX_VALUE, ROLE_CODES, Records, counts_of, plan_window, plan_windows, sanitize_window, sanitize_windows, select_window,
         select_windows,
     )
-    from ._editing_core_py import extends, plan_clearing
-    from ._batch_core_py import group_states, intern_rows, need_rows, prefix_prompts, slice_outputs, table_records
+    from ._editing_core_py import clearing_turn, extend_capped, extends, plan_clearing
+    from ._batch_core_py import gather_rows, group_states, intern_rows, need_rows, pack_rows, prefix_groups, table_records
 
     BACKEND = "python"
 else:
@@ -26,8 +26,8 @@ else:
             MAX_VALUE, ROLE_CODES, Records, counts_of, plan_window, plan_windows, sanitize_window, sanitize_windows, select_window,
             select_windows,
         )
-        from ._editing_core import extends, plan_clearing
-        from ._batch_core import group_states, intern_rows, need_rows, prefix_prompts, slice_outputs, table_records
+        from ._editing_core import clearing_turn, extend_capped, extends, plan_clearing
+        from ._batch_core import gather_rows, group_states, intern_rows, need_rows, pack_rows, prefix_groups, table_records
     except ImportError as exc:  # pragma: no cover - exercised by a subprocess test
         raise ImportError(
             "jianmu_fast._filter_core is not compiled: run `pip install -e .` (or `make install`) "

@@ -62,13 +62,17 @@ the counts must stay at most ``2**62``, so the compiled sums never overflow).
 
 from __future__ import annotations
 
-__all__ = ["MAX_VALUE", "STATE_LEN", "extends", "plan_clearing"]
+import array
+
+__all__ = ["MAX_VALUE", "STATE_LEN", "TURN_MAX", "clearing_turn", "extend_capped", "extends", "plan_clearing"]
 
 MAX_VALUE = 1 << 53
 MAX_SUM = 1 << 62
 #: entries of ``state``: messages scanned, total, cleared, limit, step pending, pinned prefix,
 #: tool results scanned
 STATE_LEN = 7
+#: the most new messages ``clearing_turn`` records in one call (more: the caller's general path)
+TURN_MAX = 16
 
 
 def _check(name, value):
@@ -216,3 +220,176 @@ def extends(previous, current):
     if type(previous) is not list or type(current) is not list:
         raise TypeError(f"previous and current must be lists, got {type(previous).__name__} and {type(current).__name__}")
     return len(current) >= len(previous) and current[:len(previous)] == previous
+
+
+def extend_capped(src, ref, out, cache):
+    """One turn of ``ToolResultCapFilter`` over a growing list: append ``src[len(ref):]`` to
+    ``ref`` and, to ``out``, each of those messages as the cap outputs it: a message whose
+    ``role`` is not ``"tool"`` as itself, a tool result as its cut found in ``cache`` (the
+    filter's ``ObjectCache`` dict, ``{id(m): (weakref to m, cut)}``). It stops before the first
+    tool result whose cut is not in ``cache`` (the caller computes that one) and returns
+    ``len(ref)`` afterwards: ``len(src)`` when every new message was appended. ``ref`` and
+    ``out`` stay the same length; ``src`` is only read.
+
+    >>> import weakref
+    >>> from jianmu_fast.message import human, tool
+    >>> a, b, c = human("q"), tool("long", tool_call_id="c1"), human("r")
+    >>> ref, out = [], []
+    >>> extend_capped([a, b, c], ref, out, {}), out == [a]      # b's cut is not cached
+    (1, True)
+    >>> cut = tool("cut", tool_call_id="c1")
+    >>> extend_capped([a, b, c], ref, out, {id(b): (weakref.ref(b), cut)}), out == [a, cut, c]
+    (3, True)
+    """
+    if type(src) is not list or type(ref) is not list or type(out) is not list or type(cache) is not dict:
+        raise TypeError("src, ref and out must be lists and cache a dict")
+    i = len(ref)
+    if len(out) != i or len(src) < i:
+        raise ValueError(f"need len(out) == len(ref) <= len(src), got {len(out)}, {i}, {len(src)}")
+    while i < len(src):  # (a role's __eq__ may change src)
+        m = src[i]
+        if m.role == "tool":
+            e = cache.get(id(m))
+            if e is None or e[0]() is not m:
+                break
+            v = e[1]
+        else:
+            v = m
+        ref.append(m)
+        out.append(v)
+        i += 1
+    return i
+
+
+def _array(a, name, code):
+    if type(a) is not array.array or a.typecode != code:
+        raise TypeError(f"{name} must be an array.array of typecode {code!r}")
+
+
+def clearing_turn(src, ref, out, counts, kinds, savings, results, result_kinds, state, counter, settings):
+    """One turn of ``ClearToolResultsFilter`` (without ``exclude_tools`` or
+    ``clear_tool_inputs``, over a counter with an additive message count) when the history
+    only grew: the records of the new messages ``src[len(ref):]`` from the counter's caches,
+    appended to the running records, and the scan's decision when nothing needs the full
+    ``plan_clearing``.
+
+    ``ref`` (the messages recorded), ``out`` (their output), ``counts``, ``kinds`` and
+    ``savings`` (``array.array`` of typecodes ``q``, ``b``, ``q``: ``plan_clearing``'s
+    records), ``results`` and ``result_kinds`` (the tool results' indices and kinds) and
+    ``state`` (``array.array("q")`` of :data:`STATE_LEN` entries: ``plan_clearing``'s state,
+    having scanned every record) are the filter's, extended in place. ``counter`` has the
+    caches of ``CachedChatCounter`` (``_msgs``: ``{id(m): (weakref to m, count, ...)}``,
+    ``_texts``: ``{text: count}``); ``settings`` is ``(placeholder_cost, trigger, step,
+    keep)``. A new message's record: its cached count; kind ``2`` and saving ``count of its
+    content - placeholder_cost`` (clipped to ``[0, count]``) for a tool result with a text
+    content, ``4`` for an assistant message, ``0`` otherwise.
+
+    Returns ``-1`` when it recorded nothing (a count or a content count not cached, content
+    that is not a str, a system message where the pinned prefix may grow, more than
+    :data:`TURN_MAX` new messages, or records that are not in step: the caller's general
+    path); ``0`` when the records were appended, ``ref`` and ``out`` extended (``out`` by the
+    new messages themselves) and ``state`` advanced: the scan takes no step and computes no
+    room over them (``plan_clearing`` would return the same and leave the same state); ``1``
+    when the records were appended, ``ref`` and ``out`` extended, and ``state`` left for
+    ``plan_clearing`` (resumed) to scan the new messages: a step may be taken, or the room of
+    the chunked cut is to be computed.
+
+    >>> import array
+    >>> from jianmu_fast.memory.context import TiktokenTokenCounter
+    >>> from jianmu_fast.message import human
+    >>> counter = TiktokenTokenCounter("o200k_base")
+    >>> first, m = human("hello"), human("hi")
+    >>> ref, out = [first], [first]
+    >>> counts, kinds, savings = array.array("q", [8]), array.array("b", [0]), array.array("q", [0])
+    >>> state = array.array("q", [1, 11, 0, 0, 0, 0, 0])   # one message scanned, total 11
+    >>> rec = (ref, out, counts, kinds, savings, [], [], state)
+    >>> clearing_turn([first, m], *rec, counter, (3, 1000, 250, 3))   # m's count is not cached yet
+    -1
+    >>> counter.count_message(m), clearing_turn([first, m], *rec, counter, (3, 1000, 250, 3))
+    (5, 0)
+    >>> list(counts), list(state), out == [first, m]
+    ([8, 5], [2, 16, 0, 0, 0, 0, 0], True)
+    """
+    if (type(src) is not list or type(ref) is not list or type(out) is not list or type(results) is not list
+            or type(result_kinds) is not list):
+        raise TypeError("src, ref, out, results and result_kinds must be lists")
+    _array(counts, "counts", "q")
+    _array(kinds, "kinds", "b")
+    _array(savings, "savings", "q")
+    _array(state, "state", "q")
+    placeholder_cost, trigger, step, keep = settings
+    k = len(ref)
+    n = len(src)
+    if (n < k or len(out) != k or len(counts) != k or len(kinds) != k or len(savings) != k
+            or len(state) != STATE_LEN or state[0] != k):
+        return -1
+    if k == 0 or n - k > TURN_MAX:
+        return -1  # (a fresh scan starts from ``base``: plan_clearing's)
+    msgs_cache = counter._msgs
+    texts = counter._texts
+    n_pinned = state[5]
+    new_counts, new_kinds, new_savings = [], [], []
+    for i in range(k, n):
+        m = src[i]
+        e = msgs_cache.get(id(m))
+        if e is None or e[0]() is not m:
+            return -1
+        c = e[1]
+        if type(c) is not int or c < 0 or c > MAX_VALUE:
+            return -1
+        role = m.role
+        saving = 0
+        if role == "tool":
+            content = m.content
+            if type(content) is not str:
+                return -1
+            t = texts.get(content)
+            if t is None:
+                return -1
+            saving = min(max(0, t - placeholder_cost), c)
+            kind = 2
+        elif role == "assistant":
+            kind = 4
+        elif role == "system" and i == n_pinned:
+            return -1
+        else:
+            kind = 0
+        if len(src) != n:
+            return -1  # (a role's __eq__ changed src)
+        new_counts.append(c)
+        new_kinds.append(kind)
+        new_savings.append(saving)
+    total, cleared, limit, pending, n_results = state[1], state[2], state[3], state[4], state[6]
+    work = False
+    for c, kind in zip(new_counts, new_kinds):
+        total += c
+        if total > MAX_SUM:
+            work = True  # (plan_clearing raises the error)
+            break
+        if kind == 2:
+            n_results += 1
+        x = total - trigger
+        if step == 0:
+            if x > 0 and n_results - keep > cleared:
+                work = True
+                break
+            continue
+        if x > limit:
+            pending = 1
+        if pending and kind != 4:
+            work = True
+            break
+    counts.extend(new_counts)
+    kinds.extend(new_kinds)
+    savings.extend(new_savings)
+    for j, kind in enumerate(new_kinds):
+        if kind == 2:
+            results.append(k + j)
+            result_kinds.append(2)
+    new = src[k:n]
+    ref.extend(new)
+    out.extend(new)
+    if work:
+        return 1
+    state[0], state[1], state[4], state[6] = n, total, pending, n_results
+    return 0

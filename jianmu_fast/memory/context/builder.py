@@ -149,9 +149,11 @@ def _editing_classes() -> tuple[type, type, type]:
 
 
 def _hot_filter_kind(flt: Any) -> int:
-    """0: not a hot-path filter; 1: a stage whose ``apply`` never keeps, changes or returns the
-    list it is given and returns a new list of Messages (the context-editing cap and clearing);
-    2: a trimming filter with ``_trim(messages, tools_schema, sanitize) -> (output, clean)``
+    """0: not a hot-path filter; 1: a context-editing stage (the cap and the clearing) called
+    through ``_hot_apply(messages, tools_schema)``: given a list that is only ever grown by
+    appends while it is the same object, it returns a list of Messages under the same rule (its
+    own, not a copy: the builder only reads it and copies it before handing it out), and never
+    changes the list it is given; 2: a trimming filter with ``_trim(messages, tools_schema, sanitize) -> (output, clean)``
     (``MaxMessagesFilter``, ``TokenBudgetFilter``, ``SummarizingBudgetFilter``), which returns
     a new list of Messages too. Exact classes only: a subclass may do anything."""
     from .filters import MaxMessagesFilter, TokenBudgetFilter
@@ -178,7 +180,7 @@ def _derive_hot(providers: list[Any], filters: list[Any]) -> Optional["_Hot"]:
     heads = providers[:-1]
     if not all(_returns_messages(p) and type(p) is not history_cls for p in heads):
         return None
-    return _Hot(providers, filters, kinds[-1] == 2)
+    return _Hot(providers, filters, kinds)
 
 
 class _Hot:
@@ -189,9 +191,10 @@ class _Hot:
     keep, change or return the list they are given, and return a new list of Messages; see
     ``_hot_filter_kind``)."""
 
-    __slots__ = ("heads", "static", "history", "n", "last", "dicts")
+    __slots__ = ("heads", "static", "history", "n", "last", "dicts", "kinds")
 
-    def __init__(self, providers: list[Any], filters: list[Any], trims_last: bool) -> None:
+    def __init__(self, providers: list[Any], filters: list[Any], kinds: list[int]) -> None:
+        trims_last = kinds[-1] == 2
         self.heads = providers[:-1]
         static_cls = _static_prompt_cls()
         #: all heads are StaticPromptProviders: their messages are read directly
@@ -202,6 +205,9 @@ class _Hot:
         self.last = filters[-1] if trims_last else None
         #: the stages' instance dicts, where a replaced get_messages / apply / _trim would show
         self.dicts = [(vars(p), "get_messages") for p in providers] + [(vars(f), "apply") for f in filters]
+        self.dicts += [(vars(f), "_hot_apply") for f, k in zip(filters, kinds) if k == 1]
+        #: each filter's kind (``_hot_filter_kind``): 1 is called through its ``_hot_apply``
+        self.kinds = kinds
         if trims_last:
             self.dicts.append((vars(filters[-1]), "_trim"))
 
@@ -526,20 +532,37 @@ class ContextBuilder:
     def _filter_hot(self, hot: _Hot, prompt: list[Message], local_state: Any, global_state: Any, ctx: Any,
                     tools_schema: Any) -> list[Message]:
         """``_filter`` for the hot plan's filters over the builder's own ``prompt``: the same
-        calls, error isolation and sanitize step, without the per-message type check of each
-        stage's output (a new list of Messages from a stage given Messages, see
-        ``_hot_filter_kind``)."""
+        outputs, error isolation and sanitize step, without the per-message type check of each
+        stage's output (a list of Messages from a stage given Messages, see
+        ``_hot_filter_kind``). A context-editing stage (kind 1) is handed the list as it is
+        (the prompt, which only grows by appends while it is the same object, or the previous
+        stage's own list, under the same rule) and hands on its own list: one that is not a
+        new one is copied before it leaves the builder."""
         messages = prompt
+        own = True  # ``messages`` is the builder's prompt or a stage's own list: never handed out
+        kinds = hot.kinds
         last = hot.last
-        if last is not None and self.sanitize:  # _filter's path for a trimming filter last
-            for i in range(hot.n - 1):
-                messages = self._apply_filter(i, messages, local_state, global_state, ctx, tools_schema, True)
+        n = hot.n - 1 if last is not None and self.sanitize else hot.n
+        for i in range(n):
+            if kinds[i] == 1:
+                flt = self.filters[i]
+                try:
+                    messages = flt._hot_apply(messages, tools_schema)
+                    own = True
+                except JianmuError:
+                    raise
+                except Exception:
+                    logger.exception("filters[%d] (%s) failed; it is skipped", i, type(flt).__name__)
+            else:
+                out = self._apply_filter(i, messages, local_state, global_state, ctx, tools_schema, True)
+                if out is not messages:
+                    own = False
+                messages = out
+        if n < hot.n:  # _filter's path for a trimming filter last: a new list
             out, clean = last._trim(messages, tools_schema, True)
             return out if clean else self._finish(out, tools_schema)
-        for i in range(hot.n):
-            messages = self._apply_filter(i, messages, local_state, global_state, ctx, tools_schema, True)
-        if messages is prompt:  # every stage failed and was skipped: never hand out our own list
-            messages = prompt.copy()
+        if own:  # never hand out our own list, nor a stage's
+            messages = messages.copy()
         return self._finish(messages, tools_schema)
 
     def _apply_filter(self, i, messages, local_state, global_state, ctx, tools_schema,

@@ -13,6 +13,8 @@ from ._cutter import Cutter
 
 __all__ = ["ToolResultCapFilter"]
 
+_extend_capped = _backend.extend_capped
+
 
 class ToolResultCapFilter:
     """Cut every tool result whose content counts more than ``max_tokens`` to its head and
@@ -48,6 +50,9 @@ class ToolResultCapFilter:
         self._cutter = Cutter(self.counter)
         self._cache = ObjectCache()
         self._last: Optional[tuple[list[Message], list[Message]]] = None
+        self._src: Optional[list[Message]] = None  # the hot path's input of the previous call
+        self._turn_args: Any = None  # (input, output, cut cache) of the hot path's previous call
+        self._shared = False  # ``_last[1]`` was handed out by the hot path
         self._lock = threading.Lock()
 
     def __repr__(self) -> str:
@@ -57,12 +62,18 @@ class ToolResultCapFilter:
         state = self.__dict__.copy()
         state["_cache"] = None
         state["_last"] = None
+        state["_src"] = None
+        state["_turn_args"] = None
+        state["_shared"] = False
         state.pop("_lock", None)
         return state
 
     def __setstate__(self, state: dict[str, Any]) -> None:
         self.__dict__.update(state)
         self._cache = ObjectCache()
+        self._src = None
+        self._turn_args = None
+        self._shared = False
         self._lock = threading.Lock()
 
     def cap(self, message: Message) -> Message:
@@ -176,22 +187,66 @@ class ToolResultCapFilter:
 
         A history that extends the previous call's (the agent loop) costs only its new messages."""
         with self._lock:
-            return self._apply(messages)
+            self._src = None  # ``messages`` may change in any way: no hand-off resumes from it
+            return self._apply(messages)[:]
+
+    def _hot_apply(self, src: list[Message], tools_schema: Any = None) -> list[Message]:
+        """``apply`` for the builder's hot path (``ContextBuilder._filter_hot``): ``src`` is a
+        list of Messages that is only ever grown by appends while it is the same object (the
+        builder's prompt, or the previous stage's own output). Returns this stage's OWN output
+        list, not a copy, under the same rule: grown in place by appends only, while it is the
+        same object; any other change makes a new list. The caller only reads it. When ``src``
+        is the list of the previous call, only its new messages are looked at (one compiled
+        call: their cached cuts appended); a call that finds the stage busy gets ``apply``'s copy."""
+        if src is self._src and self._lock.acquire(False):
+            try:  # the agent loop's turn: the new messages' cached cuts appended in one compiled call
+                ref, out, d = self._turn_args
+                i = _extend_capped(src, ref, out, d)
+                while i < len(src):  # a tool result whose cut is not cached yet
+                    m = src[i]
+                    c = self.cap(m)
+                    ref.append(m)
+                    out.append(c)
+                    i = _extend_capped(src, ref, out, d)
+                return out
+            finally:
+                self._lock.release()
+        lock = self._lock
+        if not lock.acquire(False):
+            return self.apply(src)
+        try:
+            self._src = None
+            out = self._apply(src)
+            self._turn_args = (self._last[0], out, self._cache._d)  # type: ignore[index]
+            self._src = src
+            self._shared = True
+            return out
+        finally:
+            lock.release()
 
     def _apply(self, messages: Sequence[Message]) -> list[Message]:
+        """The output for ``messages``: the previous one extended when ``messages`` extends the
+        previous input (in place, unless the hot path handed it out: then a new list), else
+        made anew. The stage's own list (``_last[1]``)."""
         msgs = messages if type(messages) is list else list(messages)
         last = self._last
         if last is not None:
-            ref, out = last  # our own lists: the previous input and its output, grown in place
+            ref, out = last  # our own lists: the previous input and its output
             k = len(ref)
             if _backend.extends(ref, msgs):
                 if len(msgs) > k:
                     new = msgs[k:]
                     cap = self.cap  # (raises before anything is extended)
                     capped = [m if m.role != "tool" else cap(m) for m in new]
+                    if self._shared:  # handed out: never changed again but by the hot path's appends
+                        out = out + capped
+                        self._last = (ref, out)
+                        self._shared = False
+                    else:
+                        out.extend(capped)
                     ref.extend(new)
-                    out.extend(capped)
-                return out[:]
+                return out
         out = [self.cap(m) for m in msgs]
         self._last = (msgs[:], out)
-        return out[:]
+        self._shared = False
+        return out

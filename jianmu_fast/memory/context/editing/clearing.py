@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import array
 import threading
-from typing import Any, Iterable, Optional, Sequence
+from typing import Any, Iterable, NoReturn, Optional, Sequence
 
 import numpy as np
 
@@ -15,10 +15,15 @@ from ...._editing_core_py import STATE_LEN
 from ....errors import JianmuError, TrimmingError
 from ....message import Message
 from ..counters import SimpleTokenCounter
-from ..filters import TokenBudgetFilter
+from ..filters import _CACHED_COUNTERS, TokenBudgetFilter
 from ._common import MAX_VALUE, TRUSTED, ObjectCache, check_counter, check_int, checked_counts, edited
 
 __all__ = ["ClearToolResultsFilter"]
+
+_clearing_turn = _backend.clearing_turn
+#: settings the compiled turn's arguments hold (set again: they are read again)
+_ARMED_BY = frozenset({"trigger_tokens", "keep", "clear_at_least", "exclude_tools", "clear_tool_inputs", "placeholder",
+                       "counter", "_placeholder_cost", "_request", "_src"})
 
 #: ``kinds`` codes of the clearing core (see ``jianmu_fast/_editing_core_py.py``)
 _UNIT, _EXCLUDED, _CLEARABLE, _PINNED, _ASSISTANT = 0, 1, 2, 3, 4
@@ -32,7 +37,7 @@ class _ClearRecords:
     cleared copies in place)."""
 
     __slots__ = ("messages", "counts", "kinds", "savings", "results", "result_kinds", "calls", "owner",
-                 "n_pinned", "base", "state", "out", "cleared")
+                 "n_pinned", "base", "state", "out", "cleared", "shared", "plain")
 
     def __init__(self, base: int) -> None:
         self.messages: list[Message] = []
@@ -48,6 +53,8 @@ class _ClearRecords:
         self.state = array.array("q", bytes(8 * STATE_LEN))
         self.out: list[Message] = []          # the output for ``messages``
         self.cleared = 0                      # results of ``out`` cleared (the core's ``cleared``)
+        self.shared = False                   # ``out`` was handed out (the hot path): never changed but by appends
+        self.plain = False                    # ``clearing_turn`` recorded messages (no calls, no owners)
 
     @property
     def n(self) -> int:
@@ -137,6 +144,10 @@ class ClearToolResultsFilter:
         self._request = int(request)  # the request's fixed cost
         self._placeholder_cost = int(self.counter.count_text(self.placeholder)) if self._additive else 0
         self._rec = _ClearRecords(-1)
+        self._src: Optional[list[Message]] = None  # the hot path's input of the previous call
+        self._turn_args: Optional[tuple[Any, ...]] = None  # see _arm
+        # the compiled turn (``clearing_turn``) reads the counter's caches
+        self._cached = type(self.counter) in _CACHED_COUNTERS
         self._cleared_cache = ObjectCache()
         self._inputs_cache = ObjectCache()
 
@@ -150,7 +161,7 @@ class ClearToolResultsFilter:
 
     def __getstate__(self) -> dict[str, Any]:
         state = self.__dict__.copy()
-        for k in ("_rec", "_cleared_cache", "_inputs_cache", "_lock"):
+        for k in ("_rec", "_cleared_cache", "_inputs_cache", "_lock", "_src", "_turn_args"):
             state.pop(k, None)
         return state
 
@@ -283,24 +294,38 @@ class ClearToolResultsFilter:
         comparison of the old part, records and a resumed compiled scan for the new part, and
         the previous output objects extended (the cleared copies are the same objects turn
         after turn, so the next stage sees a prompt that extends its previous one)."""
-        base = self._request + (self._tools.tools_cost(tools_schema) if tools_schema else 0)
+        base = self._base(tools_schema)
         rec = self._rec
         ref = rec.messages
         k = len(ref)
         n = len(msgs)
-        if rec.base != base or not _backend.extends(ref, msgs):
+        if (rec.base != base or not _backend.extends(ref, msgs)
+                or (rec.plain and (self.exclude_tools or self.clear_tool_inputs))):
             rec = self._rec = _ClearRecords(base)
             k = 0
         if n == k:
             return rec
         new = msgs[k:]
         self._append(rec, msgs, k, new)
-        cleared, _ = _backend.plan_clearing(rec.counts, rec.kinds, rec.savings, base, self.trigger_tokens,
-                                            self.clear_at_least, self.keep, rec.state)
-        rec.out.extend(new)
-        if cleared > rec.cleared:
-            self._edit(rec, cleared)
+        if rec.shared:  # handed out: a new list (see _hot_apply)
+            rec.out = rec.out + new
+            rec.shared = False
+            self._turn_args = None
+        else:
+            rec.out.extend(new)
+        self._plan(rec)
         return rec
+
+    def _plan(self, rec: _ClearRecords) -> None:
+        """The compiled scan over the records not scanned yet, and the output's new clearing."""
+        cleared, _ = _backend.plan_clearing(rec.counts, rec.kinds, rec.savings, rec.base, self.trigger_tokens,
+                                            self.clear_at_least, self.keep, rec.state)
+        if cleared > rec.cleared:
+            if rec.shared:  # handed out: a new list (see _hot_apply)
+                rec.out = rec.out[:]
+                rec.shared = False
+                self._turn_args = None
+            self._edit(rec, cleared)
 
     def _edit(self, rec: _ClearRecords, cleared: int) -> None:
         """Clear the results ``rec.cleared:cleared`` in ``rec.out`` (and their calls' inputs)."""
@@ -330,6 +355,7 @@ class ClearToolResultsFilter:
         """
         msgs = messages if isinstance(messages, list) else list(messages)
         with self._lock:
+            self._src = None
             rec = self._update(msgs, tools_schema)
             return [i for i, k in zip(rec.results[:rec.cleared], rec.result_kinds) if k == _CLEARABLE]
 
@@ -339,10 +365,82 @@ class ClearToolResultsFilter:
         """``messages`` with the old tool results cleared (a new list; the input is untouched)."""
         try:
             with self._lock:
+                self._src = None  # ``messages`` may change in any way: no hand-off resumes from it
                 msgs = messages if type(messages) is list else list(messages)
                 return self._update(msgs, tools_schema).out[:]
         except JianmuError:
             raise
         except Exception as exc:
-            self._rec = _ClearRecords(-1)  # never resume from a half-updated history
-            raise TrimmingError(f"{type(self).__name__}: could not clear tool results ({type(exc).__name__}: {exc})") from exc
+            self._failed(exc)
+
+    def _failed(self, exc: Exception) -> NoReturn:
+        self._rec = _ClearRecords(-1)  # never resume from a half-updated history
+        self._src = None
+        raise TrimmingError(f"{type(self).__name__}: could not clear tool results ({type(exc).__name__}: {exc})") from exc
+
+    def _hot_apply(self, src: list[Message], tools_schema: Any = None) -> list[Message]:
+        """``apply`` for the builder's hot path (``ContextBuilder._filter_hot``): ``src`` is a
+        list of Messages that is only ever grown by appends while it is the same object (the
+        builder's prompt, or the previous stage's own output). Returns this stage's OWN output
+        list, not a copy, under the same rule: grown in place by appends only, while it is the
+        same object; a clearing step or an input that does not extend the previous one makes a
+        new list. The caller only reads it. When ``src`` is the list of the previous call, the
+        new messages' records and the scan's decision are one compiled call
+        (``clearing_turn``), which leaves only a step or a move of the chunked cut to the full
+        scan; a call that finds the stage busy gets ``apply``'s copy."""
+        args = self._turn_args
+        if args is not None and src is self._src and not tools_schema and self._lock.acquire(False):
+            try:  # the agent loop's turn: one compiled call, the full scan only for a step or a move
+                got = _clearing_turn(src, *args)
+                if got == 0:
+                    return args[1]
+                if got > 0:
+                    self._plan(self._rec)
+                    self._arm()
+                    return self._rec.out
+            except JianmuError:
+                raise
+            except Exception as exc:
+                self._failed(exc)
+            finally:
+                self._lock.release()
+        lock = self._lock
+        if not lock.acquire(False):
+            return self.apply(src, tools_schema=tools_schema)
+        try:
+            self._src = None
+            rec = self._update(src, tools_schema)
+            self._src = src
+            if not tools_schema:
+                self._arm()
+            rec.shared = True
+            return rec.out
+        except JianmuError:
+            raise
+        except Exception as exc:
+            self._failed(exc)
+        finally:
+            lock.release()
+
+    def _arm(self) -> None:
+        """The compiled turn's arguments for the next hot call, when it may be taken: a
+        counter with the message and text caches, no ``exclude_tools``, no
+        ``clear_tool_inputs`` and no tools (their cost would be checked per call)."""
+        rec = self._rec
+        if self._cached and not self.exclude_tools and not self.clear_tool_inputs and rec.base == self._request:
+            rec.plain = True
+            rec.shared = True
+            self._turn_args = (rec.messages, rec.out, rec.counts, rec.kinds, rec.savings, rec.results,
+                               rec.result_kinds, rec.state, self.counter,
+                               (self._placeholder_cost, self.trigger_tokens, self.clear_at_least, self.keep))
+        else:
+            self._turn_args = None
+
+    def __setattr__(self, name: str, value: Any) -> None:
+        object.__setattr__(self, name, value)
+        if name in _ARMED_BY or name == "_rec":  # the compiled turn's arguments are read again
+            object.__setattr__(self, "_turn_args", None)
+
+    def _base(self, tools_schema: Any) -> int:
+        """What the request costs before its messages: its fixed cost and ``tools_schema``."""
+        return self._request + (self._tools.tools_cost(tools_schema) if tools_schema else 0)
