@@ -2,20 +2,23 @@
 """Compiled batch core: the Python-object passes around the batch planner, as C loops.
 
 ``intern_rows`` maps every prompt's references to rows of one table (a C hash table keyed by
-the object's address: no int objects, no dict), ``table_records`` reads the records of the
-distinct messages, ``need_rows`` collects the rows a planning round asks to count (a mark
-array), ``slice_outputs`` builds every output list by copying item pointers. The
+the object's address: no int objects, no dict), ``pack_rows`` does the same for
+``build_batch``'s provided prompts without building them (a group's rows are looked up once
+and copied into each member's run), ``table_records`` reads the records of the distinct
+messages, ``need_rows`` collects the rows a planning round asks to count (a mark array),
+``gather_rows`` builds every output list by copying item pointers through the rows. The
 specification, with the meaning of every argument, is the pure-Python twin
 ``jianmu_fast/_batch_core_py.py``; both have the same names, signatures, results and error
 messages (proven by tests/test_batch_core.py).
 """
 
 from libc.stdint cimport int64_t, int8_t, uintptr_t
-from libc.stdlib cimport calloc, free
+from libc.stdlib cimport calloc, free, malloc
+from libc.string cimport memcpy
 
 import numpy as np
 
-__all__ = ["group_states", "intern_rows", "need_rows", "prefix_prompts", "slice_outputs", "table_records"]
+__all__ = ["gather_rows", "group_states", "intern_rows", "need_rows", "pack_rows", "prefix_groups", "table_records"]
 
 
 cdef extern from "Python.h":
@@ -26,6 +29,7 @@ cdef extern from "Python.h":
     object PyList_New(Py_ssize_t n)
     int PyList_Append(object lst, object o) except -1
     void Py_INCREF(PyObject* o) nogil
+    void Py_DECREF(PyObject* o)
 
 
 cdef extern from *:
@@ -229,38 +233,51 @@ cdef void _collect(const char* mark, Py_ssize_t n_tab, int64_t[::1] out) noexcep
             k += 1
 
 
-def slice_outputs(prompts, const int64_t[:, ::1] plans):
-    """See ``jianmu_fast._batch_core_py.slice_outputs``."""
-    seq = prompts if type(prompts) is list else list(prompts)
-    cdef Py_ssize_t n = len(seq), p, j, pos, size
-    cdef int64_t k, lo, hi
-    cdef PyObject* src
+def gather_rows(distinct, const int64_t[::1] rows, const int64_t[::1] offsets, const int64_t[:, ::1] plans):
+    """See ``jianmu_fast._batch_core_py.gather_rows``."""
+    if type(distinct) is not list:
+        raise TypeError(f"distinct must be a list, got {type(distinct).__name__}")
+    cdef Py_ssize_t n = offsets.shape[0] - 1, n_rows = rows.shape[0], p, x, pos
+    cdef int64_t k, lo, hi, base, size, r
+    cdef PyObject* tab = <PyObject*>distinct
     cdef PyObject* dst
     cdef PyObject* item
+    if n < 0:
+        raise ValueError("offsets must have at least one entry")
+    if offsets[0] != 0 or offsets[n] != n_rows:
+        raise ValueError(f"offsets must start at 0 and end at {n_rows}")
     if plans.shape[0] != n or plans.shape[1] != 4:
         raise ValueError(f"plans must have shape ({n}, 4), got {(plans.shape[0], plans.shape[1])}")
+    for p in range(n):
+        if offsets[p + 1] < offsets[p]:
+            raise ValueError(f"offsets must be non-decreasing (at index {p + 1})")
     out = PyList_New(n)
     for p in range(n):  # fill every slot first (None), so `out` is a valid list at any error
         Py_INCREF(<PyObject*>None)
         PyList_SET_ITEM(<PyObject*>out, p, <PyObject*>None)
     for p in range(n):
-        src = PyList_GET_ITEM(<PyObject*>seq, p)
-        if not jf_is_list(src):
-            raise TypeError(f"prompts[{p}] must be a list, got {type(<object>src).__name__}")
-        size = PyList_GET_SIZE(src)
+        base = offsets[p]
+        size = offsets[p + 1] - base
         k, lo, hi = plans[p, 1], plans[p, 2], plans[p, 3]
         if not (0 <= k <= lo <= hi <= size):
             raise ValueError(f"prompt {p}: need 0 <= n_pinned <= lo <= hi <= {size}, got {k}, {lo}, {hi}")
-        new = PyList_New(k + hi - lo)
+        new = PyList_New(k + hi - lo)  # its empty slots are NULL: freed cleanly at an error
         dst = <PyObject*>new
         pos = 0
-        for j in range(k):
-            item = PyList_GET_ITEM(src, j)
+        # the size of `distinct` is read after the allocation above (which may run a collection)
+        for x in range(base, base + k):
+            r = rows[x]
+            if not (0 <= r < PyList_GET_SIZE(tab)):
+                raise ValueError(f"rows[{x}] must index distinct (0..{PyList_GET_SIZE(tab) - 1}), got {r}")
+            item = PyList_GET_ITEM(tab, r)
             Py_INCREF(item)
             PyList_SET_ITEM(dst, pos, item)
             pos += 1
-        for j in range(lo, hi):
-            item = PyList_GET_ITEM(src, j)
+        for x in range(base + lo, base + hi):
+            r = rows[x]
+            if not (0 <= r < PyList_GET_SIZE(tab)):
+                raise ValueError(f"rows[{x}] must index distinct (0..{PyList_GET_SIZE(tab) - 1}), got {r}")
+            item = PyList_GET_ITEM(tab, r)
             Py_INCREF(item)
             PyList_SET_ITEM(dst, pos, item)
             pos += 1
@@ -268,62 +285,260 @@ def slice_outputs(prompts, const int64_t[:, ::1] plans):
     return out
 
 
-cdef inline void _put(PyObject* dst, Py_ssize_t* pos, PyObject* src, Py_ssize_t n) noexcept:
-    cdef Py_ssize_t j
-    cdef PyObject* item
-    for j in range(n):
-        item = PyList_GET_ITEM(src, j)
-        Py_INCREF(item)
-        PyList_SET_ITEM(dst, pos[0], item)
-        pos[0] += 1
-
-
-def prefix_prompts(head, note_head, tail, hist, base, srcs, const int64_t[::1] members, out):
-    """See ``jianmu_fast._batch_core_py.prefix_prompts``."""
-    for name, v in (("head", head), ("note_head", note_head), ("tail", tail), ("hist", hist), ("base", base),
-                    ("srcs", srcs), ("out", out)):
+def prefix_groups(hists, srcs, const int64_t[::1] order, const int64_t[::1] group_off, const int64_t[::1] tops):
+    """See ``jianmu_fast._batch_core_py.prefix_groups``."""
+    for name, v in (("hists", hists), ("srcs", srcs)):
         if type(v) is not list:
             raise TypeError(f"{name} must be a list, got {type(v).__name__}")
-    cdef Py_ssize_t n = len(base), i, j, k, first, pos, lead, x
-    if len(hist) != n:
-        raise ValueError(f"hist has {len(hist)} items, base has {n}")
-    cdef Py_ssize_t m = members.shape[0], n_srcs = len(srcs), n_out = len(out), t = len(tail)
-    for x in range(m):
-        if not (0 <= members[x] < n_srcs and members[x] < n_out):
-            raise ValueError(f"members must index srcs and out, got {members[x]}")
-    cdef PyObject* b = <PyObject*>base
-    cdef PyObject* h = <PyObject*>hist
+    cdef Py_ssize_t n_groups = tops.shape[0], n_srcs = len(srcs), n_order = order.shape[0]
+    cdef Py_ssize_t g, x, j, n, k, first
+    cdef int64_t a, b, top, i
+    if len(hists) != n_groups or group_off.shape[0] != n_groups + 1:
+        raise ValueError(f"hists and group_off must have {n_groups} and {n_groups + 1} items, "
+                         f"got {len(hists)} and {group_off.shape[0]}")
+    gid_a = np.full(n_srcs, -1, dtype=np.int64)
+    firsts_a = np.full(n_groups, -1, dtype=np.int64)
+    cdef int64_t[::1] gid = gid_a
+    cdef int64_t[::1] firsts = firsts_a
     cdef PyObject* src
-    cdef PyObject* front
-    cdef PyObject* dst
-    first = n
-    for i in range(n):
-        if PyList_GET_ITEM(h, i) != PyList_GET_ITEM(b, i) and not (hist[i] == base[i]):
-            first = i
-            break
-    missed = []
-    for x in range(m):
-        i = members[x]
-        src = PyList_GET_ITEM(<PyObject*>srcs, i)
-        k = PyList_GET_SIZE(src) if jf_is_list(src) else -1
-        if 0 <= k <= n:
-            for j in range(k):
-                if PyList_GET_ITEM(src, j) != PyList_GET_ITEM(b, j):
-                    k = -1
-                    break
-        if k < 0 or k > n:
-            missed.append(i)
+    cdef PyObject* bp
+    cdef PyObject* hp
+    for g in range(n_groups):
+        a, b, top = group_off[g], group_off[g + 1], tops[g]
+        if not (0 <= a <= b <= n_order):
+            raise ValueError(f"group_off must be non-decreasing within 0..{n_order}, got {a}, {b} at group {g}")
+        if not (0 <= top < n_srcs):
+            raise ValueError(f"tops[{g}] must index srcs, got {top}")
+        base = srcs[top]
+        if type(base) is not list:
+            raise TypeError(f"srcs[{top}] (the base of group {g}) must be a list, got {type(base).__name__}")
+        hist = hists[g]
+        if hist is None:
+            for x in range(a, b):
+                if not (0 <= order[x] < n_srcs):
+                    raise ValueError(f"order[{x}] must index srcs, got {order[x]}")
             continue
-        front = <PyObject*>note_head if k > first else <PyObject*>head
-        lead = PyList_GET_SIZE(front)
-        new = PyList_New(lead + k + t)
-        dst = <PyObject*>new
-        pos = 0
-        _put(dst, &pos, front, lead)
-        _put(dst, &pos, h, k)
-        _put(dst, &pos, <PyObject*>tail, t)
-        out[i] = new
-    return missed
+        if type(hist) is not list or len(hist) != len(base):
+            raise ValueError(f"hists[{g}] must be None or a list as long as its base ({len(base)} items)")
+        # the first annotated item: identity first, == (Python code: new references) otherwise
+        hp = <PyObject*>hist
+        bp = <PyObject*>base
+        first = 0
+        while first < PyList_GET_SIZE(hp) and first < PyList_GET_SIZE(bp):
+            if PyList_GET_ITEM(hp, first) != PyList_GET_ITEM(bp, first) and not (hist[first] == base[first]):
+                break
+            first += 1
+        firsts[g] = first
+        if PyList_GET_SIZE(<PyObject*>srcs) != n_srcs:
+            raise RuntimeError("srcs changed size while the history was compared")
+        n = PyList_GET_SIZE(bp)
+        for x in range(a, b):
+            i = order[x]
+            if not (0 <= i < n_srcs):
+                raise ValueError(f"order[{x}] must index srcs, got {i}")
+            src = PyList_GET_ITEM(<PyObject*>srcs, i)
+            if not jf_is_list(src):
+                continue
+            k = PyList_GET_SIZE(src)
+            if k > n:
+                continue
+            for j in range(k):
+                if PyList_GET_ITEM(src, j) != PyList_GET_ITEM(bp, j):
+                    break
+            else:
+                gid[i] = g
+    return gid_a, firsts_a
+
+
+cdef struct Table:
+    Slot* slots
+    Py_ssize_t cap
+    PyObject** items  # the distinct objects, in order of first appearance (owned references)
+    Py_ssize_t n
+    Py_ssize_t items_cap
+
+
+cdef int _table_init(Table* t) except -1:
+    t.cap = 1024
+    t.slots = <Slot*>calloc(t.cap, sizeof(Slot))
+    t.items_cap = 1024
+    t.items = <PyObject**>malloc(t.items_cap * sizeof(PyObject*))
+    t.n = 0
+    if t.slots == NULL or t.items == NULL:
+        raise MemoryError()
+    return 0
+
+
+cdef void _table_free(Table* t):
+    cdef Py_ssize_t i
+    if t.items != NULL:
+        for i in range(t.n):
+            Py_DECREF(t.items[i])
+        free(t.items)
+        t.items = NULL
+    free(t.slots)
+    t.slots = NULL
+    t.n = 0
+
+
+cdef int64_t _intern(Table* t, PyObject* item) except -1:
+    """The row of ``item``, added (a new reference kept) when it has none."""
+    cdef int64_t row = _row_of(&t.slots, &t.cap, <uintptr_t>item, t.n)
+    cdef PyObject** grown
+    if row < 0:
+        raise MemoryError()
+    if row == t.n:
+        if t.n == t.items_cap:
+            grown = <PyObject**>malloc(2 * t.items_cap * sizeof(PyObject*))
+            if grown == NULL:
+                raise MemoryError()
+            memcpy(grown, t.items, t.n * sizeof(PyObject*))
+            free(t.items)
+            t.items = grown
+            t.items_cap *= 2
+        Py_INCREF(item)
+        t.items[t.n] = item
+        t.n += 1
+    return row
+
+
+cdef int _all_of(PyObject* lst, Py_ssize_t n, void* want) noexcept:
+    """How many leading items of ``lst`` (at most ``n``) are of exact type ``want``."""
+    cdef Py_ssize_t j
+    for j in range(n):
+        if jf_type_of(PyList_GET_ITEM(lst, j)) != want:
+            return j
+    return n
+
+
+def pack_rows(head, tail, notes, hists, const int64_t[::1] firsts, srcs, const int64_t[::1] gid, prompts, cls):
+    """See ``jianmu_fast._batch_core_py.pack_rows``."""
+    if not isinstance(cls, type):
+        raise TypeError(f"cls must be a type, got {type(cls).__name__}")
+    for name, v in (("head", head), ("tail", tail), ("notes", notes), ("hists", hists), ("srcs", srcs),
+                    ("prompts", prompts)):
+        if type(v) is not list:
+            raise TypeError(f"{name} must be a list, got {type(v).__name__}")
+    cdef Py_ssize_t n_groups = len(hists), n = len(prompts), i, j, m, total = 0, x = 0, h, t, gs
+    cdef int64_t g, k
+    if len(notes) != n_groups or firsts.shape[0] != n_groups:
+        raise ValueError(f"notes and firsts must have one item per group ({n_groups}), "
+                         f"got {len(notes)} and {firsts.shape[0]}")
+    if len(srcs) != n or gid.shape[0] != n:
+        raise ValueError(f"srcs and gid must have one item per prompt ({n}), got {len(srcs)} and {gid.shape[0]}")
+    cdef void* want = <void*>cls
+    cdef PyObject* hd = <PyObject*>head
+    cdef PyObject* tl = <PyObject*>tail
+    cdef PyObject* msgs
+    cdef PyObject* hist
+    cdef PyObject* note
+    h = PyList_GET_SIZE(hd)
+    t = PyList_GET_SIZE(tl)
+    cdef bint fixed_ok = _all_of(hd, h, want) == h and _all_of(tl, t, want) == t, ok
+    offsets = np.zeros(n + 1, dtype=np.int64)
+    cdef int64_t[::1] off = offsets
+    # per group: its rows' place in `grows`, how many are looked up, how many leading items are
+    # of type cls (-1: not scanned yet), whether its note is of type cls
+    gstart_a = np.zeros(n_groups + 1, dtype=np.int64)
+    gdone_a = np.zeros(n_groups, dtype=np.int64)
+    gok_a = np.full(n_groups, -1, dtype=np.int64)
+    cdef int64_t[::1] gstart = gstart_a
+    cdef int64_t[::1] gdone = gdone_a
+    cdef int64_t[::1] gok = gok_a
+    bad = []
+    for i in range(n):  # sizes and bad prompts, checked before anything is looked up
+        g = gid[i]
+        if g < 0:
+            msgs = PyList_GET_ITEM(<PyObject*>prompts, i)
+            ok = jf_is_list(msgs)
+            if ok:
+                m = PyList_GET_SIZE(msgs)
+                ok = _all_of(msgs, m, want) == m
+        else:
+            if g >= n_groups:
+                raise ValueError(f"gid[{i}] must be below {n_groups}, got {g}")
+            hist = PyList_GET_ITEM(<PyObject*>hists, g)
+            msgs = PyList_GET_ITEM(<PyObject*>srcs, i)
+            if not jf_is_list(hist) or not jf_is_list(msgs) or PyList_GET_SIZE(msgs) > PyList_GET_SIZE(hist):
+                raise ValueError(f"state {i}: srcs[{i}] and hists[{g}] must be lists, the first no longer than the second")
+            k = PyList_GET_SIZE(msgs)
+            if gok[g] < 0:
+                gok[g] = _all_of(hist, PyList_GET_SIZE(hist), want)
+                gstart[g + 1] = PyList_GET_SIZE(hist)
+            note = PyList_GET_ITEM(<PyObject*>notes, g)
+            m = h + k + t
+            ok = fixed_ok and k <= gok[g]
+            if note != <PyObject*>None and k > firsts[g]:
+                m += 1
+                ok = ok and jf_type_of(note) == want
+        if ok:
+            total += m
+        else:
+            bad.append(i)
+        off[i + 1] = total
+    for g in range(n_groups):
+        gstart[g + 1] += gstart[g]
+    rows_a = np.empty(total, dtype=np.int64)
+    grows_a = np.empty(gstart[n_groups], dtype=np.int64)
+    fixed_a = np.empty(h + t, dtype=np.int64)
+    cdef int64_t[::1] rows = rows_a
+    cdef int64_t[::1] grows = grows_a
+    cdef int64_t[::1] fixed = fixed_a
+    cdef bint fixed_done = False
+    cdef Table tab
+    tab.slots = NULL
+    tab.items = NULL
+    tab.n = 0
+    try:
+        _table_init(&tab)
+        for i in range(n):
+            if off[i + 1] == off[i]:
+                continue  # bad, or empty: nothing to look up
+            g = gid[i]
+            if g < 0:
+                msgs = PyList_GET_ITEM(<PyObject*>prompts, i)
+                if PyList_GET_SIZE(msgs) != off[i + 1] - off[i]:  # pragma: no cover - nothing runs in between
+                    raise RuntimeError(f"prompts[{i}] changed size")
+                for j in range(PyList_GET_SIZE(msgs)):
+                    rows[x] = _intern(&tab, PyList_GET_ITEM(msgs, j))
+                    x += 1
+                continue
+            hist = PyList_GET_ITEM(<PyObject*>hists, g)
+            k = PyList_GET_SIZE(PyList_GET_ITEM(<PyObject*>srcs, i))
+            note = PyList_GET_ITEM(<PyObject*>notes, g)
+            if k > PyList_GET_SIZE(hist) or h + k + t > off[i + 1] - off[i]:  # pragma: no cover - as above
+                raise RuntimeError(f"srcs[{i}] or hists[{g}] changed size")
+            if not fixed_done:  # the first grouped prompt: head, note, history, tail in order
+                for j in range(h):
+                    fixed[j] = _intern(&tab, PyList_GET_ITEM(hd, j))
+            for j in range(h):
+                rows[x] = fixed[j]
+                x += 1
+            if note != <PyObject*>None and k > firsts[g]:
+                rows[x] = _intern(&tab, note)
+                x += 1
+            gs = gstart[g]
+            for j in range(gdone[g], k):
+                grows[gs + j] = _intern(&tab, PyList_GET_ITEM(hist, j))
+            if k > gdone[g]:
+                gdone[g] = k
+            if k:
+                memcpy(&rows[x], &grows[gs], k * sizeof(int64_t))
+                x += k
+            if not fixed_done:
+                for j in range(t):
+                    fixed[h + j] = _intern(&tab, PyList_GET_ITEM(tl, j))
+                fixed_done = True
+            for j in range(t):
+                rows[x] = fixed[h + j]
+                x += 1
+        distinct = PyList_New(tab.n)
+        for j in range(tab.n):  # the table's references move into the list
+            PyList_SET_ITEM(<PyObject*>distinct, j, tab.items[j])
+        tab.n = 0
+    finally:
+        _table_free(&tab)
+    return rows_a, offsets, distinct, bad
 
 
 cdef extern from "Python.h":

@@ -14,12 +14,15 @@ so that it runs as C loops in the compiled twin:
     result answers (``-1``: none, or empty);
 ``need_rows``
     the distinct rows a planning round asks to count;
-``slice_outputs``
-    every prompt's output list, ``prompt[:n_pinned] + prompt[lo:hi]``;
-``group_states``, ``prefix_prompts``
-    ``build_batch``'s states grouped by their history's first message, and the provided
-    prompts of the states whose histories are prefixes of one history, from one provider
-    output for the longest (``jianmu_fast.batch``).
+``gather_rows``
+    every prompt's output list, ``prompt[:n_pinned] + prompt[lo:hi]``, read through its rows
+    (the prompt lists themselves are not needed);
+``group_states``, ``prefix_groups``, ``pack_rows``
+    ``build_batch``'s states grouped by their history's first message; which of them are
+    prefixes of their group's longest history (one provider output serves them all); and
+    ``intern_rows``' result for every provided prompt without building the prompt lists of
+    those states (``head + [note] + history[:k] + tail``: their rows are copied from one row
+    array per group).
 
 This module is the specification: the compiled twin has the same names, signatures, results
 and error messages, and ``tests/test_batch_core.py`` proves it on random inputs.
@@ -31,7 +34,7 @@ from typing import Any, Optional, Sequence
 
 import numpy as np
 
-__all__ = ["group_states", "intern_rows", "need_rows", "prefix_prompts", "slice_outputs", "table_records"]
+__all__ = ["gather_rows", "group_states", "intern_rows", "need_rows", "pack_rows", "prefix_groups", "table_records"]
 
 
 def intern_rows(prompts: Sequence[Any], cls: type) -> tuple[np.ndarray, np.ndarray, list[Any], list[int]]:
@@ -131,23 +134,43 @@ def need_rows(rows: np.ndarray, offsets: np.ndarray, plans: np.ndarray, counts: 
     return np.array(sorted(want), dtype=np.int64)
 
 
-def slice_outputs(prompts: Sequence[list[Any]], plans: np.ndarray) -> list[list[Any]]:
-    """``[prompts[p][:n_pinned] + prompts[p][lo:hi] for each p]``, from ``plans[p]`` =
-    ``(status, n_pinned, lo, hi)``; every output is a new list.
+def gather_rows(distinct: list[Any], rows: np.ndarray, offsets: np.ndarray, plans: np.ndarray) -> list[list[Any]]:
+    """Every output list, read through the rows: prompt ``p`` is ``distinct[r]`` for ``r`` in
+    ``rows[offsets[p]:offsets[p+1]]`` (``intern_rows``' or ``pack_rows``' CSR), and its output
+    is ``prompt[:n_pinned] + prompt[lo:hi]`` from ``plans[p]`` = ``(status, n_pinned, lo, hi)``
+    (any status); every output is a new list.
 
-    >>> slice_outputs([["s", "a", "b", "c"], ["x"]], np.array([[0, 1, 2, 4], [0, 0, 0, 1]]))
-    [['s', 'b', 'c'], ['x']]
+    >>> i64 = lambda *x: np.array(x, dtype=np.int64)
+    >>> gather_rows(["s", "a", "b", "c"], i64(0, 1, 2, 3, 1), i64(0, 4, 5),
+    ...             i64(0, 1, 2, 4, 0, 0, 0, 1).reshape(2, 4))
+    [['s', 'b', 'c'], ['a']]
     """
-    if plans.ndim != 2 or plans.shape[0] != len(prompts) or plans.shape[1] != 4:
-        raise ValueError(f"plans must have shape ({len(prompts)}, 4), got {tuple(plans.shape)}")
+    if type(distinct) is not list:
+        raise TypeError(f"distinct must be a list, got {type(distinct).__name__}")
+    n_prompts = len(offsets) - 1
+    if n_prompts < 0:
+        raise ValueError("offsets must have at least one entry")
+    if offsets[0] != 0 or offsets[n_prompts] != len(rows):
+        raise ValueError(f"offsets must start at 0 and end at {len(rows)}")
+    if plans.ndim != 2 or plans.shape[0] != n_prompts or plans.shape[1] != 4:
+        raise ValueError(f"plans must have shape ({n_prompts}, 4), got {tuple(plans.shape)}")
+    for p in range(n_prompts):
+        if offsets[p + 1] < offsets[p]:
+            raise ValueError(f"offsets must be non-decreasing (at index {p + 1})")
+    n_tab = len(distinct)
     out = []
-    for p, msgs in enumerate(prompts):
-        if type(msgs) is not list:
-            raise TypeError(f"prompts[{p}] must be a list, got {type(msgs).__name__}")
+    for p in range(n_prompts):
+        base, size = int(offsets[p]), int(offsets[p + 1] - offsets[p])
         k, lo, hi = int(plans[p, 1]), int(plans[p, 2]), int(plans[p, 3])
-        if not 0 <= k <= lo <= hi <= len(msgs):
-            raise ValueError(f"prompt {p}: need 0 <= n_pinned <= lo <= hi <= {len(msgs)}, got {k}, {lo}, {hi}")
-        out.append(msgs[:k] + msgs[lo:hi])
+        if not 0 <= k <= lo <= hi <= size:
+            raise ValueError(f"prompt {p}: need 0 <= n_pinned <= lo <= hi <= {size}, got {k}, {lo}, {hi}")
+        items = []
+        for x in [*range(base, base + k), *range(base + lo, base + hi)]:
+            r = int(rows[x])
+            if not 0 <= r < n_tab:
+                raise ValueError(f"rows[{x}] must index distinct (0..{n_tab - 1}), got {r}")
+            items.append(distinct[r])
+        out.append(items)
     return out
 
 
@@ -202,39 +225,106 @@ def group_states(states: Sequence[Any], key: str) -> tuple[list[Any], np.ndarray
             rest)
 
 
-def prefix_prompts(head: list[Any], note_head: list[Any], tail: list[Any], hist: list[Any], base: list[Any],
-                   srcs: list[Any], members: np.ndarray, out: list[Any]) -> list[int]:
-    """For each ``i`` of ``members``, with ``src = srcs[i]`` a list whose items are
-    ``base[:len(src)]`` (by identity) and ``k = len(src)``: ``out[i] =
-    (note_head if hist[:k] differs from base[:k] else head) + hist[:k] + tail``, where
-    "differs" means some ``hist[i]`` is neither ``base[i]`` nor equal to it (an annotated
-    copy; a provider may hand back an equal object it made for an equal message before).
-    ``hist`` is a provider's output for ``base``, one item per item. Returns the members
-    that are not such prefixes (their ``out`` slots untouched), in order.
+def prefix_groups(hists: list[Any], srcs: list[Any], order: np.ndarray, group_off: np.ndarray,
+                  tops: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """``(gid, firsts)``: the states whose history is a prefix of their group's longest one.
+
+    Group ``g`` (``group_states``' result) has the members ``order[group_off[g]:group_off[g+1]]``
+    and the base ``srcs[tops[g]]`` (a list); ``hists[g]`` is a provider's output for the base,
+    one item per item, or ``None`` (no usable output). ``gid[i] = g`` for a member of a group
+    with an output whose ``srcs[i]`` is a list whose items are ``base[:len(srcs[i])]`` (by
+    identity); ``-1`` for every other state (``len(srcs)`` of them in all). ``firsts[g]`` is the
+    first ``j`` where ``hists[g][j]`` is neither ``base[j]`` nor equal to it (an annotated copy;
+    a provider may hand back an equal object it made for an equal message before),
+    ``len(base)`` when there is none, ``-1`` for a group without an output.
 
     >>> a, b, c, x = "a", "b", "c", "x2"
-    >>> out = [None] * 5
-    >>> prefix_prompts(["H"], ["H", "N"], [], [a, x, c], [a, b, c], [[a], [a, b], [b], "s", [a, b, c, a]],
-    ...                np.arange(5), out), out
-    ([2, 3, 4], [['H', 'a'], ['H', 'N', 'a', 'x2'], None, None, None])
+    >>> i64 = lambda *v: np.array(v, dtype=np.int64)
+    >>> gid, firsts = prefix_groups([[a, x, c]], [[a], [a, b, c], [a, c]], i64(0, 1, 2), i64(0, 3), i64(1))
+    >>> gid.tolist(), firsts.tolist()
+    ([0, 0, -1], [1])
     """
-    for name, v in (("head", head), ("note_head", note_head), ("tail", tail), ("hist", hist), ("base", base),
-                    ("srcs", srcs), ("out", out)):
+    for name, v in (("hists", hists), ("srcs", srcs)):
         if type(v) is not list:
             raise TypeError(f"{name} must be a list, got {type(v).__name__}")
-    n = len(base)
-    if len(hist) != n:
-        raise ValueError(f"hist has {len(hist)} items, base has {n}")
-    for i in members:
-        if not (0 <= i < len(srcs) and i < len(out)):
-            raise ValueError(f"members must index srcs and out, got {int(i)}")
-    first = next((i for i in range(n) if not (hist[i] is base[i] or hist[i] == base[i])), n)
-    missed: list[int] = []
-    for i in members.tolist():
-        src = srcs[i]
-        k = len(src) if type(src) is list else -1
-        if k < 0 or k > n or any(src[j] is not base[j] for j in range(k)):
-            missed.append(i)
-        else:
-            out[i] = (note_head if k > first else head) + hist[:k] + tail
-    return missed
+    n_groups, n_srcs, n_order = len(tops), len(srcs), len(order)
+    if len(hists) != n_groups or len(group_off) != n_groups + 1:
+        raise ValueError(f"hists and group_off must have {n_groups} and {n_groups + 1} items, "
+                         f"got {len(hists)} and {len(group_off)}")
+    gid = np.full(n_srcs, -1, dtype=np.int64)
+    firsts = np.full(n_groups, -1, dtype=np.int64)
+    for g in range(n_groups):
+        a, b, top = int(group_off[g]), int(group_off[g + 1]), int(tops[g])
+        if not 0 <= a <= b <= n_order:
+            raise ValueError(f"group_off must be non-decreasing within 0..{n_order}, got {a}, {b} at group {g}")
+        if not 0 <= top < n_srcs:
+            raise ValueError(f"tops[{g}] must index srcs, got {top}")
+        base = srcs[top]
+        if type(base) is not list:
+            raise TypeError(f"srcs[{top}] (the base of group {g}) must be a list, got {type(base).__name__}")
+        hist = hists[g]
+        if hist is None:
+            for x in range(a, b):
+                if not 0 <= order[x] < n_srcs:
+                    raise ValueError(f"order[{x}] must index srcs, got {int(order[x])}")
+            continue
+        if type(hist) is not list or len(hist) != len(base):
+            raise ValueError(f"hists[{g}] must be None or a list as long as its base ({len(base)} items)")
+        first = 0
+        while first < len(hist) and first < len(base) and (hist[first] is base[first] or hist[first] == base[first]):
+            first += 1
+        firsts[g] = first
+        if len(srcs) != n_srcs:
+            raise RuntimeError("srcs changed size while the history was compared")
+        n = len(base)
+        for x in range(a, b):
+            i = int(order[x])
+            if not 0 <= i < n_srcs:
+                raise ValueError(f"order[{x}] must index srcs, got {i}")
+            src = srcs[i]
+            if type(src) is list and len(src) <= n and all(src[j] is base[j] for j in range(len(src))):
+                gid[i] = g
+    return gid, firsts
+
+
+def pack_rows(head: list[Any], tail: list[Any], notes: list[Any], hists: list[Any], firsts: np.ndarray,
+              srcs: list[Any], gid: np.ndarray, prompts: list[Any], cls: type) -> tuple[np.ndarray, np.ndarray, list[Any], list[int]]:
+    """``intern_rows(full, cls)`` (its four results), where ``full[i]`` is the provided prompt
+    of state ``i``: for ``g = gid[i] >= 0`` (``prefix_groups``) and ``k = len(srcs[i])``,
+    ``head + [notes[g]] + hists[g][:k] + tail`` when ``notes[g]`` is not ``None`` and
+    ``k > firsts[g]`` (the prefix holds an annotated message), else ``head + hists[g][:k] +
+    tail``; ``prompts[i]`` when ``gid[i] < 0``. The compiled twin builds no such list: a
+    group's rows are looked up once and copied into each member's run.
+
+    >>> i64 = lambda *v: np.array(v, dtype=np.int64)
+    >>> h, t, n, a, b = "H", "T", "N", "a", "b"
+    >>> rows, off, distinct, bad = pack_rows([h], [], [n], [[a, b]], i64(1), [[a], [a, b], None],
+    ...                                      i64(0, 0, -1), [None, None, [t, h]], str)
+    >>> rows.tolist(), off.tolist(), distinct, bad
+    ([0, 1, 0, 2, 1, 3, 4, 0], [0, 2, 6, 8], ['H', 'a', 'N', 'b', 'T'], [])
+    """
+    if not isinstance(cls, type):
+        raise TypeError(f"cls must be a type, got {type(cls).__name__}")
+    for name, v in (("head", head), ("tail", tail), ("notes", notes), ("hists", hists), ("srcs", srcs),
+                    ("prompts", prompts)):
+        if type(v) is not list:
+            raise TypeError(f"{name} must be a list, got {type(v).__name__}")
+    n_groups, n = len(hists), len(prompts)
+    if len(notes) != n_groups or len(firsts) != n_groups:
+        raise ValueError(f"notes and firsts must have one item per group ({n_groups}), got {len(notes)} and {len(firsts)}")
+    if len(srcs) != n or len(gid) != n:
+        raise ValueError(f"srcs and gid must have one item per prompt ({n}), got {len(srcs)} and {len(gid)}")
+    full: list[Any] = []
+    for i in range(n):
+        g = int(gid[i])
+        if g < 0:
+            full.append(prompts[i])
+            continue
+        if g >= n_groups:
+            raise ValueError(f"gid[{i}] must be below {n_groups}, got {g}")
+        hist, src = hists[g], srcs[i]
+        if type(hist) is not list or type(src) is not list or len(src) > len(hist):
+            raise ValueError(f"state {i}: srcs[{i}] and hists[{g}] must be lists, the first no longer than the second")
+        k, note = len(src), notes[g]
+        full.append(head + ([note] if note is not None and k > firsts[g] else []) + hist[:k] + tail)
+    return intern_rows(full, cls)

@@ -8,8 +8,11 @@ message, but does the expensive parts once for the whole batch:
    whose histories are prefixes of one conversation (by identity) share **one** provider
    call on the longest of them, and each gets its slice of that output (the history
    provider annotates a message from it and the messages before it only; the semantics
-   note goes with any annotated message): ``group_states`` and ``prefix_prompts`` of the
-   compiled batch core. Every other state runs the providers itself, in Python (they are
+   note goes with any annotated message): ``group_states`` and ``prefix_groups`` of the
+   compiled batch core. When the first filter is a trimming one (below), those prompts are
+   never built as lists: ``pack_rows`` hands them to it as rows of its table (one row
+   lookup per distinct message, a copy of the group's rows per state), and only the outputs
+   are lists. Every other state runs the providers itself, in Python (they are
    user code); states whose ``"messages"`` lists start with the same Message are provided
    together, shortest first, so that an incremental provider only looks at the new
    messages; a provider with side effects may therefore see the states in another order
@@ -323,16 +326,20 @@ def _run_stages(builder, states, lists, global_state, ctx, tools_schema, bar=Non
     n = len(states)
     errors: dict[int, BaseException] = {}
     tick = bar.update if bar is not None else None
-    interned = None  # the rows of the prompts (intern_rows), while they are the input lists
+    # the rows of the prompts (intern_rows' result), while they are the provided or input
+    # prompts; a provided prompt may then exist as rows only (None in `prompts`)
+    interned = None
+    filters = list(builder.filters)
     if lists is None:
-        prompts = provide_all(builder, states, global_state, ctx, tools_schema, errors, tick)
+        pack = n > 1 and bool(filters) and _batched(filters[0])
+        prompts, interned = provide_all(builder, states, global_state, ctx, tools_schema, errors, tick, pack)
     else:
         prompts, interned = _coerce_all(lists, errors, tick)
     alive = [i for i in range(n) if i not in errors] if errors else list(range(n))
-    last = len(builder.filters) - 1
+    last = len(filters) - 1
     clean: set[int] = set()
-    for fi, flt in enumerate(builder.filters):
-        if type(flt) in _WINDOW_TYPES and "apply" not in vars(flt) and len(alive) > 1:
+    for fi, flt in enumerate(filters):
+        if _batched(flt) and len(alive) > 1:
             final = fi == last and bool(getattr(builder, "sanitize", False))
             _window_stage(flt, prompts, alive, tools_schema, errors, clean if final else None, interned)
         else:
@@ -358,6 +365,11 @@ def _run_stages(builder, states, lists, global_state, ctx, tools_schema, bar=Non
     if tick is not None:
         tick(n - (n // 256) * 256)
     return BatchReport(prompts, [BatchFailure(i, errors[i]) for i in sorted(errors)])
+
+
+def _batched(flt: Any) -> bool:
+    """Whether a filter stage runs over every prompt at once (``_window_stage``)."""
+    return type(flt) in _WINDOW_TYPES and "apply" not in vars(flt)
 
 
 def _coerce_all(lists, errors, tick) -> tuple[list[Any], Any]:

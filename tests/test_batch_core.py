@@ -18,7 +18,7 @@ from jianmu_fast.message import Message, ai, human, system, tool
 
 PURE = os.environ.get("JIANMU_FAST_PURE_PYTHON") == "1"
 MAX_EXAMPLES = int(os.environ.get("JIANMU_FAST_MAX_EXAMPLES", "300"))
-NAMES = ["group_states", "intern_rows", "need_rows", "prefix_prompts", "slice_outputs", "table_records"]
+NAMES = ["gather_rows", "group_states", "intern_rows", "need_rows", "pack_rows", "prefix_groups", "table_records"]
 
 if not PURE:
     import jianmu_fast._batch_core as core_c
@@ -204,7 +204,7 @@ def test_table_records_unknown_role_is_the_same_key_error():
     assert outs[0] == ("error", KeyError, "'robot'") and all(o == outs[0] for o in outs)
 
 
-# -- need_rows and slice_outputs -------------------------------------------------------------------
+# -- need_rows and gather_rows -------------------------------------------------------------------
 
 
 @st.composite
@@ -251,82 +251,184 @@ def test_need_rows_rejects_bad_offsets_and_rows():
 
 
 @settings(max_examples=MAX_EXAMPLES, deadline=None)
-@given(planned(), st.booleans())
-def test_slice_outputs_twins_agree_with_the_definition(case, tuple_prompt):
-    rows, offsets, plans, _ = case
-    prompts = [[POOL[int(r) % len(POOL)] for r in rows[offsets[p]:offsets[p + 1]]] for p in range(len(plans))]
-    if tuple_prompt and prompts:
-        prompts[-1] = tuple(prompts[-1])
-    outs = [_outcome(core.slice_outputs, prompts, plans) for core in _cores()]
+@given(planned(), st.sampled_from(["ok", "ok", "ok", "short_table", "not_list", "bad_offsets"]))
+def test_gather_rows_twins_agree_with_the_definition(case, kind):
+    rows, offsets, plans, counts = case
+    distinct = [POOL[q % len(POOL)] for q in range(len(counts))]
+    if kind == "short_table":  # a row past the table
+        distinct = distinct[:-1]
+    elif kind == "not_list":
+        distinct = tuple(distinct)
+    elif kind == "bad_offsets" and len(offsets) > 2:
+        offsets = offsets.copy()
+        offsets[1] = offsets[-1] + 1
+    outs = [_outcome(core.gather_rows, distinct, rows, offsets, plans) for core in _cores()]
     assert all(_same(o, outs[0]) for o in outs)
     if outs[0][0] == "ok":
-        want = [m[:k] + m[a:b] for m, (_, k, a, b) in zip(prompts, plans.tolist())]
+        want = [[distinct[r] for r in [*rows[o:o + k], *rows[o + a:o + b]]]
+                for o, (_, k, a, b) in zip(offsets.tolist(), plans.tolist())]
         assert _same(outs[0][1], want)
-        assert all(o is not m for o, m in zip(outs[0][1], prompts))  # always new lists
+        assert len({id(o) for o in outs[0][1]}) == len(want)  # every output a list of its own
 
 
-def test_slice_outputs_errors_name_the_prompt():
+def test_gather_rows_errors_name_the_prompt_and_the_row():
+    i64 = lambda *x: np.array(x, dtype=np.int64)  # noqa: E731
+    a = human("a")
     for core in _cores():
-        assert _outcome(core.slice_outputs, [[human("a")]], np.array([[0, 0, 1, 2]], dtype=np.int64)) == (
+        assert _outcome(core.gather_rows, [a], i64(0), i64(0, 1), i64(0, 0, 1, 2).reshape(1, 4)) == (
             "error", ValueError, "prompt 0: need 0 <= n_pinned <= lo <= hi <= 1, got 0, 1, 2")
-        assert _outcome(core.slice_outputs, [[], "x"], np.zeros((2, 4), dtype=np.int64)) == (
-            "error", TypeError, "prompts[1] must be a list, got str")
-        assert _outcome(core.slice_outputs, [[]], np.zeros((2, 4), dtype=np.int64)) == (
+        assert _outcome(core.gather_rows, [a], i64(0, 1), i64(0, 2), i64(0, 1, 1, 2).reshape(1, 4)) == (
+            "error", ValueError, "rows[1] must index distinct (0..0), got 1")
+        assert _outcome(core.gather_rows, (a,), i64(0), i64(0, 1), i64(0, 0, 0, 1).reshape(1, 4)) == (
+            "error", TypeError, "distinct must be a list, got tuple")
+        assert _outcome(core.gather_rows, [a], i64(0), i64(0, 1), np.zeros((2, 4), dtype=np.int64)) == (
             "error", ValueError, "plans must have shape (1, 4), got (2, 4)")
+        assert _outcome(core.gather_rows, [a], i64(0, 0), i64(0, 3, 2), np.zeros((2, 4), dtype=np.int64)) == (
+            "error", ValueError, "offsets must be non-decreasing (at index 2)")
+        assert _outcome(core.gather_rows, [a], i64(0), i64(0, 2), np.zeros((1, 4), dtype=np.int64)) == (
+            "error", ValueError, "offsets must start at 0 and end at 1")
 
 
-# -- prefix_prompts and group_states ----------------------------------------------------------------
+# -- group_states, prefix_groups and pack_rows ------------------------------------------------------
+
+
+def _provider_output(draw, base):
+    """A provider's output for ``base``: each item itself, an equal copy (what a provider made
+    for an equal message before), or a changed copy (an annotation)."""
+    kinds = [draw(st.sampled_from(["same", "same", "same", "equal", "annotated"])) for _ in base]
+    return [m if k == "same" else m.model_copy() if k == "equal" else m.model_copy(update={"content": "note"})
+            for m, k in zip(base, kinds)]
+
+
+@st.composite
+def grouped_states(draw):
+    """``group_states``' input and result, the provider outputs of the groups (some missing),
+    and the states' sources: prefixes of their group's longest history, some longer or
+    diverging (same first message, another path), some not dicts of lists at all."""
+    firsts = [human(f"f{i}") for i in range(3)]
+    convs = [[f] + draw(st.lists(st.sampled_from(POOL), max_size=7)) for f in firsts]
+    states = []
+    for _ in range(draw(st.integers(0, 12))):
+        c = draw(st.sampled_from(convs))
+        k = draw(st.integers(0, len(c)))
+        kind = draw(st.sampled_from(["prefix"] * 5 + ["swapped", "tuple", "not_dict"]))
+        src = c[:k]
+        if kind == "swapped" and len(src) > 1:
+            src = src[:-1] + [human("other")]
+        states.append(tuple(src) if kind == "tuple" else src if kind == "not_dict" else {"messages": src})
+    srcs, order, off, tops, rest = core_py.group_states(states, "messages")
+    hists = []
+    for top in tops.tolist():
+        hists.append(None if draw(st.integers(0, 5)) == 0 else _provider_output(draw, srcs[top]))
+    return states, srcs, order, off, tops, hists
+
+
+def _prefix_definition(srcs, order, off, tops, hists):
+    gid = [-1] * len(srcs)
+    firsts = []
+    for g, top in enumerate(tops.tolist()):
+        base, hist = srcs[top], hists[g]
+        if hist is None:
+            firsts.append(-1)
+            continue
+        firsts.append(next((j for j in range(len(base)) if not (hist[j] is base[j] or hist[j] == base[j])), len(base)))
+        for i in order[off[g]:off[g + 1]].tolist():
+            src = srcs[i]
+            if type(src) is list and len(src) <= len(base) and all(a is b for a, b in zip(src, base)):
+                gid[i] = g
+    return gid, firsts
 
 
 @settings(max_examples=MAX_EXAMPLES, deadline=None)
-@given(st.lists(st.sampled_from(POOL), max_size=10), st.data())
-def test_prefix_prompts_twins_agree_with_the_definition(base, data):
-    # hist: the provider's output for base: an item itself, an equal copy (what a provider
-    # made for an equal message before), or a changed copy (an annotation)
-    kinds = [data.draw(st.sampled_from(["same", "same", "same", "equal", "annotated"])) for _ in base]
-    hist = [m if k == "same" else m.model_copy() if k == "equal" else m.model_copy(update={"content": "note"})
-            for m, k in zip(base, kinds)]
-    head, note = [system("h")], system("note")
-    tail = data.draw(st.sampled_from([[], [system("t")]]))
-    srcs = []
-    for _ in range(data.draw(st.integers(0, 8))):
-        k = data.draw(st.integers(0, len(base) + 1))
-        src = base[:k]
-        kind = data.draw(st.sampled_from(["prefix", "prefix", "longer", "swapped", "tuple"]))
-        if kind == "longer":
-            src = base + [human("more")]
-        elif kind == "swapped" and src:
-            src = src[:-1] + [human("other")]
-        elif kind == "tuple":
-            src = tuple(src)
-        srcs.append(src)
-    members = np.array(data.draw(st.permutations(range(len(srcs)))), dtype=np.int64)
-    results = []
+@given(st.data())
+def test_prefix_groups_twins_agree_with_the_definition(data):
+    _, srcs, order, off, tops, hists = data.draw(grouped_states())
+    outs = [core.prefix_groups(hists, srcs, order, off, tops) for core in _cores()]
+    assert all(_same(o, outs[0]) for o in outs)
+    gid, firsts = outs[0]
+    assert gid.dtype == firsts.dtype == np.int64
+    assert (gid.tolist(), firsts.tolist()) == _prefix_definition(srcs, order, off, tops, hists)
+
+
+def test_prefix_groups_rejects_inconsistent_groups():
+    i64 = lambda *x: np.array(x, dtype=np.int64)  # noqa: E731
+    a, b = human("a"), human("b")
     for core in _cores():
-        out = ["untouched"] * len(srcs)
-        results.append((_outcome(core.prefix_prompts, head, head + [note], tail, hist, base, srcs, members, out), out))
-    assert all(_same(r, results[0]) for r in results)
-    want_out, want_missed = ["untouched"] * len(srcs), []
-    for i in members.tolist():
-        src = srcs[i]
-        k = len(src)
-        if type(src) is not list or k > len(base) or any(a is not b for a, b in zip(src, base)):
-            want_missed.append(i)
+        assert _outcome(core.prefix_groups, [[a]], [[a, b]], i64(0), i64(0, 1), i64(0)) == (
+            "error", ValueError, "hists[0] must be None or a list as long as its base (2 items)")
+        assert _outcome(core.prefix_groups, [None], [[a]], i64(0), i64(0, 1, 1), i64(0)) == (
+            "error", ValueError, "hists and group_off must have 1 and 2 items, got 1 and 3")
+        assert _outcome(core.prefix_groups, [None], [[a]], i64(3), i64(0, 1), i64(0)) == (
+            "error", ValueError, "order[0] must index srcs, got 3")
+        assert _outcome(core.prefix_groups, [None], [(a,)], i64(0), i64(0, 1), i64(0)) == (
+            "error", TypeError, "srcs[0] (the base of group 0) must be a list, got tuple")
+        assert _outcome(core.prefix_groups, [None], [[a]], i64(0), i64(0, 2), i64(0)) == (
+            "error", ValueError, "group_off must be non-decreasing within 0..1, got 0, 2 at group 0")
+        assert _outcome(core.prefix_groups, (None,), [[a]], i64(0), i64(0, 1), i64(0)) == (
+            "error", TypeError, "hists must be a list, got tuple")
+
+
+class Sub(Message):
+    """A Message subclass: not of exact type Message, so its prompt is ``bad``."""
+
+
+@settings(max_examples=MAX_EXAMPLES, deadline=None)
+@given(st.data())
+def test_pack_rows_is_intern_rows_of_the_provided_prompts(data):
+    _, srcs, order, off, tops, hists = data.draw(grouped_states())
+    gid, firsts = core_py.prefix_groups(hists, srcs, order, off, tops)
+    head = data.draw(st.sampled_from([[], [system("h")], [system("h"), POOL[0]]]))
+    tail = data.draw(st.sampled_from([[], [system("t")], [POOL[1]]]))
+    shared_note = system("note")
+    notes = [data.draw(st.sampled_from([None, shared_note, system("own note")])) for _ in hists]
+    if hists and data.draw(st.integers(0, 6)) == 0:  # a non-Message item in one history
+        g = data.draw(st.integers(0, len(hists) - 1))
+        if hists[g]:
+            hists[g][-1] = Sub(role="user", content="sub")
+    # the other states' prompts: lists of Messages (sharing objects with the heads, tails and
+    # notes), now and then a bad one, or None (a failed state)
+    prompts = [None if g >= 0 else data.draw(st.sampled_from([
+        [], [POOL[2], shared_note], [POOL[3]] + head, None, "x", [Sub(role="user", content="s")]]))
+        for g in gid.tolist()]
+    full = []
+    for i, g in enumerate(gid.tolist()):
+        if g < 0:
+            full.append(prompts[i])
         else:
-            annotated = any(not (h is b or h == b) for h, b in zip(hist[:k], base[:k]))
-            want_out[i] = head + ([note] if annotated else []) + hist[:k] + tail
-    assert _same(results[0], (("ok", want_missed), want_out))
-
-
-def test_prefix_prompts_rejects_mismatched_lengths_types_and_members():
-    none = np.zeros(0, dtype=np.int64)
+            k = len(srcs[i])
+            full.append(head + ([notes[g]] if notes[g] is not None and k > firsts[g] else []) + hists[g][:k] + tail)
+    want = core_py.intern_rows(full, Message)
     for core in _cores():
-        assert _outcome(core.prefix_prompts, [], [], [], [human("a")], [], [], none, []) == (
-            "error", ValueError, "hist has 1 items, base has 0")
-        assert _outcome(core.prefix_prompts, (), [], [], [], [], [], none, []) == (
+        assert _same(core.pack_rows(head, tail, notes, hists, firsts, srcs, gid, prompts, Message), want)
+
+
+def test_pack_rows_many_distinct_objects_grow_the_table():
+    i64 = lambda *x: np.array(x, dtype=np.int64)  # noqa: E731
+    hist = [human(str(i)) for i in range(3000)]
+    srcs = [hist[:k] for k in (3000, 10, 2500)] + [None]
+    rest = [hist[::-1][:1500]]
+    args = ([system("h")], [system("t")], [system("n")], [hist], i64(5), srcs, i64(0, 0, 0, -1), [None] * 3 + rest)
+    want = core_py.pack_rows(*args, Message)
+    for core in _cores():
+        assert _same(core.pack_rows(*args, Message), want)
+
+
+def test_pack_rows_rejects_inconsistent_groups():
+    i64 = lambda *x: np.array(x, dtype=np.int64)  # noqa: E731
+    a = human("a")
+    for core in _cores():
+        assert _outcome(core.pack_rows, [], [], [None], [[a]], i64(1), [[a, a]], i64(0), [None], Message) == (
+            "error", ValueError, "state 0: srcs[0] and hists[0] must be lists, the first no longer than the second")
+        assert _outcome(core.pack_rows, [], [], [None], [[a]], i64(1), [[a]], i64(1), [None], Message) == (
+            "error", ValueError, "gid[0] must be below 1, got 1")
+        assert _outcome(core.pack_rows, [], [], [], [[a]], i64(1), [[a]], i64(0), [None], Message) == (
+            "error", ValueError, "notes and firsts must have one item per group (1), got 0 and 1")
+        assert _outcome(core.pack_rows, [], [], [None], [[a]], i64(1), [[a]], i64(0, 0), [None], Message) == (
+            "error", ValueError, "srcs and gid must have one item per prompt (1), got 1 and 2")
+        assert _outcome(core.pack_rows, (), [], [None], [[a]], i64(1), [[a]], i64(0), [None], Message) == (
             "error", TypeError, "head must be a list, got tuple")
-        assert _outcome(core.prefix_prompts, [], [], [], [], [], [[]], np.array([1], dtype=np.int64), [None]) == (
-            "error", ValueError, "members must index srcs and out, got 1")
+        assert _outcome(core.pack_rows, [], [], [None], [[a]], i64(1), [[a]], i64(0), [None], "M") == (
+            "error", TypeError, "cls must be a type, got str")
 
 
 @st.composite

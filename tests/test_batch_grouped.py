@@ -94,6 +94,19 @@ def states_of(rng: random.Random, n_convs: int) -> list:
     return states
 
 
+class DropLastAnswer:
+    """A user's filter: leaves out the last plain assistant answer."""
+
+    def apply(self, messages, local_state=None, global_state=None, ctx=None):
+        for j in range(len(messages) - 1, -1, -1):
+            if messages[j].role == "assistant" and not messages[j].tool_calls:
+                return messages[:j] + messages[j + 1:]
+        return list(messages)
+
+
+BUILDER_KINDS = ["react", "tail", "plain", "nosanitize", "editing", "nofilter", "custom"]
+
+
 def builders(kind: str, budget: int):
     counter = SimpleTokenCounter()
     if kind == "react":
@@ -104,11 +117,19 @@ def builders(kind: str, budget: int):
     if kind == "plain":
         return ContextBuilder([StaticPromptProvider("p"), StateHistoryProvider(annotate=False)],
                               [MaxMessagesFilter(max(1, budget // 40))])
+    if kind == "editing":  # a context-editing stage first: the grouped prompts are built as lists
+        return ContextBuilder.for_react("You are terse.", max_tokens=budget, token_counter=counter,
+                                        tool_result_max_tokens=12, clear_tool_results=1)
+    if kind == "nofilter":
+        return ContextBuilder([StaticPromptProvider("p"), StateHistoryProvider()], [])
+    if kind == "custom":  # a filter of the user's first, then a trimming one
+        return ContextBuilder([StaticPromptProvider("p"), StateHistoryProvider()],
+                              [DropLastAnswer(), TokenBudgetFilter(budget, counter)])
     return ContextBuilder([StateHistoryProvider()], [TokenBudgetFilter(budget, counter)], sanitize=False)
 
 
 @settings(max_examples=MAX_EXAMPLES, deadline=None, suppress_health_check=[HealthCheck.too_slow])
-@given(st.integers(0, 2**32 - 1), st.integers(1, 6), st.sampled_from(["react", "tail", "plain", "nosanitize"]),
+@given(st.integers(0, 2**32 - 1), st.integers(1, 6), st.sampled_from(BUILDER_KINDS),
        st.sampled_from([60, 200, 800, 5000]))
 def test_grouped_states_equal_build_per_state(seed, n_convs, kind, budget):
     rng = random.Random(seed)
@@ -116,6 +137,72 @@ def test_grouped_states_equal_build_per_state(seed, n_convs, kind, budget):
     got = _batch_outcomes(builders(kind, budget), states)
     for i, s in enumerate(states):
         assert got[i] == _outcome(lambda: builders(kind, budget).build(s)), (seed, i)
+
+
+@pytest.mark.parametrize("kind", BUILDER_KINDS)
+@pytest.mark.parametrize("failing", [False, True])
+def test_states_sharing_prefixes_with_and_without_failing_states(kind, failing):
+    """Every grouped prompt as rows only (no state failed, a trimming filter first) or as
+    lists (a state failed in its provider, or another first stage): the same outcomes."""
+    rng = random.Random(7)
+    convs = [conversation(rng, 10, f"c{k}") for k in range(3)]
+    states: list = [{"messages": c[:k]} for c in convs for k in range(1, len(c) + 1)]
+    bad = [{"msgs": [human("no history key")]}, {"messages": "not a list"}] if failing else []
+    states[3:3] = bad
+    rng.shuffle(states)
+    got = _batch_outcomes(builders(kind, 2000), states)
+    assert [type(got[i]) for i, s in enumerate(states) if any(s is b for b in bad)] == [tuple] * len(bad)
+    assert sum(type(o) is list for o in got) >= 10
+    for i, s in enumerate(states):
+        assert got[i] == _outcome(lambda: builders(kind, 2000).build(s)), i
+
+
+def test_an_earlier_groups_output_grown_in_place_by_a_later_call():
+    """The history provider extends its previous output list in place when the next history
+    extends the previous one by value: a later group (an equal copy of a conversation, one
+    message longer) grows the list an earlier group was given; the earlier states still get
+    their own prefix."""
+    calls = [{"id": "c1", "type": "function", "function": {"name": "calc", "arguments": "{}"}}]
+    conv = [human("q"), ai(None, tool_calls=calls), tool("4", tool_call_id="c1"), ai("four")]
+    copy = [m.model_copy() for m in conv] + [human("and 5?")]
+    states = [{"messages": conv[:k]} for k in (4, 3, 1)] + [{"messages": copy[:k]} for k in (5, 3)]
+
+    def builder():
+        return ContextBuilder.for_react("sys", max_tokens=4000, token_counter=SimpleTokenCounter())
+
+    want = [[m.to_openai() for m in builder().build(s)] for s in states]
+    seen = []
+    original = StateHistoryProvider._blocks
+
+    def spy(self, local_state, global_state=None, ctx=None):
+        note, hist = original(self, local_state, global_state, ctx)
+        seen.append(hist)
+        return note, hist
+
+    import unittest.mock
+
+    with unittest.mock.patch.object(StateHistoryProvider, "_blocks", spy):
+        got = [[m.to_openai() for m in p] for p in build_batch(builder(), states)]
+    assert len(seen) == 2 and seen[0] is seen[1] and len(seen[0]) == 5  # grown in place
+    assert got == want
+
+
+def test_a_fixed_message_of_a_subclass_is_trimmed_per_prompt():
+    """A fixed provider's message that is not exactly a Message gives the grouped prompts no
+    rows: they are built as lists and trimmed one by one, with build()'s outcome."""
+    class Note(Message):
+        pass
+
+    def builder():
+        head = StaticPromptProvider("head")
+        head._message = Note(role="system", content="head")
+        return ContextBuilder([head, StateHistoryProvider()], [TokenBudgetFilter(60, SimpleTokenCounter())])
+
+    conv = conversation(random.Random(3), 8, "s")
+    states = [{"messages": conv[:k]} for k in range(1, len(conv) + 1)]
+    got = _batch_outcomes(builder(), states)
+    assert got == [_outcome(lambda: builder().build(s)) for s in states]
+    assert any(type(o) is list and len(o) > 1 for o in got)
 
 
 def test_a_shorter_state_has_no_semantics_note_until_an_annotated_message():

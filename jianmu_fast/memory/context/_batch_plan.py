@@ -13,7 +13,9 @@ path, one direction:
    in one compiled call per round; the rows a round asks to count (``need_rows``) are counted
    in one counter call (each distinct message once; the counters cache per text); with
    ``sanitize``, one ``sanitize_windows`` call tells the outputs that need no sanitizing;
-4. **output slices** (``_backend.slice_outputs``): every output list built in C.
+4. **output slices** (``_backend.gather_rows``): every output list built in C, read through
+   the rows (so the prompts need not exist as lists: ``build_batch`` hands its grouped states'
+   prompts over as rows only, see ``_batch_provide``).
 
 A prompt that is not a list of Messages, or whose plan keeps nothing or only its pinned
 prefix (the rare ones that may be errors), goes through ``flt._trim`` alone, so its outcome
@@ -46,7 +48,9 @@ def trim_many(flt: Any, prompts: Sequence[Any], tools_schema: Any, sanitize: boo
     """``(outputs, clean)``: ``outputs[p]`` is ``flt._trim(prompts[p], ...)``'s output list, or
     the exception it raises; with ``sanitize``, ``clean[p]`` says that output needs no
     sanitizing (``False`` for a failed prompt), else ``clean`` is ``None``. ``interned``:
-    ``_backend.intern_rows(prompts, Message)`` when the caller has it already.
+    ``_backend.intern_rows(prompts, Message)`` when the caller has it already; a prompt given
+    as ``None`` is then the one its rows hold (``_batch_provide.provide_all``: read out of
+    the rows only if it goes the one-prompt way).
 
     >>> from jianmu_fast.memory.context import MaxMessagesFilter
     >>> from jianmu_fast.message import system, human
@@ -60,14 +64,31 @@ def trim_many(flt: Any, prompts: Sequence[Any], tools_schema: Any, sanitize: boo
         limit = flt._limit(tools_schema)
     except JianmuError as exc:
         return [exc] * n, ([False] * n if sanitize else None)
-    rows, off, distinct, bad = interned if interned is not None else _backend.intern_rows(prompts, Message)
+    if interned is None:
+        interned = _backend.intern_rows(prompts, Message)
+    rows, off, distinct, bad = interned
     if not distinct or limit < 0:
-        return _each(flt, prompts, range(n), tools_schema, sanitize)
+        return _each(flt, _lists(prompts, interned), range(n), tools_schema, sanitize)
     try:
         outs, clean = _plan(flt, prompts, rows, off, distinct, bad, limit, tools_schema, sanitize)
     except Exception:  # a counter failing on one message: each prompt gets its own outcome
-        return _each(flt, prompts, range(n), tools_schema, sanitize)
+        return _each(flt, _lists(prompts, interned), range(n), tools_schema, sanitize)
     return outs, clean
+
+
+def _lists(prompts: Sequence[Any], interned: Any) -> Sequence[Any]:
+    """``prompts`` with every ``None`` slot that has rows read out of them (a ``None`` listed
+    in ``bad`` is the caller's own, not a list)."""
+    if not any(p is None for p in prompts):
+        return prompts
+    rows, off, distinct, bad = interned
+    skip = set(bad)
+    return [_at(rows, off, distinct, i) if p is None and i not in skip else p for i, p in enumerate(prompts)]
+
+
+def _at(rows: np.ndarray, off: np.ndarray, distinct: list[Any], p: int) -> list[Any]:
+    """Prompt ``p`` read out of its rows."""
+    return [distinct[r] for r in rows[off[p]:off[p + 1]].tolist()]
 
 
 def _each(flt: Any, prompts: Sequence[Any], which: Any, tools_schema: Any, sanitize: bool) -> tuple[list[Any], Optional[list[bool]]]:
@@ -107,12 +128,7 @@ def _plan(flt, prompts, rows, off, distinct, bad, limit, tools_schema, sanitize)
             np.ascontiguousarray(n_pinned), np.ascontiguousarray(lo), np.ascontiguousarray(hi),
         )
         clean = (status == 0).tolist()
-    sel = prompts
-    if bad:
-        sel = list(prompts)
-        for p in bad:
-            sel[p] = []
-    outs = _backend.slice_outputs(sel, plans)
+    outs = _backend.gather_rows(distinct, rows, off, plans)  # a bad prompt has no rows: []
     # the prompts whose plan keeps nothing, or whose pinned prefix alone is everything
     # (checked against the limit here): their outcome is the one-prompt path's
     sizes = np.diff(off)
@@ -125,14 +141,15 @@ def _plan(flt, prompts, rows, off, distinct, bad, limit, tools_schema, sanitize)
             k, a, b, size = int(n_pinned[p]), int(lo[p]), int(hi[p]), int(sizes[p])
             if (a == b and k < size) or (
                     not flt._pinned_free and int(counts[rows[off[p]:off[p] + k]].sum()) > limit):
-                _redo(flt, prompts, p, outs, clean, tools_schema, sanitize)
+                _redo(flt, prompts[p] if prompts[p] is not None else _at(rows, off, distinct, p), p, outs, clean,
+                      tools_schema, sanitize)
     for p in bad:
-        _redo(flt, prompts, p, outs, clean, tools_schema, sanitize)
+        _redo(flt, prompts[p], p, outs, clean, tools_schema, sanitize)
     return outs, clean
 
 
-def _redo(flt, prompts, p, outs, clean, tools_schema, sanitize) -> None:
-    res = one(flt, prompts[p], tools_schema, sanitize)
+def _redo(flt, msgs, p, outs, clean, tools_schema, sanitize) -> None:
+    res = one(flt, msgs, tools_schema, sanitize)
     if isinstance(res, BaseException):
         outs[p] = res
         ok = False
