@@ -7,6 +7,7 @@ same names, signatures, results and error messages (proven by tests/test_filter_
 """
 
 from cpython.list cimport PyList_GET_ITEM, PyList_GET_SIZE, PyList_New, PyList_SET_ITEM
+from cpython.tuple cimport PyTuple_GET_SIZE
 from cpython.ref cimport Py_INCREF
 from cpython.object cimport PyObject, PyObject_RichCompareBool, Py_EQ
 from libc.stdint cimport int64_t, int8_t
@@ -974,12 +975,19 @@ cdef class Records:
             self.last_lo = out[2]
         return (out[0], out[1], out[2], out[3])
 
-    def window(self, list msgs, count, int64_t budget, tuple settings, bint sanitize):
+    def window(self, list msgs, count, int64_t budget, tuple settings, bint sanitize, insert=None):
         """See the twin."""
         cdef int64_t out[4]
-        cdef Py_ssize_t k = self._match(msgs), i, n_pinned, lo, hi, j, skip = 0
+        cdef Py_ssize_t k, i, n_pinned, lo, hi, j, skip = 0, at = 0, want_lo = 0, extra = 0
+        cdef object message = None
+        if insert is not None:
+            if type(insert) is not tuple or PyTuple_GET_SIZE(insert) != 3:
+                raise ValueError(f"insert must be (message, at, lo), got {insert!r}")
+            message, at, want_lo = <tuple>insert
+            extra = 1
+        k = self._match(msgs)
         if k < 0:
-            if not self._rewind():
+            if extra or not self._rewind():
                 return None
             k = PyList_GET_SIZE(msgs) - self.n
             skip = self.last_lo - self.n if self.last_lo - self.n < k else k
@@ -1004,12 +1012,18 @@ cdef class Records:
             self.last_lo = lo
         if out[0] != 0 or n_pinned == self.n or lo == hi or PyList_GET_SIZE(msgs) < self.n:
             return None  # (the last test: count() shortened msgs; the caller starts over)
-        result = PyList_New(n_pinned + hi - lo)
+        if extra and (n_pinned != at or lo != want_lo):
+            return None  # the cut moved (or the pinned prefix changed): the caller decides
+        result = PyList_New(n_pinned + extra + hi - lo)
         for i in range(n_pinned):
             x = <object>PyList_GET_ITEM(msgs, i)
             Py_INCREF(x)
             PyList_SET_ITEM(result, i, x)
         j = n_pinned
+        if extra:
+            Py_INCREF(message)
+            PyList_SET_ITEM(result, j, message)
+            j += 1
         for i in range(lo, hi):
             x = <object>PyList_GET_ITEM(msgs, i)
             Py_INCREF(x)

@@ -57,6 +57,7 @@ class Records:
         budget: int,
         settings: tuple[int, bool, int, bool],
         sanitize: bool,
+        insert: Optional[tuple[Any, int, int]] = None,
     ) -> Optional[tuple[list[Any], bool]]: ...
     def sanitize(self, n_pinned: int, lo: int, hi: int) -> int: ...
 

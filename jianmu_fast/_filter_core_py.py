@@ -45,6 +45,7 @@ Validation of the arguments is linear in the arrays handed in.
 
 from __future__ import annotations
 
+import operator
 import weakref
 from itertools import islice
 
@@ -618,14 +619,40 @@ class Records:
             self._last_lo = got[2]
         return got
 
-    def window(self, msgs, count, budget, settings, sanitize):
+    def window(self, msgs, count, budget, settings, sanitize, insert=None):
         """The agent loop's turn in one call: ``advance(msgs, count)``, then ``plan(budget,
         *settings)`` (``settings``: ``(pinned_mask, from_start, chunk, pinned_free)``); when
         that plan is decided and keeps something besides the pinned prefix, returns
         ``(msgs[:n_pinned] + msgs[lo:hi], clean)``, ``clean`` being ``sanitize and
         self.sanitize(n_pinned, lo, hi) == 0``. Otherwise returns ``None``: the caller takes
         the general path (the records stay advanced when ``msgs`` extended them, or when it
-        shares a prefix with them: see ``advance``)."""
+        shares a prefix with them: see ``advance``).
+
+        ``insert=(message, at, lo)``: the turn of a stage that puts ``message`` after the
+        pinned prefix while the window's cut stays at ``lo`` (the summarizing budget's
+        summary of ``msgs[at:lo]``). Only a prompt that extends the recorded messages (``match
+        >= 0``; otherwise None, the records unchanged) whose plan keeps exactly ``at`` pinned
+        messages and cuts at ``lo`` gets ``(msgs[:at] + [message] + msgs[lo:hi], clean)``
+        (``clean`` of the window without ``message``); any other plan gives None, the records
+        advanced.
+
+        >>> from jianmu_fast.message import Message, human, system
+        >>> history, note = [system("s"), human("a"), human("b")], system("summary of a")
+        >>> rec = Records(Message)
+        >>> [m.content for m in rec.window(history, lambda new: [1] * len(new), 2, (1, True, 0, False), False)[0]]
+        ['s', 'b']
+        >>> history.append(human("c"))
+        >>> rec.window(history, lambda new: [1] * len(new), 2, (1, True, 0, False), False, (note, 1, 2)) is None
+        True
+        >>> [m.content for m in rec.window(history, len, 3, (1, True, 0, False), False, (note, 1, 2))[0]]
+        ['s', 'summary of a', 'b', 'c']
+        """
+        if insert is not None:
+            if type(insert) is not tuple or len(insert) != 3:
+                raise ValueError(f"insert must be (message, at, lo), got {insert!r}")
+            message, at, want_lo = insert[0], operator.index(insert[1]), operator.index(insert[2])
+            if self.match(msgs) < 0:
+                return None
         if self.advance(msgs, count) < 0:
             return None
         if len(settings) != 4:
@@ -638,7 +665,11 @@ class Records:
         status, n_pinned, lo, hi = self.plan(budget, mask, from_start, chunk, pinned_free)
         if status or n_pinned == len(self._msgs) or lo == hi or len(msgs) < len(self._msgs):
             return None  # (the last test: count() shortened msgs; the caller starts over)
-        return msgs[:n_pinned] + msgs[lo:hi], bool(sanitize) and self.sanitize(n_pinned, lo, hi) == 0
+        if insert is None:
+            return msgs[:n_pinned] + msgs[lo:hi], bool(sanitize) and self.sanitize(n_pinned, lo, hi) == 0
+        if n_pinned != at or lo != want_lo:
+            return None  # the cut moved (or the pinned prefix changed): the caller decides
+        return msgs[:n_pinned] + [message] + msgs[lo:hi], bool(sanitize) and self.sanitize(n_pinned, lo, hi) == 0
 
     def sanitize(self, n_pinned, lo, hi):
         """``sanitize_window``'s status over the records."""

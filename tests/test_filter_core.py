@@ -560,6 +560,58 @@ def test_records_window_is_advance_plan_and_slice_on_both_twins(steps, data):
             r.window(history, len, 5, (1, True), False)
 
 
+@given(steps=st.lists(st.tuples(sanitize_units, st.integers(0, 3)), min_size=1, max_size=8), data=st.data())
+@settings(deadline=None, max_examples=max(50, MAX_EXAMPLES // 2))
+def test_records_window_with_insert_on_both_twins(steps, data):
+    """``window(..., insert=(message, at, lo))`` (the summarizing budget's unchanged turn):
+    the compiled twin equals the reference; a prompt that extends the records and whose plan
+    keeps ``at`` pinned messages and cuts at ``lo`` gets the plain window's output with
+    ``message`` at ``at`` (the plain window's ``clean``); another plan gives None with the
+    records advanced; a prompt that does not extend them gives None with the records unchanged."""
+    from jianmu_fast.message import human, system
+
+    marker = system("the summary")
+    recs = _record_cores()
+    refs = _record_cores()
+    history: list = []
+    for units, how in steps:
+        new = _record_messages(units)
+        if how == 3 and history:  # an edit in the middle: not an extension
+            history = history[:-1] + [human("edited")] + new
+        else:
+            history = history + new
+        costs = data.draw(st.lists(st.integers(0, 30), min_size=len(history), max_size=len(history)))
+        count = lambda new_: costs[len(costs) - len(new_):]  # noqa: E731
+        settings_ = (data.draw(st.integers(0, 15)), data.draw(st.booleans()), data.draw(st.sampled_from([0, 0, 7])),
+                     data.draw(st.booleans()))
+        budget = data.draw(st.integers(0, 200))
+        sanitize = data.draw(st.booleans())
+        before = [(r.n, r.msgs) for r in recs]
+        extends = recs[0].match(history) >= 0
+        status, k, lo, hi = 1, 0, 0, 0
+        if extends:
+            assert all(ref.advance(history, count) >= 0 for ref in refs)
+            status, k, lo, hi = refs[0].plan(budget, *settings_)
+        at, cut = (k, lo) if data.draw(st.booleans()) else (data.draw(st.integers(0, 5)), data.draw(st.integers(0, 9)))
+        got = [r.window(history, count, budget, settings_, sanitize, (marker, at, cut)) for r in recs]
+        assert all(g == got[0] for g in got)
+        if not extends:
+            assert got[0] is None and [(r.n, r.msgs) for r in recs] == before
+            for r in recs + refs:  # the general path's turn (a rewind) brings them up to date
+                r.window(history, count, budget, settings_, sanitize)
+            continue
+        if status or k == refs[0].n or lo == hi or (at, cut) != (k, lo):
+            assert got[0] is None
+        else:
+            clean = sanitize and refs[0].sanitize(k, lo, hi) == 0
+            out, flag = got[0]
+            assert out == history[:k] + [marker] + history[lo:hi] and out[k] is marker and flag == clean
+        assert all(r.n == len(history) and r.msgs == history for r in recs)
+    for r in recs:
+        with pytest.raises(ValueError, match=r"insert must be \(message, at, lo\), got \(1, 2\)"):
+            r.window(history, len, 5, (1, True, 0, False), False, (1, 2))
+
+
 def test_records_window_survives_a_count_that_shortens_the_list():
     """A counter that edits the caller's list while counting cannot make the compiled turn
     read past the list's end: the turn says None and the caller starts over."""

@@ -105,7 +105,10 @@ class SummarizingBudgetFilter(TokenBudgetFilter):
         self._reset()
 
     def _reset(self) -> None:
-        self._lock = threading.RLock()
+        self._lock = threading.Lock()
+        #: the last turn that put a summary in (see ``_keep_hot``): (inner filter, its records,
+        #: their count, its settings, budget, budget without tools, (summary, n_pinned, cut))
+        self._hot: Optional[tuple[Any, ...]] = None
         self._inner: dict[int, TokenBudgetFilter] = {}
         self._over_ref: Optional[tuple[list[Message], int]] = None
         self._last_span: Optional[tuple[list[Message], tuple[str, int]]] = None
@@ -127,7 +130,8 @@ class SummarizingBudgetFilter(TokenBudgetFilter):
 
     def __getstate__(self) -> dict[str, Any]:
         state = super().__getstate__()
-        for k in ("_inner", "_over_ref", "_last_span", "_last", "_chain", "_by_content", "_messages", "_digests", "_lock"):
+        for k in ("_inner", "_over_ref", "_last_span", "_last", "_chain", "_by_content", "_messages", "_digests", "_lock",
+                  "_hot"):
             state.pop(k, None)
         return state
 
@@ -148,11 +152,31 @@ class SummarizingBudgetFilter(TokenBudgetFilter):
 
     def _trim(self, messages: Sequence[Any], tools_schema: Any, sanitize: bool) -> tuple[list[Message], bool]:
         """``(output, clean)`` as ``TokenBudgetFilter._trim``: the budget's output with a summary
-        of what it dropped. A turn whose cut did not move costs what the budget filter costs:
-        one inner ``_trim`` (records extended, the compiled sanitize decision), the summary
-        message reused, two C-level list comparisons."""
+        of what it dropped. A turn whose cut did not move (the prompt extends the last one, and
+        the inner budget's plan keeps the same pinned prefix and cut, with the same budget)
+        costs what the budget filter costs: one compiled ``Records.window`` call over the inner
+        filter's records that builds the output with the last summary message in place."""
         try:
             with self._lock:
+                hot = self._hot
+                if hot is not None and type(messages) is list:
+                    f, rec, count, cfg, budget, bare, insert = hot
+                    if bare and not tools_schema:
+                        limit = budget  # (a trusted counter without tools: a constant limit)
+                    else:
+                        try:
+                            limit = f._limit(tools_schema)
+                        except ContextBudgetError:
+                            limit = -1
+                    if limit == budget:
+                        try:
+                            got = rec.window(messages, count, budget, cfg, sanitize, insert)
+                        except Exception:  # the general path raises what it should
+                            got = None
+                            f._forget()
+                        if got is not None:
+                            return got
+                    self._hot = None
                 return self._summarized(messages, tools_schema, sanitize)
         except JianmuError:
             raise
@@ -178,8 +202,9 @@ class SummarizingBudgetFilter(TokenBudgetFilter):
         if self.keep_tokens is not None:
             fixed = int(self.counter.count_messages(msgs[:n_pinned])) + self._plain.tools_cost(tools_schema)
             limit = min(limit, fixed + self.keep_tokens)
+        inner = self._inner_filter(max(1, limit))
         try:
-            kept, clean = self._inner_filter(max(1, limit))._trim(msgs, tools_schema, sanitize)
+            kept, clean = inner._trim(msgs, tools_schema, sanitize)
         except ContextBudgetError:
             return self._plain._trim(msgs, tools_schema, sanitize)  # no room for a summary
         if len(kept) == len(msgs):
@@ -208,7 +233,22 @@ class SummarizingBudgetFilter(TokenBudgetFilter):
             return self._plain._trim(msgs, tools_schema, sanitize)  # pragma: no cover - capped to fit
         # a system message right after the pinned prefix changes no tool pairing: the inner
         # filter's sanitize decision holds for the output
+        if self._additive:
+            self._keep_hot(inner, msgs, tools_schema, summary, n_pinned, cut)
         return out, clean
+
+    def _keep_hot(self, inner: TokenBudgetFilter, msgs: list[Message], tools_schema: Any, summary: Message,
+                  n_pinned: int, cut: int) -> None:
+        """Remember this turn for the next one (``_trim``'s fast path): ``inner``'s records hold
+        ``msgs``, its plan kept ``n_pinned`` pinned messages and cut at ``cut``, and the output
+        put ``summary`` after them. A next prompt that extends ``msgs`` and, under the same
+        budget, gets the same plan has the same dropped span, so the same summary."""
+        rec = inner._rec
+        if rec is None or rec.n != len(msgs):
+            return  # pragma: no cover - the inner _trim always leaves the records of msgs
+        bare = not tools_schema and inner._trusted
+        self._hot = (inner, rec, inner._turn_counts, inner._cfg or inner._config(), inner._limit(tools_schema), bare,
+                     (summary, n_pinned, cut))
 
     def _over(self, msgs: list[Message], tools_schema: Any) -> tuple[bool, bool]:
         """Whether the whole prompt is over the budget, and whether ``msgs`` grew the history

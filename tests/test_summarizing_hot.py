@@ -1,0 +1,215 @@
+"""SummarizingBudgetFilter's hot path: a turn whose cut did not move is one compiled
+``Records.window`` call that puts the last summary in place. Along growing histories (with
+edits in the middle, changing tools, failures, threads, pickling) the warm filter's output
+equals a fresh filter's on every turn. Run on both backends (JIANMU_FAST_PURE_PYTHON=1)."""
+
+from __future__ import annotations
+
+import json
+import pickle
+import threading
+import warnings
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from invariants import assert_valid_transactions
+from jianmu_fast.batch import build_batch
+from jianmu_fast.errors import ContextBudgetError
+from jianmu_fast.memory.context import ContextBuilder, SummarizingBudgetFilter, TiktokenTokenCounter
+from jianmu_fast.memory.context.editing import SummaryFailedWarning
+from jianmu_fast.message import Message, ai, human, system, tool
+
+COUNTER = TiktokenTokenCounter("o200k_base")
+TOOLS = [{"type": "function", "function": {"name": f"tool_{i}", "description": "does a thing " * 20,
+                                           "parameters": {"type": "object", "properties": {"q": {"type": "string"}}}}}
+         for i in range(3)]
+HUGE_TOOLS = [{"type": "function", "function": {"name": "big", "description": "word " * 5000}}]
+FAST = settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+
+
+def summarize(messages: list[Message]) -> str:
+    """Deterministic, a function of the content: what a fresh filter computes too."""
+    roles = ",".join(m.role for m in messages)
+    return f"{len(messages)} messages ({roles[:200]})"
+
+
+class Counting:
+    def __init__(self, fail_on: int = -1) -> None:
+        self.calls = 0
+        self.fail_on = fail_on  # spans of this many messages (mod 3) fail
+
+    def __call__(self, messages: list[Message]) -> str:
+        self.calls += 1
+        if self.fail_on >= 0 and len(messages) % 3 == self.fail_on:
+            raise RuntimeError("model down")
+        return summarize(messages)
+
+
+def _loop(seed: int, rounds: int, size: int = 40) -> list[Message]:
+    import random
+
+    rng = random.Random(seed)
+    msgs: list[Message] = [system("You are an agent. " * 5)]
+    for i in range(rounds):
+        msgs.append(human(f"question {i} " * rng.randint(1, size)))
+        for j in range(rng.randint(0, 2)):
+            calls = [{"id": f"c{i}_{j}_{k}", "type": "function",
+                      "function": {"name": "search", "arguments": json.dumps({"q": f"{i} {j}"})}}
+                     for k in range(rng.randint(1, 2))]
+            msgs.append(ai(None, tool_calls=calls))
+            msgs += [tool(f"result {i} " * rng.randint(1, 4 * size), tool_call_id=c["id"]) for c in calls]
+        msgs.append(ai(f"answer {i} " * rng.randint(1, size)))
+    return msgs
+
+
+def _ends(msgs: list[Message]) -> list[int]:
+    """The agent loop's prompts: after each user message and after each tool round."""
+    return [i + 1 for i, m in enumerate(msgs)
+            if m.role == "user" or (m.role == "tool" and (i + 1 == len(msgs) or msgs[i + 1].role != "tool"))]
+
+
+def _dump(out: list[Message]) -> list[dict]:
+    """What a prompt says, ids included (but a summary message's own, new per filter)."""
+    return [{**m.to_openai(), "id": None if "context_edit" in m.metadata else m.id, "meta": m.metadata} for m in out]
+
+
+def _fresh(f: SummarizingBudgetFilter, fn=summarize) -> SummarizingBudgetFilter:
+    return SummarizingBudgetFilter(f.max_tokens, f.counter, summarize=fn, summary_max_tokens=f.summary_max_tokens,
+                                   keep_tokens=f.keep_tokens, eviction=f.eviction, chunk=f.chunk_tokens)
+
+
+def _same_as_fresh(f: SummarizingBudgetFilter, prompt: list[Message], tools, sanitize: bool) -> list[Message]:
+    try:
+        want = _fresh(f)._trim(prompt, tools, sanitize)
+    except ContextBudgetError:
+        with pytest.raises(ContextBudgetError):
+            f._trim(prompt, tools, sanitize)
+        return []
+    out, clean = f._trim(prompt, tools, sanitize)
+    assert _dump(out) == _dump(want[0]) and clean == want[1]
+    assert COUNTER.count_messages(out) + (COUNTER.count_tools(tools) if tools else 0) <= f.max_tokens
+    assert_valid_transactions(out)
+    return out
+
+
+@FAST
+@given(seed=st.integers(0, 10**6), budget=st.integers(900, 3000), eviction=st.sampled_from(["exact", "chunked"]),
+       keep=st.sampled_from([None, None, 600]), data=st.data())
+def test_warm_filter_equals_a_fresh_one_on_every_turn(seed, budget, eviction, keep, data):
+    """Along a growing history, with now and then an edit in the middle (as clearing does),
+    tools that come and go and either sanitize flag, the warm filter's output and clean flag
+    equal a fresh filter's; every output is within budget with valid pairing."""
+    msgs = _loop(seed, 14)
+    f = SummarizingBudgetFilter(budget, COUNTER, summarize=summarize, summary_max_tokens=budget // 8, keep_tokens=keep,
+                                eviction=eviction, chunk=budget // 4 if eviction == "chunked" else None)
+    for end in _ends(msgs):
+        prompt = msgs[:end]
+        if data.draw(st.integers(0, 9)) == 0 and end > 3:  # an edit in the middle
+            i = data.draw(st.integers(1, end - 1))
+            if prompt[i].role in ("user", "system"):
+                prompt = prompt[:i] + [prompt[i].model_copy(update={"content": "edited"})] + prompt[i + 1:]
+        tools = data.draw(st.sampled_from([None, None, None, TOOLS]))
+        _same_as_fresh(f, prompt, tools, data.draw(st.booleans()))
+
+
+def test_an_unchanged_cut_reuses_the_summary_without_calling_summarize():
+    """The hot loop: on every turn whose dropped span did not change, the output holds the
+    very summary message of the turn before, and ``summarize`` is called about once per move
+    of the chunked cut; every turn equals a fresh filter's."""
+    msgs = _loop(7, 80, size=15)
+    fn = Counting()
+    f = SummarizingBudgetFilter(3000, COUNTER, summarize=fn, summary_max_tokens=300, eviction="chunked", chunk=750)
+    prev = None
+    reused = moves = 0
+    for end in _ends(msgs):
+        out = _same_as_fresh(f, msgs[:end], None, True)
+        if out and out[1].metadata.get("context_edit", {}).get("kind") == "summary":
+            if prev is not None and prev[1].metadata["context_edit"]["messages"] == out[1].metadata["context_edit"]["messages"]:
+                assert out[1] is prev[1]
+                reused += 1
+            else:
+                moves += 1
+            prev = out
+    assert reused > 3 * moves > 0
+    assert fn.calls <= 2 * moves
+
+
+def test_a_failing_summarize_gives_the_plain_budget_on_the_hot_path_too():
+    """A span whose summary fails gives the plain budget's prompt with a warning on every
+    turn that drops it (nothing remembered from the failed turn); others get their summary."""
+    msgs = _loop(3, 40)
+    f = SummarizingBudgetFilter(2500, COUNTER, summarize=Counting(fail_on=1), summary_max_tokens=300,
+                                eviction="chunked", chunk=600)
+    plain_turns = 0
+    for end in _ends(msgs):
+        with warnings.catch_warnings(record=True) as got:
+            warnings.simplefilter("always")
+            out, _ = f._trim(msgs[:end], None, True)
+            fresh, _ = _fresh(f, Counting(fail_on=1))._trim(msgs[:end], None, True)
+        failed = [w for w in got if issubclass(w.category, SummaryFailedWarning)]
+        assert _dump(out) == _dump(fresh)
+        if failed:
+            assert len(failed) == 2 and not any(m.metadata.get("context_edit") for m in out)  # warm and fresh
+            assert len(out) < end
+            plain_turns += 1
+    assert plain_turns > 0
+
+
+def test_tools_that_no_longer_fit_raise_after_hot_turns():
+    msgs = _loop(5, 30)
+    f = SummarizingBudgetFilter(2000, COUNTER, summarize=summarize, summary_max_tokens=200, eviction="chunked", chunk=500)
+    for end in _ends(msgs)[-6:]:
+        _same_as_fresh(f, msgs[:end], None, True)
+    assert f._hot is not None
+    with pytest.raises(ContextBudgetError):
+        f._trim(msgs, HUGE_TOOLS, True)
+    _same_as_fresh(f, msgs, TOOLS, True)
+
+
+def test_pickled_and_threaded_filters_equal_fresh_ones():
+    msgs = _loop(11, 40)
+    f = SummarizingBudgetFilter(2500, COUNTER, summarize=summarize, summary_max_tokens=300, eviction="chunked", chunk=600)
+    ends = _ends(msgs)
+    for end in ends[: len(ends) // 2]:
+        f._trim(msgs[:end], None, True)
+    g = pickle.loads(pickle.dumps(f))
+    assert g._hot is None
+    for end in ends[len(ends) // 2:]:
+        _same_as_fresh(g, msgs[:end], None, True)
+    other = _loop(12, 40)
+    errors: list[BaseException] = []
+
+    def run(history: list[Message]) -> None:
+        try:
+            for end in _ends(history):
+                out, _ = f._trim(history[:end], None, True)
+                want, _ = _fresh(f)._trim(history[:end], None, True)
+                assert _dump(out) == _dump(want)
+        except BaseException as exc:  # pragma: no cover - reported below
+            errors.append(exc)
+
+    threads = [threading.Thread(target=run, args=(h,)) for h in (msgs, other, msgs)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert not errors, errors
+
+
+def test_preset_hot_loop_equals_build_batch():
+    """``for_react(summarize=)``: the warm builder's prompt on every turn (its hot path) equals
+    its general path (``transform`` of the same history, on a copy of the builder) and
+    ``build_batch`` over the same states."""
+    msgs = _loop(21, 50)
+    states = [{"messages": msgs[:end]} for end in _ends(msgs)]
+    b = ContextBuilder.for_react(system_prompt="You help.", max_tokens=3000, token_counter=COUNTER,
+                                 summarize=summarize)
+    cold = pickle.loads(pickle.dumps(b))
+    warm = [b.build(s) for s in states]
+    assert b._hot is not None
+    batch = build_batch(cold, states)
+    assert [_dump(p) for p in warm] == [_dump(p) for p in batch]
+    assert _dump(warm[-1]) == _dump(pickle.loads(pickle.dumps(b)).build(states[-1]))
+    assert sum(1 for p in warm if any(m.metadata.get("context_edit") for m in p)) > len(states) // 2
