@@ -318,3 +318,97 @@ def test_pickled_and_threaded_builders_with_editing_stages():
     for th in threads:
         th.join()
     assert errors == []
+
+
+# -- the hot hand-off (``_hot_apply``): stages hand on their own lists -----------------------------
+
+
+def _handoff_builder(filters: list[Any]) -> ContextBuilder:
+    return ContextBuilder(providers=[StaticPromptProvider("You are a careful agent."), StateHistoryProvider()],
+                          filters=filters)
+
+
+@given(seed=st.integers(0, 10**6), last=st.sampled_from(["cap", "clear", "cap+clear", "clear+cap"]),
+       keep=st.integers(0, 3), at_least=st.sampled_from([0, 100, 1000]))
+@SETTINGS
+def test_hand_off_with_the_stage_last_shared_and_called_directly(seed, last, keep, at_least):
+    """An editing stage last (its own list is copied before it leaves the builder), the same
+    stages shared by two builders over two histories, and a stage's ``apply`` called directly
+    between hot builds: every output equals the general path's of a builder with its own stages."""
+    def stages() -> list[Any]:
+        cap, clear = ToolResultCapFilter(150, TIKTOKEN), ClearToolResultsFilter(900, TIKTOKEN, keep=keep,
+                                                                              clear_at_least=at_least)
+        return {"cap": [cap], "clear": [clear], "cap+clear": [cap, clear], "clear+cap": [clear, cap]}[last]
+
+    shared = stages()
+    a, b = _handoff_builder(shared), _handoff_builder(list(shared))
+    ref_a, ref_b = general(_handoff_builder(stages())), general(_handoff_builder(stages()))
+    ha, hb = history(seed, 30, False), history(seed + 7, 30, False)
+    rnd = random.Random(seed)
+    sa: dict[str, Any] = {"messages": []}
+    sb: dict[str, Any] = {"messages": []}
+    outs: list[list[Message]] = []
+    for end in range(1, max(len(ha), len(hb)) + 1, 2):
+        sa["messages"].extend(ha[len(sa["messages"]):end])
+        got = outcome(a, sa, None)
+        assert got == outcome(ref_a, sa, None)
+        if got[0] == "ok":
+            out = a.build(sa)
+            assert out is not a._turn.prompt and all(out is not f._rec.out for f in shared if hasattr(f, "_rec"))
+            assert all(out is not f._last[1] for f in shared if hasattr(f, "_last") and f._last is not None)
+            outs.append(out)
+        if rnd.random() < 0.5:  # the second builder, same stage objects, another history
+            sb["messages"].extend(hb[len(sb["messages"]):end])
+            assert outcome(b, sb, None) == outcome(ref_b, sb, None)
+        if rnd.random() < 0.2:  # the stage's public apply between hot builds: a new list, the input untouched
+            flt = rnd.choice(shared)
+            given = list(hb[:end])
+            applied = flt.apply(given)
+            assert given == hb[:end] and applied is not given
+            assert dump(applied) == dump(stages_like(flt).apply(list(hb[:end])))
+    snapshot = [dump(o) for o in outs]
+    assert outcome(a, sa, None) == outcome(ref_a, sa, None)
+    assert [dump(o) for o in outs] == snapshot  # nothing handed out was changed afterwards
+
+
+def stages_like(flt: Any) -> Any:
+    """A fresh stage with ``flt``'s settings."""
+    if isinstance(flt, ToolResultCapFilter):
+        return ToolResultCapFilter(flt.max_tokens, flt.counter)
+    return ClearToolResultsFilter(flt.trigger_tokens, flt.counter, keep=flt.keep, clear_at_least=flt.clear_at_least)
+
+
+class FlakyCounter(TiktokenTokenCounter):
+    """A tiktoken counter whose message count fails (not a library error) while ``fail`` is set."""
+
+    fail = False
+
+    def count_message(self, message: Message) -> int:
+        if self.fail:
+            raise RuntimeError("counter down")
+        return super().count_message(message)
+
+
+def test_hand_off_after_a_failing_counter_and_a_non_append_edit():
+    counter = FlakyCounter("o200k_base")
+    hist = history(5, 60, False)
+
+    def builder() -> ContextBuilder:
+        return _handoff_builder([ToolResultCapFilter(200, counter), ClearToolResultsFilter(1500, counter, keep=1,
+                                                                                            clear_at_least=300),
+                                 TokenBudgetFilter(1500, counter, eviction="chunked", chunk=300)])
+
+    hot, ref = builder(), general(builder())
+    state: dict[str, Any] = {"messages": []}
+    for i, m in enumerate(hist):
+        state["messages"].append(m)
+        if i % 17 == 5:  # the clearing's count fails: a library error on both paths, same message
+            counter.fail = True
+            try:
+                assert outcome(hot, state, None) == outcome(ref, state, None)
+            finally:
+                counter.fail = False
+        if i % 23 == 11:  # an edit that is not appending: a new history list
+            state["messages"] = state["messages"][:-2] + [human(f"edited {i}")] + state["messages"][-1:]
+        assert outcome(hot, state, None) == outcome(ref, state, None)
+    assert hot._turn is not None

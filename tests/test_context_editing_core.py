@@ -161,3 +161,111 @@ def test_extends_names_bad_arguments():
     for mod in (py, core):
         with pytest.raises(TypeError, match=r"^previous and current must be lists, got tuple and list$"):
             mod.extends((1,), [1])
+
+
+# -- the per-turn routines of the builder's hot hand-off (issue 19's per-turn target) ------------
+
+import array  # noqa: E402
+import weakref  # noqa: E402
+
+from jianmu_fast.memory.context import ClearToolResultsFilter, TiktokenTokenCounter  # noqa: E402
+from jianmu_fast.message import ai, human, system, tool  # noqa: E402
+
+COUNTER = TiktokenTokenCounter("o200k_base")
+_WORDS = ["alpha", "beta", "中文", "🙂", "42", "{\"k\": 1}", "\n"]
+
+
+@st.composite
+def messages(draw, n_max=30):
+    """A history of system (leading or not), user, assistant (text or one call) and tool messages
+    (text, sometimes blocks); some counted by ``COUNTER`` beforehand (cached), some not."""
+    out = []
+    for i in range(draw(st.integers(0, n_max))):
+        role = draw(st.sampled_from(["system", "user", "assistant", "call", "tool", "tool"]))
+        text = " ".join(draw(st.lists(st.sampled_from(_WORDS), min_size=1, max_size=draw(st.sampled_from([5, 60, 400])))))
+        if role == "system":
+            m = system(text)
+        elif role == "user":
+            m = human(text)
+        elif role == "assistant":
+            m = ai(text)
+        elif role == "call":
+            m = ai(None, tool_calls=[{"id": f"c{i}", "type": "function", "function": {"name": "f", "arguments": "{}"}}])
+        else:
+            m = tool([{"type": "text", "text": text}] if draw(st.integers(0, 9)) == 0 else text, tool_call_id=f"c{i - 1}")
+        if draw(st.integers(0, 5)):
+            COUNTER.count_message(m)
+            if m.role == "tool" and isinstance(m.content, str) and draw(st.integers(0, 5)):
+                COUNTER.count_text(m.content)
+        out.append(m)
+    return out
+
+
+def _records(f):
+    r = f._rec
+    return (r.messages, r.out, r.counts, r.kinds, r.savings, r.results, r.result_kinds, r.state)
+
+
+@settings(max_examples=300, deadline=None)
+@given(messages(), st.data(), st.sampled_from([0, 200, 2000, 20000]), st.sampled_from([0, 1, 300, 2000]),
+       st.integers(0, 4))
+def test_clearing_turn_twin_equals_compiled_and_the_general_path(hist, data, trigger, step, keep):
+    k = data.draw(st.integers(0, len(hist)))
+    n = data.draw(st.integers(k, min(len(hist), k + 20)))
+    f = ClearToolResultsFilter(trigger, COUNTER, keep=keep, clear_at_least=step)
+    f.apply(hist[:k])  # the records of the previous turn, by the general path
+    settings_ = (f._placeholder_cost, trigger, step, keep)
+    got = []
+    for mod in (py, core):
+        rec = tuple(
+            list(x) if type(x) is list else array.array(x.typecode, x) for x in _records(f))
+        code = mod.clearing_turn(hist[:n], *rec, COUNTER, settings_)
+        got.append((code, [list(x) for x in rec]))
+    assert got[0] == got[1]
+    code, rec = got[0]
+    if code < 0:  # nothing recorded
+        assert rec == [list(x) for x in _records(f)]
+        return
+    whole = ClearToolResultsFilter(trigger, COUNTER, keep=keep, clear_at_least=step)
+    whole.apply(hist[:n])
+    want = [list(x) for x in _records(whole)]
+    assert rec[0] == want[0] and rec[2:7] == want[2:7]  # the general path's records
+    assert rec[1][:k] == f._rec.out and rec[1][k:] == hist[k:n]  # out extended by the messages themselves
+    if code == 0:  # the scan took no step and computed no room: its state is the full scan's
+        assert rec[7] == want[7] and want[7][2] == f._rec.state[2]
+
+
+@settings(max_examples=300, deadline=None)
+@given(messages(), st.data())
+def test_extend_capped_twin_equals_compiled(hist, data):
+    k = data.draw(st.integers(0, len(hist)))
+    cuts = {}
+    for m in hist:
+        if m.role == "tool" and data.draw(st.booleans()):
+            cuts[id(m)] = (weakref.ref(m), tool("cut", tool_call_id=m.tool_call_id))
+    got = []
+    for mod in (py, core):
+        ref, out = list(hist[:k]), [cuts[id(m)][1] if id(m) in cuts else m for m in hist[:k]]
+        i = mod.extend_capped(hist, ref, out, cuts)
+        got.append((i, ref, out))
+        assert ref == hist[:i] and len(out) == i
+        assert i == len(hist) or (hist[i].role == "tool" and id(hist[i]) not in cuts)
+        assert out[k:] == [cuts[id(m)][1] if m.role == "tool" else m for m in hist[k:i]]
+    assert got[0] == got[1]
+
+
+def test_per_turn_routines_name_bad_arguments():
+    for mod in (py, core):
+        with pytest.raises(TypeError, match=r"^src, ref and out must be lists and cache a dict$"):
+            mod.extend_capped((), [], [], {})
+        with pytest.raises(ValueError, match=r"^need len\(out\) == len\(ref\) <= len\(src\), got 1, 0, 0$"):
+            mod.extend_capped([], [], [1], {})
+        arrays = (array.array("q"), array.array("b"), array.array("q"))
+        with pytest.raises(TypeError, match=r"^src, ref, out, results and result_kinds must be lists$"):
+            mod.clearing_turn([], [], [], *arrays, (), [], array.array("q", [0] * 7), COUNTER, (0, 0, 0, 0))
+        with pytest.raises(TypeError, match=r"^kinds must be an array.array of typecode 'b'$"):
+            mod.clearing_turn([], [], [], arrays[0], arrays[0], arrays[2], [], [], array.array("q", [0] * 7), COUNTER,
+                              (0, 0, 0, 0))
+    assert inspect.signature(core.clearing_turn) == inspect.signature(py.clearing_turn)
+    assert inspect.signature(core.extend_capped) == inspect.signature(py.extend_capped)
+    assert core.TURN_MAX == py.TURN_MAX
