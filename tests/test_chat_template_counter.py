@@ -49,12 +49,25 @@ TOOLS = [
 ]
 
 
+#: both tokenizing engines run every test below (fastokens only where the [fast] extra is installed)
+ENGINES = ["tokenizers"] + (["fastokens"] if importlib.util.find_spec("fastokens") else [])
+_REFERENCES: dict[str, object] = {}  # family -> transformers' tokenizer, shared by both engines
+
+
 class Family:
-    def __init__(self, name: str, path: str) -> None:
+    def __init__(self, name: str, path: str, engine: str) -> None:
         self.name = name
         self.path = path
-        self.counter = ChatTemplateTokenCounter(path)
-        self.hf = transformers.AutoTokenizer.from_pretrained(path)
+        self.engine = engine
+        self.counter = ChatTemplateTokenCounter(path, engine=engine)
+        assert self.counter.engine_in_use == engine
+        if name not in _REFERENCES:
+            _REFERENCES[name] = transformers.AutoTokenizer.from_pretrained(path)
+        self.hf = _REFERENCES[name]
+
+    def fresh(self) -> ChatTemplateTokenCounter:
+        """A new counter on this family's folder, with this engine."""
+        return ChatTemplateTokenCounter(self.path, engine=self.engine)
 
     def reference(self, messages, tools=None):
         """transformers' count, or the exception it raises."""
@@ -68,8 +81,13 @@ class Family:
 
 
 @pytest.fixture(scope="session")
-def families(tmp_path_factory):
-    return {f: Family(f, mk.model_dir(f, str(tmp_path_factory.mktemp(f)))) for f in FAMILIES}
+def model_dirs(tmp_path_factory):
+    return {f: mk.model_dir(f, str(tmp_path_factory.mktemp(f))) for f in FAMILIES}
+
+
+@pytest.fixture(scope="session", params=ENGINES)
+def families(request, model_dirs):
+    return {f: Family(f, model_dirs[f], request.param) for f in FAMILIES}
 
 
 @pytest.fixture(params=FAMILIES)
@@ -181,7 +199,7 @@ def test_text_the_template_looks_ahead_for_is_counted_exactly(families):
           Message(role="assistant", content="<think>\nhm\n</think>\n\nIt is warm."),
           call(3, "One more."), result(3), Message(role="user", content="thanks")]
     for fam in families.values():
-        c = ChatTemplateTokenCounter(fam.path)
+        c = fam.fresh()
         for k in range(1, len(ms) + 1):
             ref = fam.reference(ms[:k])
             if isinstance(ref, Exception):
@@ -193,7 +211,7 @@ def test_text_the_template_looks_ahead_for_is_counted_exactly(families):
 
 def test_hot_loop_counts_incrementally_and_exactly(family):
     """A growing agent loop: each turn is counted exactly, and the cached units are reused."""
-    c = ChatTemplateTokenCounter(family.path)
+    c = family.fresh()
     ms = [Message(role="system", content="You are a weather bot."), Message(role="user", content="Weather in Paris?")]
     for i in range(12):
         args = json.dumps({"city": f"Paris {i}"})
@@ -220,7 +238,7 @@ def test_unit_costs_do_not_depend_on_how_results_arrive(family):
             for k, c in enumerate(calls)]
 
     head = [Message(role="user", content="Weather?")]
-    whole, one_by_one = ChatTemplateTokenCounter(family.path), ChatTemplateTokenCounter(family.path)
+    whole, one_by_one = family.fresh(), family.fresh()
     ms = head + unit(0)
     for j in range(1, len(ms) + 1):
         one_by_one.count_array(ms[:j])
@@ -235,7 +253,7 @@ def test_unit_costs_do_not_depend_on_how_results_arrive(family):
     before = whole.count_messages(loose_ms)
     calls[0]["function"]["arguments"] = '{"city": "a much longer city name than before"}'
     after = whole.count_messages(loose_ms)
-    assert after == ChatTemplateTokenCounter(family.path).count_messages(loose_ms)
+    assert after == family.fresh().count_messages(loose_ms)
     assert after > before or family.name == "mistral"  # Mistral's count of it does not change here
 
 
@@ -380,6 +398,7 @@ def test_cli_tokenizer_accepts_a_model_directory(families):
 
     c = cli.make_counter(families["qwen3"].path)
     assert isinstance(c, ChatTemplateTokenCounter)
+    assert c.engine == "auto" and c.engine_in_use == ENGINES[-1]  # fastokens where installed
     ms = [Message(role="system", content="Be brief."), Message(role="user", content="Hi")]
     assert c.count_messages(ms) == families["qwen3"].reference(ms)
     assert any(form == "a model directory" for form, _ in cli.TOKENIZER_FORMS)
@@ -407,6 +426,10 @@ def test_pickles_by_model_folder(families):
     ms = [Message(role="user", content="Weather?")]
     clone = pickle.loads(pickle.dumps(fam.counter))
     assert clone.path == fam.counter.path and clone.count_messages(ms) == fam.counter.count_messages(ms)
+    assert clone.engine == fam.engine and clone.engine_in_use == fam.engine
+    assert repr(clone) == f"ChatTemplateTokenCounter({fam.path!r}, engine={fam.engine!r})"
+    auto = pickle.loads(pickle.dumps(ChatTemplateTokenCounter(fam.path)))
+    assert auto.engine == "auto" and repr(auto) == f"ChatTemplateTokenCounter({fam.path!r})"
     flt = pickle.loads(pickle.dumps(TokenBudgetFilter(400, counter=fam.counter)))
     assert flt.apply(ms) == ms
     from tokenizers import Tokenizer

@@ -48,6 +48,11 @@ __all__ = [
     "same_encoding",
     "load_fastokens",
     "import_fastokens",
+    "HF_ENGINES",
+    "check_hf_engine",
+    "hf_fastokens",
+    "fastokens_counts",
+    "FASTOKENS_LOOP_CHARS",
 ]
 
 #: encodings shipped in ``jianmu_fast/_data``, with the sha256 of the decompressed file as
@@ -62,6 +67,8 @@ _lock = threading.Lock()
 _encodings: dict[tuple[str, str], "tiktoken.Encoding"] = {}
 _hf: dict[str, "tokenizers.Tokenizer"] = {}
 _fast: dict[str, Any] = {}
+#: sha256 of a tokenizer.json -> (its fastokens twin or None, why None)
+_hf_fast: dict[str, tuple[Any, str]] = {}
 
 
 class _PinChanged(Exception):
@@ -402,13 +409,132 @@ def load_fastokens(name: str) -> Any:
     return tok
 
 
-def import_fastokens() -> Any:
+def import_fastokens(who: str = "TiktokenTokenCounter") -> Any:
     """The ``fastokens`` module, or ``ImportError`` naming the extra that installs it."""
     try:
         import fastokens  # type: ignore[import-untyped]
     except ImportError as exc:
         raise ImportError(
-            "TiktokenTokenCounter(engine='fastokens') needs the optional fastokens package: "
+            f"{who}(engine='fastokens') needs the optional fastokens package: "
             "pip install 'jianmu_fast[fast]'"
         ) from exc
     return fastokens
+
+
+#: the engines of the HuggingFace-tokenizer counters (``HFTokenCounter``, ``ChatTemplateTokenCounter``)
+HF_ENGINES = ("auto", "tokenizers", "fastokens")
+
+
+def check_hf_engine(engine: Any) -> str:
+    """``engine`` if it is one of ``HF_ENGINES``, else a ``ValueError`` naming them.
+
+    >>> check_hf_engine("auto")
+    'auto'
+    """
+    if engine not in HF_ENGINES:
+        raise ValueError(f"engine: expected 'auto', 'tokenizers' or 'fastokens', got {engine!r}")
+    return engine
+
+
+def _hf_probe_texts(tok: "tokenizers.Tokenizer") -> list[str]:
+    """Texts the load-time check encodes with both engines: every added token alone, glued to
+    words, between spaces and newlines, twice in a row; and text of every kind between them."""
+    plain = [
+        "", " ", "  ", "   x", "\n", "\n\n", " \n \n", "\t\tx", "\r\n", "\u00a0\u3000", "a  b   c    d",
+        "Hello, world! What's the weather in Paris? I'm sure it'll be fine; we've been there.",
+        "don't DON'T they're You'll I'd", "12345678901234567890 3.14159 -42 1,000,000 0x1F 2026-12-02",
+        '{"a": [1, 2.5, null, true], "b": {"c": "d\\n\\"e\\""}}', '{\n  "k": [\n    1\n  ]\n}',
+        "数据和模型 こんにちは 안녕하세요 Привет мир مرحبا שלום", "émoji 🙂👍🏽👨‍👩‍👧🇨🇳❤️ ok",
+        "```python\ndef f(x):\n    return x ** 2\n```", "<html><body>a&amp;b</body></html>",
+        "tab\tsep\tvalues\n" * 3, "    indented\n        more", "ZWJ\u200dx\ufeffy\u0301z",
+        "x" * 300, " " * 200 + "y", "1" * 100, "ab" * 150 + "\n" * 40,
+    ]
+    out = list(plain)
+    added = [t.content for t in tok.get_added_tokens_decoder().values()][:512]
+    for c in added:
+        out += [c, f"a{c}b", f" {c} ", f"\n{c}\n\n", c + c, f"{c}Hello world", f"x {c}  12 {c}"]
+    for a, b in zip(added, added[1:] + added[:1]):
+        out.append(f"{a}\n{plain[11]}{b}{plain[14]}")
+    return out
+
+
+def hf_fastokens(tok: "tokenizers.Tokenizer", engine: str, digest: Optional[str] = None,
+                 who: str = "HFTokenCounter") -> Any:
+    """The ``fastokens.Tokenizer`` twin of ``tok`` for ``engine``, or ``None`` (use ``tok``).
+
+    ``"tokenizers"``: ``None``. ``"auto"``: the twin when fastokens is installed, loads the
+    tokenizer and passes the check below, else ``None``. ``"fastokens"``: the twin, or
+    ``ImportError`` naming the extra when fastokens is missing, or ``ValueError`` when it
+    cannot load the tokenizer or fails the check. Built from ``tok``'s own serialization, with
+    truncation and padding off, once per tokenizer content (``digest``, else the sha256 of
+    that serialization) and process. The check encodes ``_hf_probe_texts`` (each added token
+    in every position, whitespace runs, digits, JSON, scripts, emoji) with both; any id that
+    differs rejects the twin.
+
+    >>> from tokenizers import Tokenizer, models
+    >>> hf_fastokens(Tokenizer(models.BPE()), "tokenizers") is None
+    True
+    """
+    check_hf_engine(engine)
+    if engine == "tokenizers":
+        return None
+    try:
+        fastokens = import_fastokens(who)
+    except ImportError:
+        if engine == "fastokens":
+            raise
+        return None
+    text: Optional[str] = None
+    if digest is None:
+        text = tok.to_str()
+        digest = hashlib.sha256(text.encode("utf-8")).hexdigest()
+    found = _hf_fast.get(digest)
+    if found is None:
+        with _lock:
+            found = _hf_fast.get(digest)
+            if found is None:
+                found = _build_hf_fastokens(fastokens, tok, text if text is not None else tok.to_str())
+                _hf_fast[digest] = found
+    fast, why = found
+    if fast is None and engine == "fastokens":
+        raise ValueError(f"{who}(engine='fastokens'): {why}; use engine='tokenizers' (or 'auto')")
+    return fast
+
+
+#: below this many characters in all, a batch is encoded text by text on the calling thread:
+#: fastokens' parallel batch wakes its worker threads, which cost 70-180 us on a busy 2-core
+#: machine against ~1-16 us a text for a short message or a 4 kB tool result (measured)
+FASTOKENS_LOOP_CHARS = 1 << 16
+
+
+def fastokens_counts(fast: Any, texts: "list[str]") -> "list[int]":
+    """``len(fast.encode(t, add_special_tokens=False))`` for each text: one by one for a small
+    batch, else fastokens' flat parallel batch (see ``FASTOKENS_LOOP_CHARS``)."""
+    if len(texts) == 1:
+        return [len(fast.encode(texts[0], add_special_tokens=False))]
+    if sum(map(len, texts)) < FASTOKENS_LOOP_CHARS:
+        encode = fast.encode
+        return [len(encode(t, add_special_tokens=False)) for t in texts]
+    import numpy as np
+
+    offsets = np.frombuffer(fast.encode_batch_flat(texts, add_special_tokens=False)[1], dtype=np.uint64)
+    return np.diff(offsets).tolist()
+
+
+def _build_hf_fastokens(fastokens: Any, tok: "tokenizers.Tokenizer", text: str) -> tuple[Any, str]:
+    try:
+        fast = fastokens.Tokenizer.from_json_str(text)
+        fast.no_truncation()
+        fast.no_padding()
+    except Exception as exc:
+        return None, f"fastokens cannot load this tokenizer ({type(exc).__name__}: {exc})"
+    probes = _hf_probe_texts(tok)
+    try:
+        got = fast.encode_batch(probes, add_special_tokens=False)
+        want = tok.encode_batch(probes, add_special_tokens=False)
+    except Exception as exc:
+        return None, f"fastokens failed its check on this tokenizer ({type(exc).__name__}: {exc})"
+    for text_, a, b in zip(probes, got, want):
+        if a.ids != b.ids:
+            return None, f"fastokens tokenizes {text_[:60]!r} differently from tokenizers on this tokenizer"
+    return fast, ""

@@ -91,6 +91,7 @@ import numpy as np
 from ...errors import MessageValidationError, TokenizerLoadError
 from ...message import Message
 from ...message.model import FrozenList, coerce_message
+from . import _encodings
 
 __all__ = ["ChatTemplateTokenCounter", "has_chat_template", "message_to_template_dict"]
 
@@ -375,15 +376,16 @@ def has_chat_template(path: Any) -> bool:
         return False
 
 
-def _load_dir(path: str) -> tuple[Any, str, dict[str, str]]:
+def _load_dir(path: str) -> tuple[Any, str, dict[str, str], Optional[str]]:
     from tokenizers import Tokenizer
 
     tok_path = os.path.join(path, "tokenizer.json")
+    digest: Optional[str] = None
     try:
         if os.path.isfile(tok_path):  # one tokenizer per file content and process, as HFTokenCounter's
             from ._encodings import load_hf_tokenizer
 
-            tok = load_hf_tokenizer(tok_path)[0]
+            tok, _, digest = load_hf_tokenizer(tok_path)
         elif os.path.isfile(tok_path + ".gz"):
             with gzip.open(tok_path + ".gz", "rt", encoding="utf-8") as f:
                 tok = Tokenizer.from_str(f.read())
@@ -417,7 +419,7 @@ def _load_dir(path: str) -> tuple[Any, str, dict[str, str]]:
             "in tokenizer_config.json)"
         )
     special = {k: t for k in _SPECIAL_KEYS if (t := _token_text(config.get(k))) is not None}
-    return tok, template, special
+    return tok, template, special, digest
 
 
 class _Refused(Exception):
@@ -434,6 +436,11 @@ class ChatTemplateTokenCounter:
     (``date_string``, ``reasoning_effort``...), as ``apply_chat_template(**kwargs)`` would.
 
     See the module docstring for what is exact and when it falls back to full rendering.
+
+    ``engine`` picks what tokenizes renderings, as ``HFTokenCounter``'s: ``"tokenizers"``,
+    ``"fastokens"`` (``pip install 'jianmu_fast[fast]'``; ``ValueError`` if fastokens cannot
+    load the tokenizer or fails the load-time check of equal ids) or ``"auto"`` (default:
+    fastokens when installed and checked, else tokenizers). Counts are the same either way.
 
     >>> from tokenizers import Tokenizer, models, pre_tokenizers
     >>> tok = Tokenizer(models.WordLevel({"[UNK]": 0}, unk_token="[UNK]"))
@@ -456,7 +463,9 @@ class ChatTemplateTokenCounter:
         special_tokens: Optional[Mapping[str, str]] = None,
         template_kwargs: Optional[Mapping[str, Any]] = None,
         cache_size: int = 1 << 16,
+        engine: str = "auto",
     ) -> None:
+        _encodings.check_hf_engine(engine)
         try:
             from tokenizers import Tokenizer
         except ImportError as exc:  # pragma: no cover
@@ -466,6 +475,7 @@ class ChatTemplateTokenCounter:
         self.cache_size = cache_size
         self.path: Optional[str] = None
         special: dict[str, str] = {}
+        digest: Optional[str] = None
         if isinstance(path_or_tokenizer, (str, os.PathLike)):
             path = os.fspath(path_or_tokenizer)
             if not os.path.isdir(path):
@@ -473,7 +483,7 @@ class ChatTemplateTokenCounter:
                     f"{path!r}: not a model directory (expected a folder with tokenizer.json and "
                     "tokenizer_config.json or chat_template.jinja)"
                 )
-            tok, template, special = _load_dir(path)
+            tok, template, special, digest = _load_dir(path)
             self.path = path
         elif isinstance(path_or_tokenizer, Tokenizer):
             tok, template = path_or_tokenizer, None
@@ -500,6 +510,9 @@ class ChatTemplateTokenCounter:
         tok.no_padding()
         self._tok = tok
         self._encode_batch = getattr(tok, "encode_batch_fast", None) or tok.encode_batch
+        self.engine: str = engine
+        # the fastokens twin of _tok (None: tokenizers); see the class docstring
+        self._fast: Any = _encodings.hf_fastokens(tok, engine, digest, "ChatTemplateTokenCounter")
         self.chat_template: str = template
         if special_tokens:
             special.update(special_tokens)
@@ -539,7 +552,15 @@ class ChatTemplateTokenCounter:
             self._is_local([{"role": role}])
 
     def __repr__(self) -> str:
-        return f"ChatTemplateTokenCounter({self.path!r})" if self.path else "ChatTemplateTokenCounter(<tokenizers.Tokenizer>)"
+        tail = f", engine={self.engine!r}" if self.engine != "auto" else ""
+        if self.path:
+            return f"ChatTemplateTokenCounter({self.path!r}{tail})"
+        return f"ChatTemplateTokenCounter(<tokenizers.Tokenizer>{tail})"
+
+    @property
+    def engine_in_use(self) -> str:
+        """``"fastokens"`` when this counter tokenizes with fastokens, else ``"tokenizers"``."""
+        return "tokenizers" if self._fast is None else "fastokens"
 
     # -- rendering -------------------------------------------------------------------------
 
@@ -576,6 +597,12 @@ class ChatTemplateTokenCounter:
     def _encode_lengths(self, texts: list[str]) -> list[int]:
         """``len(encode(t, add_special_tokens=False))`` for each text, in one batch call (no
         offsets where the tokenizer offers that; the batch runs on every core)."""
+        fast = self._fast
+        if fast is not None:
+            try:
+                return _encodings.fastokens_counts(fast, texts)
+            except Exception:  # tokenizers' own outcome, below
+                pass
         if len(texts) == 1 and len(texts[0]) < _SHORT:  # see _SHORT
             return [len(self._tok.encode(texts[0], add_special_tokens=False))]
         return [len(e) for e in self._encode_batch(texts, add_special_tokens=False)]
@@ -1129,11 +1156,12 @@ class ChatTemplateTokenCounter:
                 "(vocabularies are never shipped to workers); build it from a model folder instead"
             )
         return {"path": self.path, "chat_template": self.chat_template, "special_tokens": self.special_tokens,
-                "template_kwargs": self.template_kwargs, "cache_size": self.cache_size}
+                "template_kwargs": self.template_kwargs, "cache_size": self.cache_size, "engine": self.engine}
 
     def __setstate__(self, state: dict[str, Any]) -> None:
         self.__init__(state["path"], state["chat_template"], special_tokens=state["special_tokens"],  # type: ignore[misc]
-                      template_kwargs=state["template_kwargs"], cache_size=state["cache_size"])
+                      template_kwargs=state["template_kwargs"], cache_size=state["cache_size"],
+                      engine=state.get("engine", "auto"))
 
     def clear_cache(self) -> None:
         """Forget cached renderings and costs (the tokenizer and template stay loaded)."""

@@ -369,7 +369,21 @@ class HFTokenCounter(CachedChatCounter):
         count_messages(ms) = PER_REQUEST (3) + sum(count_message(m))   # <|im_start|>assistant\\n
 
     Counts are cached, the counter is thread-safe, and one built from a path pickles by that
-    path (checked against the file's sha256 when unpickled).
+    path (checked against the file's sha256 when unpickled) and engine.
+
+    ``engine`` picks what tokenizes cache misses; counts are identical (property tests on every
+    bundled tokenizer, and a check when the counter is built):
+
+    - ``"tokenizers"``: HuggingFace ``tokenizers``, the reference;
+    - ``"fastokens"`` (``pip install 'jianmu_fast[fast]'``): the same ``tokenizer.json`` loaded
+      by fastokens, 10-150x faster on unseen text (a 3 kB JSON tool result: ~6 us against
+      ~0.7-1 ms on a byte-level BPE with a cl100k-style regex), but ~1 s more to load a
+      13 MB ``tokenizer.json`` (once per file content and process). ``ValueError`` if fastokens
+      cannot load the tokenizer (e.g. a ``BertNormalizer``) or fails the load-time check: the
+      tokenizer's added tokens in every position, whitespace runs, digits, JSON, scripts and
+      emoji encoded by both, every id equal;
+    - ``"auto"`` (default): fastokens when it is installed, loads the tokenizer and passes that
+      check, else tokenizers (silently). ``engine_in_use`` says which.
 
     >>> import os, jianmu_fast
     >>> path = os.path.join(os.path.dirname(jianmu_fast.__file__), "..", "tests", "data",
@@ -387,9 +401,10 @@ class HFTokenCounter(CachedChatCounter):
     COUNT_TOOL_CALL_ID = True
 
     def __init__(self, tokenizer: Any, *, cache_size: int = DEFAULT_CACHE_SIZE, image_tokens: int = 85,
-                 revision: str | None = None) -> None:
+                 revision: str | None = None, engine: str = "auto") -> None:
         import os
 
+        _encodings.check_hf_engine(engine)
         try:
             from tokenizers import Tokenizer
         except ImportError as exc:  # the optional extra [hf]; the core install leaves it out
@@ -413,11 +428,26 @@ class HFTokenCounter(CachedChatCounter):
                 "tokenizer: expected a path to a tokenizer.json, a tokenizers.Tokenizer or a "
                 f"transformers fast tokenizer (with .backend_tokenizer), got {type(tokenizer).__name__}"
             )
+        self.engine: str = engine
+        # the fastokens twin of _tok (None: tokenizers), see ``engine``
+        self._fast: Any = _encodings.hf_fastokens(self._tok, engine, self._sha256, "HFTokenCounter")
 
     def __repr__(self) -> str:
-        return f"HFTokenCounter({self.path!r})" if self.path else "HFTokenCounter(<tokenizers.Tokenizer>)"
+        tail = f", engine={self.engine!r}" if self.engine != "auto" else ""
+        return f"HFTokenCounter({self.path!r}{tail})" if self.path else f"HFTokenCounter(<tokenizers.Tokenizer>{tail})"
+
+    @property
+    def engine_in_use(self) -> str:
+        """``"fastokens"`` when this counter tokenizes with fastokens, else ``"tokenizers"``."""
+        return "tokenizers" if self._fast is None else "fastokens"
 
     def _encode_counts(self, texts: list[str]) -> list[int]:
+        fast = self._fast
+        if fast is not None:
+            try:
+                return _encodings.fastokens_counts(fast, texts)
+            except Exception:  # lone surrogates...: tokenizers' own outcome, below
+                pass
         tok = self._tok
         if len(texts) == 1:
             return [len(tok.encode(texts[0], add_special_tokens=False))]
@@ -451,10 +481,11 @@ class HFTokenCounter(CachedChatCounter):
                 "from that path: HFTokenCounter('tokenizer.json')."
             )
         return {"path": self.path, "sha256": self._sha256, "cache_size": self.cache_size,
-                "image_tokens": self.image_tokens}
+                "image_tokens": self.image_tokens, "engine": self.engine}
 
     def __setstate__(self, state: dict[str, Any]) -> None:
-        self.__init__(state["path"], cache_size=state["cache_size"], image_tokens=state["image_tokens"])  # type: ignore[misc]
+        self.__init__(state["path"], cache_size=state["cache_size"], image_tokens=state["image_tokens"],  # type: ignore[misc]
+                      engine=state.get("engine", "auto"))
         if self._sha256 != state["sha256"]:
             from ...errors import TokenizerLoadError
 
