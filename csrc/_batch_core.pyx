@@ -5,7 +5,7 @@
 the object's address: no int objects, no dict), ``pack_rows`` does the same for
 ``build_batch``'s provided prompts without building them (a group's rows are looked up once
 and copied into each member's run), ``table_records`` reads the records of the distinct
-messages, ``need_rows`` collects the rows a planning round asks to count (a mark array),
+messages, ``text_sides`` splits them in two for two counting threads, ``need_rows`` collects the rows a planning round asks to count (a mark array),
 ``gather_rows`` builds every output list by copying item pointers through the rows. The
 specification, with the meaning of every argument, is the pure-Python twin
 ``jianmu_fast/_batch_core_py.py``; both have the same names, signatures, results and error
@@ -18,7 +18,8 @@ from libc.string cimport memcpy
 
 import numpy as np
 
-__all__ = ["gather_rows", "group_states", "intern_rows", "need_rows", "pack_rows", "prefix_groups", "table_records"]
+__all__ = ["gather_rows", "group_states", "intern_rows", "need_rows", "pack_rows", "prefix_groups", "table_records",
+           "text_sides"]
 
 
 cdef extern from "Python.h":
@@ -175,6 +176,44 @@ def table_records(distinct, dict role_codes):
                     ids.append(intern.setdefault(key, len(intern)) if key else -1)
         call_off[i + 1] = len(ids)
     return roles_a, call_off_a, np.array(ids, dtype=np.int64), result_a
+
+
+def text_sides(msgs):
+    """See ``jianmu_fast._batch_core_py.text_sides``."""
+    seq = msgs if type(msgs) is list else list(msgs)
+    cdef Py_ssize_t n = len(seq), i, n1 = 0, a = 0, b = 0
+    cdef Py_hash_t hv
+    side_a = np.zeros(n, dtype=np.int8)
+    cdef signed char[::1] side = side_a
+    for i in range(n):
+        m = seq[i]
+        c = m.content
+        if type(c) is str and m.tool_calls is None and m.name is None:
+            hv = hash(c)
+            if hv & 1:
+                side[i] = 1
+                n1 += 1
+    at0_a = np.empty(n - n1, dtype=np.int64)
+    at1_a = np.empty(n1, dtype=np.int64)
+    cdef int64_t[::1] at0 = at0_a
+    cdef int64_t[::1] at1 = at1_a
+    side0 = PyList_New(n - n1)
+    side1 = PyList_New(n1)
+    cdef PyObject* item
+    if PyList_GET_SIZE(<PyObject*>seq) != n:
+        raise RuntimeError("msgs changed size while it was read")
+    for i in range(n):
+        item = PyList_GET_ITEM(<PyObject*>seq, i)
+        Py_INCREF(item)
+        if side[i]:
+            PyList_SET_ITEM(<PyObject*>side1, b, item)
+            at1[b] = i
+            b += 1
+        else:
+            PyList_SET_ITEM(<PyObject*>side0, a, item)
+            at0[a] = i
+            a += 1
+    return side0, side1, at0_a, at1_a
 
 
 cdef int _check_plans(const int64_t[:, ::1] plans, const int64_t[::1] offsets, Py_ssize_t n_prompts,

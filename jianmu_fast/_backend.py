@@ -17,7 +17,7 @@ if os.environ.get("JIANMU_FAST_PURE_PYTHON") == "1":
         select_windows,
     )
     from ._editing_core_py import clearing_turn, extend_capped, extends, plan_clearing
-    from ._batch_core_py import gather_rows, group_states, intern_rows, need_rows, pack_rows, prefix_groups, table_records
+    from ._batch_core_py import gather_rows, group_states, intern_rows, need_rows, pack_rows, prefix_groups, table_records, text_sides
 
     BACKEND = "python"
 else:
@@ -27,7 +27,7 @@ else:
             select_windows,
         )
         from ._editing_core import clearing_turn, extend_capped, extends, plan_clearing
-        from ._batch_core import gather_rows, group_states, intern_rows, need_rows, pack_rows, prefix_groups, table_records
+        from ._batch_core import gather_rows, group_states, intern_rows, need_rows, pack_rows, prefix_groups, table_records, text_sides
     except ImportError as exc:  # pragma: no cover - exercised by a subprocess test
         raise ImportError(
             "jianmu_fast._filter_core is not compiled: run `pip install -e .` (or `make install`) "

@@ -6,7 +6,8 @@ from typing import Any, Sequence
 import numpy as np
 import numpy.typing as npt
 
-__all__ = ["gather_rows", "group_states", "intern_rows", "need_rows", "pack_rows", "prefix_groups", "table_records"]
+__all__ = ["gather_rows", "group_states", "intern_rows", "need_rows", "pack_rows", "prefix_groups", "table_records",
+           "text_sides"]
 
 def intern_rows(prompts: Sequence[Any], cls: type) -> tuple[npt.NDArray[np.int64], npt.NDArray[np.int64], list[Any], list[int]]: ...
 def table_records(distinct: Sequence[Any], role_codes: dict[str, int]) -> tuple[npt.NDArray[np.int8], npt.NDArray[np.int64], npt.NDArray[np.int64], npt.NDArray[np.int64]]: ...
@@ -21,3 +22,4 @@ def prefix_groups(hists: list[Any], srcs: list[Any], order: npt.NDArray[np.int64
 def pack_rows(head: list[Any], tail: list[Any], notes: list[Any], hists: list[Any], firsts: npt.NDArray[np.int64],
               srcs: list[Any], gid: npt.NDArray[np.int64], prompts: list[Any],
               cls: type) -> tuple[npt.NDArray[np.int64], npt.NDArray[np.int64], list[Any], list[int]]: ...
+def text_sides(msgs: Sequence[Any]) -> tuple[list[Any], list[Any], npt.NDArray[np.int64], npt.NDArray[np.int64]]: ...

@@ -14,6 +14,8 @@ so that it runs as C loops in the compiled twin:
     result answers (``-1``: none, or empty);
 ``need_rows``
     the distinct rows a planning round asks to count;
+``text_sides``
+    the distinct messages split in two by their text, for two counting threads;
 ``gather_rows``
     every prompt's output list, ``prompt[:n_pinned] + prompt[lo:hi]``, read through its rows
     (the prompt lists themselves are not needed);
@@ -34,7 +36,8 @@ from typing import Any, Optional, Sequence
 
 import numpy as np
 
-__all__ = ["gather_rows", "group_states", "intern_rows", "need_rows", "pack_rows", "prefix_groups", "table_records"]
+__all__ = ["gather_rows", "group_states", "intern_rows", "need_rows", "pack_rows", "prefix_groups", "table_records",
+           "text_sides"]
 
 
 def intern_rows(prompts: Sequence[Any], cls: type) -> tuple[np.ndarray, np.ndarray, list[Any], list[int]]:
@@ -105,6 +108,31 @@ def table_records(
                     ids.append(intern.setdefault(key, len(intern)) if key else -1)
         call_off[i + 1] = len(ids)
     return roles, call_off, np.array(ids, dtype=np.int64), result_ids
+
+
+def text_sides(msgs: Sequence[Any]) -> tuple[list[Any], list[Any], np.ndarray, np.ndarray]:
+    """``(side0, side1, at0, at1)``: ``msgs`` split in two for two counting threads, so that a
+    text two messages share is counted by one of them. A message whose ``content`` is a
+    ``str`` and whose ``tool_calls`` and ``name`` are ``None`` goes to side ``hash(content) &
+    1``, any other to side 0 (attributes read in that order, only as far as needed);
+    ``at0``/``at1`` are the positions of each side's messages in ``msgs``, ascending.
+
+    >>> from jianmu_fast.message import ai, human
+    >>> call = [{"id": "c1", "type": "function", "function": {"name": "f", "arguments": "{}"}}]
+    >>> msgs = [human("a"), ai(None, tool_calls=call), human("a"), human("b", name="ann")]
+    >>> side0, side1, at0, at1 = text_sides(msgs)
+    >>> sorted(at0.tolist() + at1.tolist()), [msgs[i] for i in at0] == side0, {1, 3} <= set(at0.tolist())
+    ([0, 1, 2, 3], True, True)
+    >>> (0 in at0) == (2 in at0)  # the same text, the same side
+    True
+    """
+    sides: tuple[list[int], list[int]] = ([], [])
+    for i, m in enumerate(msgs):
+        c = m.content
+        simple = type(c) is str and m.tool_calls is None and m.name is None
+        sides[hash(c) & 1 if simple else 0].append(i)
+    return ([msgs[i] for i in sides[0]], [msgs[i] for i in sides[1]], np.array(sides[0], dtype=np.int64),
+            np.array(sides[1], dtype=np.int64))
 
 
 def need_rows(rows: np.ndarray, offsets: np.ndarray, plans: np.ndarray, counts: np.ndarray) -> np.ndarray:

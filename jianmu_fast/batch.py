@@ -49,7 +49,6 @@ import multiprocessing
 import sys
 from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass, field
-from itertools import compress
 from operator import countOf
 from typing import Any, Iterable, Literal, Optional, Sequence
 
@@ -337,11 +336,11 @@ def _run_stages(builder, states, lists, global_state, ctx, tools_schema, bar=Non
         prompts, interned = _coerce_all(lists, errors, tick)
     alive = [i for i in range(n) if i not in errors] if errors else list(range(n))
     last = len(filters) - 1
-    clean: set[int] = set()
+    unclean: Optional[list[int]] = None  # what the last stage, a trimming one, found to need sanitizing
     for fi, flt in enumerate(filters):
         if _batched(flt) and len(alive) > 1:
             final = fi == last and bool(getattr(builder, "sanitize", False))
-            _window_stage(flt, prompts, alive, tools_schema, errors, clean if final else None, interned)
+            unclean = _window_stage(flt, prompts, alive, tools_schema, errors, final, interned)
         else:
             if lists is not None:
                 _unshare(prompts, lists, alive)
@@ -352,9 +351,12 @@ def _run_stages(builder, states, lists, global_state, ctx, tools_schema, bar=Non
             alive = [i for i in alive if i not in errors]
     if lists is not None:
         _unshare(prompts, lists, alive)
-    # a prompt the last trimming stage found valid has nothing to sanitize (``clean`` holds
-    # live prompts only: when it holds as many as ``alive``, it is all of them)
-    todo = alive if not clean else ([] if len(clean) == len(alive) else [i for i in alive if i not in clean])
+    # a prompt the last trimming stage found valid has nothing to sanitize (``unclean``: the
+    # others, failed ones included; only set when that stage ran last with sanitizing on)
+    if unclean is None:
+        todo = alive
+    else:
+        todo = [i for i in unclean if i not in errors] if errors else unclean
     for i in todo:
         try:
             prompts[i] = builder._finish(prompts[i], tools_schema)
@@ -410,15 +412,16 @@ def _python_stage(builder, fi, prompts, i, states, global_state, ctx, tools_sche
         errors[i] = exc
 
 
-def _window_stage(flt, prompts, alive, tools_schema, errors, clean: Optional[set[int]], interned=None) -> None:
+def _window_stage(flt, prompts, alive, tools_schema, errors, final: bool, interned=None) -> Optional[list[int]]:
     """One trimming filter over every live prompt: the routine of its ``apply()`` for all of
     them (``_batch_plan.trim_many``: one table of records, one compiled plan per round, one
     count call per round, outputs sliced in C). ``interned``: the prompts' rows, when every
-    prompt is alive and unchanged since ``intern_rows``. With ``clean`` (the pipeline's last
-    stage, sanitizing on), the prompts it found valid are added there."""
+    prompt is alive and unchanged since ``intern_rows`` (a prompt may then be ``None``: its
+    rows only). With ``final`` (the pipeline's last stage, sanitizing on), returns the live
+    prompts it did not find valid (usually none); else ``None``."""
     every = len(alive) == len(prompts)
     outs, ok = trim_many(flt, prompts if every else [prompts[i] for i in alive], tools_schema,
-                         clean is not None, interned if every else None)
+                         final, interned if every else None)
     if every and countOf(map(type, outs), list) == len(outs):  # the usual case: no failure
         prompts[:] = outs
     else:
@@ -427,8 +430,12 @@ def _window_stage(flt, prompts, alive, tools_schema, errors, clean: Optional[set
                 prompts[i] = res
             else:
                 errors[i] = res
-    if clean is not None:
-        clean.update(compress(alive, ok))
+    if not final:
+        return None
+    assert ok is not None
+    if False not in ok:  # a C-level scan: the usual case
+        return []
+    return [i for i, good in zip(alive, ok) if not good]
 
 
 # -- processes --------------------------------------------------------------------------------

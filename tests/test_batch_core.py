@@ -474,3 +474,46 @@ def test_group_states_twins_agree_with_the_definition(states):
     assert [order[off[g]:off[g + 1]].tolist() for g in range(len(groups))] == groups
     assert tops.tolist() == [max(g, key=lambda i: len(want_srcs[i])) for g in groups]
     assert rest == [i for i, src in enumerate(want_srcs) if not src]
+
+
+# -- text_sides -------------------------------------------------------------------------------------
+
+
+@st.composite
+def counted_messages(draw):
+    """Messages as the counting threads get them: shared texts, calls, names, content blocks;
+    now and then an object without the attributes (the same AttributeError on both)."""
+    texts = ["a", "b", "hello world", "a", "", "中文"]
+    out = []
+    for _ in range(draw(st.integers(0, 16))):
+        kind = draw(st.sampled_from(["text"] * 4 + ["named", "call", "blocks", "none", "odd"]))
+        t = draw(st.sampled_from(texts))
+        if kind == "text":
+            out.append(human(t))
+        elif kind == "named":
+            out.append(human(t, name="ann"))
+        elif kind == "call":
+            out.append(ai(t or None, tool_calls=[{"id": "c", "type": "function", "function": {"name": "f", "arguments": "{}"}}]))
+        elif kind == "blocks":
+            out.append(human([{"type": "text", "text": t}]))
+        elif kind == "none":
+            out.append(ai(None))
+        else:
+            out.append(object())
+    return out
+
+
+@settings(max_examples=MAX_EXAMPLES, deadline=None)
+@given(counted_messages())
+def test_text_sides_twins_agree_with_the_definition(msgs):
+    outs = [_outcome(core.text_sides, msgs) for core in _cores()]
+    assert all(_same(o, outs[0]) for o in outs)
+    if outs[0][0] == "error":
+        assert outs[0][1] is AttributeError
+        return
+    side0, side1, at0, at1 = outs[0][1]
+    want = [0 if not (type(m.content) is str and m.tool_calls is None and m.name is None) else hash(m.content) & 1
+            for m in msgs]
+    assert at0.tolist() == [i for i, s in enumerate(want) if s == 0]
+    assert at1.tolist() == [i for i, s in enumerate(want) if s == 1]
+    assert _same(side0, [msgs[i] for i in at0.tolist()]) and _same(side1, [msgs[i] for i in at1.tolist()])

@@ -295,3 +295,26 @@ def test_counts_many_threads_or_not_give_the_same_counts(monkeypatch, idle):
     assert any(spawned) is idle  # two worker threads only when a core is idle
     fast = TokenBudgetFilter(1000, SimpleTokenCounter())
     assert plan.counts_many(fast, msgs).tolist() == [SimpleTokenCounter().count_message(m) for m in msgs]
+
+
+def test_counts_many_raises_what_the_second_thread_raised(monkeypatch):
+    import threading
+
+    import jianmu_fast.memory.context._batch_plan as plan
+
+    monkeypatch.setattr(plan, "PARALLEL_MIN", 4)
+    monkeypatch.setattr(plan, "_idle_core", lambda: True)
+    msgs = [human(f"question {i}") for i in range(40)]
+    flt = TokenBudgetFilter(1000, TiktokenTokenCounter("o200k_base", engine="tiktoken"))
+    original = flt._counts
+
+    def failing(ms, lo, hi):
+        if threading.current_thread() is not threading.main_thread():
+            raise ValueError("the counter failed")
+        return original(ms, lo, hi)
+
+    flt._counts = failing  # type: ignore[method-assign]
+    with pytest.raises(ValueError, match="the counter failed"):
+        plan.counts_many(flt, msgs)
+    flt._counts = original  # type: ignore[method-assign]
+    assert plan.counts_many(flt, msgs).tolist() == [flt.counter.count_message(m) for m in msgs]

@@ -25,6 +25,7 @@ prefix (the rare ones that may be errors), goes through ``flt._trim`` alone, so 
 from __future__ import annotations
 
 import os
+import threading
 from typing import Any, Optional, Sequence
 
 import numpy as np
@@ -185,19 +186,27 @@ def counts_many(flt: Any, msgs: list[Message]) -> np.ndarray:
     if (len(msgs) < PARALLEL_MIN or _CPUS < 2 or type(counter) is not TiktokenTokenCounter
             or counter.engine != "tiktoken" or not _idle_core()):
         return flt._counts(msgs, 0, len(msgs))
-    sides: tuple[list[int], list[int]] = ([], [])
-    for i, m in enumerate(msgs):
-        c = m.content
-        simple = type(c) is str and m.tool_calls is None and m.name is None
-        sides[hash(c) & 1 if simple else 0].append(i)
-    from concurrent.futures import ThreadPoolExecutor
+    side0, side1, at0, at1 = _backend.text_sides(msgs)
+    # the second side in a thread of its own, the first in this one meanwhile
+    got: list[Any] = [None]
 
-    parts = [[msgs[i] for i in side] for side in sides]
-    with ThreadPoolExecutor(2) as pool:
-        counted = list(pool.map(lambda part: flt._counts(part, 0, len(part)), parts))
+    def count_side1() -> None:
+        try:
+            got[0] = flt._counts(side1, 0, len(side1))
+        except BaseException as exc:  # re-raised in the calling thread
+            got[0] = exc
+
+    worker = threading.Thread(target=count_side1, name="jianmu-batch-count", daemon=True)
+    worker.start()
+    try:
+        counted0 = flt._counts(side0, 0, len(side0))
+    finally:
+        worker.join()
+    if isinstance(got[0], BaseException):
+        raise got[0]
     out = np.empty(len(msgs), dtype=np.int64)
-    for side, c in zip(sides, counted):
-        out[side] = c
+    out[at0] = counted0
+    out[at1] = got[0]
     return out
 
 
