@@ -9,6 +9,7 @@ results and error messages (proven by tests/test_context_editing_core.py).
 
 from cpython cimport array as carray
 from cpython.list cimport PyList_Append, PyList_GET_ITEM, PyList_GET_SIZE
+from cpython.long cimport PyLong_FromVoidPtr
 from cpython.ref cimport PyObject
 from cpython.weakref cimport PyWeakref_GetObject
 from libc.stdint cimport int64_t, int8_t
@@ -228,7 +229,7 @@ def extend_capped(src, ref, out, cache):
         m = <object>PyList_GET_ITEM(src, i)
         role = m.role
         if role is _TOOL or role == _TOOL:
-            e = (<dict>cache).get(id(m))
+            e = (<dict>cache).get(PyLong_FromVoidPtr(<void *>m))  # id(m)
             if e is None or <object>PyWeakref_GetObject((<tuple>e)[0]) is not m:
                 break
             v = (<tuple>e)[1]
@@ -283,7 +284,7 @@ def clearing_turn(src, ref, out, counts, kinds, savings, results, result_kinds, 
     for i in range(k, n):
         j = i - k
         m = <object>PyList_GET_ITEM(src, i)
-        e = msgs_cache.get(id(m))
+        e = msgs_cache.get(PyLong_FromVoidPtr(<void *>m))  # id(m)
         if e is None or <object>PyWeakref_GetObject((<tuple>e)[0]) is not m:
             return -1
         cv = (<tuple>e)[1]

@@ -50,8 +50,9 @@ class ToolResultCapFilter:
         self._cutter = Cutter(self.counter)
         self._cache = ObjectCache()
         self._last: Optional[tuple[list[Message], list[Message]]] = None
-        self._src: Optional[list[Message]] = None  # the hot path's input of the previous call
-        self._turn_args: Any = None  # (input, output, cut cache) of the hot path's previous call
+        #: (input, its recorded part, output, cut cache) of the hot path's previous call: its input
+        #: only grows by appends (see _hot_apply), so the next call with it resumes from there
+        self._turn_args: Any = None
         self._shared = False  # ``_last[1]`` was handed out by the hot path
         self._lock = threading.Lock()
 
@@ -62,7 +63,6 @@ class ToolResultCapFilter:
         state = self.__dict__.copy()
         state["_cache"] = None
         state["_last"] = None
-        state["_src"] = None
         state["_turn_args"] = None
         state["_shared"] = False
         state.pop("_lock", None)
@@ -71,7 +71,6 @@ class ToolResultCapFilter:
     def __setstate__(self, state: dict[str, Any]) -> None:
         self.__dict__.update(state)
         self._cache = ObjectCache()
-        self._src = None
         self._turn_args = None
         self._shared = False
         self._lock = threading.Lock()
@@ -187,7 +186,7 @@ class ToolResultCapFilter:
 
         A history that extends the previous call's (the agent loop) costs only its new messages."""
         with self._lock:
-            self._src = None  # ``messages`` may change in any way: no hand-off resumes from it
+            self._turn_args = None  # ``messages`` may change in any way: no hand-off resumes from it
             return self._apply(messages)[:]
 
     def _hot_apply(self, src: list[Message], tools_schema: Any = None) -> list[Message]:
@@ -198,27 +197,28 @@ class ToolResultCapFilter:
         same object; any other change makes a new list. The caller only reads it. When ``src``
         is the list of the previous call, only its new messages are looked at (one compiled
         call: their cached cuts appended); a call that finds the stage busy gets ``apply``'s copy."""
-        if src is self._src and self._lock.acquire(False):
+        args = self._turn_args
+        if args is not None and src is args[0] and self._lock.acquire(False):
             try:  # the agent loop's turn: the new messages' cached cuts appended in one compiled call
-                ref, out, d = self._turn_args
-                i = _extend_capped(src, ref, out, d)
-                while i < len(src):  # a tool result whose cut is not cached yet
-                    m = src[i]
-                    c = self.cap(m)
-                    ref.append(m)
-                    out.append(c)
-                    i = _extend_capped(src, ref, out, d)
-                return out
+                if _extend_capped(*args) < len(src):
+                    _, ref, out, d = args
+                    i = len(ref)
+                    while i < len(src):  # a tool result whose cut is not cached yet
+                        m = src[i]
+                        c = self.cap(m)
+                        ref.append(m)
+                        out.append(c)
+                        i = _extend_capped(src, ref, out, d)
+                return args[2]
             finally:
                 self._lock.release()
         lock = self._lock
         if not lock.acquire(False):
             return self.apply(src)
         try:
-            self._src = None
+            self._turn_args = None
             out = self._apply(src)
-            self._turn_args = (self._last[0], out, self._cache._d)  # type: ignore[index]
-            self._src = src
+            self._turn_args = (src, self._last[0], out, self._cache._d)  # type: ignore[index]
             self._shared = True
             return out
         finally:

@@ -23,7 +23,7 @@ __all__ = ["ClearToolResultsFilter"]
 _clearing_turn = _backend.clearing_turn
 #: settings the compiled turn's arguments hold (set again: they are read again)
 _ARMED_BY = frozenset({"trigger_tokens", "keep", "clear_at_least", "exclude_tools", "clear_tool_inputs", "placeholder",
-                       "counter", "_placeholder_cost", "_request", "_src"})
+                       "counter", "_placeholder_cost", "_request"})
 
 #: ``kinds`` codes of the clearing core (see ``jianmu_fast/_editing_core_py.py``)
 _UNIT, _EXCLUDED, _CLEARABLE, _PINNED, _ASSISTANT = 0, 1, 2, 3, 4
@@ -137,14 +137,13 @@ class ClearToolResultsFilter:
         self._reset()
 
     def _reset(self) -> None:
-        self._lock = threading.RLock()
+        self._lock = threading.Lock()
         request = self.counter.count_messages([])
         if isinstance(request, bool) or not isinstance(request, (int, np.integer)) or not 0 <= request <= MAX_VALUE:
             raise TypeError(f"counter {self.counter!r}: count_messages([]) must be an int between 0 and 2**53, got {request!r}")
         self._request = int(request)  # the request's fixed cost
         self._placeholder_cost = int(self.counter.count_text(self.placeholder)) if self._additive else 0
         self._rec = _ClearRecords(-1)
-        self._src: Optional[list[Message]] = None  # the hot path's input of the previous call
         self._turn_args: Optional[tuple[Any, ...]] = None  # see _arm
         # the compiled turn (``clearing_turn``) reads the counter's caches
         self._cached = type(self.counter) in _CACHED_COUNTERS
@@ -161,7 +160,7 @@ class ClearToolResultsFilter:
 
     def __getstate__(self) -> dict[str, Any]:
         state = self.__dict__.copy()
-        for k in ("_rec", "_cleared_cache", "_inputs_cache", "_lock", "_src", "_turn_args"):
+        for k in ("_rec", "_cleared_cache", "_inputs_cache", "_lock", "_turn_args"):
             state.pop(k, None)
         return state
 
@@ -355,7 +354,7 @@ class ClearToolResultsFilter:
         """
         msgs = messages if isinstance(messages, list) else list(messages)
         with self._lock:
-            self._src = None
+            self._turn_args = None
             rec = self._update(msgs, tools_schema)
             return [i for i, k in zip(rec.results[:rec.cleared], rec.result_kinds) if k == _CLEARABLE]
 
@@ -365,7 +364,7 @@ class ClearToolResultsFilter:
         """``messages`` with the old tool results cleared (a new list; the input is untouched)."""
         try:
             with self._lock:
-                self._src = None  # ``messages`` may change in any way: no hand-off resumes from it
+                self._turn_args = None  # ``messages`` may change in any way: no hand-off resumes from it
                 msgs = messages if type(messages) is list else list(messages)
                 return self._update(msgs, tools_schema).out[:]
         except JianmuError:
@@ -374,8 +373,7 @@ class ClearToolResultsFilter:
             self._failed(exc)
 
     def _failed(self, exc: Exception) -> NoReturn:
-        self._rec = _ClearRecords(-1)  # never resume from a half-updated history
-        self._src = None
+        self._rec = _ClearRecords(-1)  # never resume from a half-updated history (no compiled turn either)
         raise TrimmingError(f"{type(self).__name__}: could not clear tool results ({type(exc).__name__}: {exc})") from exc
 
     def _hot_apply(self, src: list[Message], tools_schema: Any = None) -> list[Message]:
@@ -389,14 +387,14 @@ class ClearToolResultsFilter:
         (``clearing_turn``), which leaves only a step or a move of the chunked cut to the full
         scan; a call that finds the stage busy gets ``apply``'s copy."""
         args = self._turn_args
-        if args is not None and src is self._src and not tools_schema and self._lock.acquire(False):
+        if args is not None and src is args[0] and not tools_schema and self._lock.acquire(False):
             try:  # the agent loop's turn: one compiled call, the full scan only for a step or a move
-                got = _clearing_turn(src, *args)
+                got = _clearing_turn(*args)
                 if got == 0:
-                    return args[1]
+                    return args[2]
                 if got > 0:
                     self._plan(self._rec)
-                    self._arm()
+                    self._arm(src)
                     return self._rec.out
             except JianmuError:
                 raise
@@ -408,11 +406,10 @@ class ClearToolResultsFilter:
         if not lock.acquire(False):
             return self.apply(src, tools_schema=tools_schema)
         try:
-            self._src = None
+            self._turn_args = None
             rec = self._update(src, tools_schema)
-            self._src = src
             if not tools_schema:
-                self._arm()
+                self._arm(src)
             rec.shared = True
             return rec.out
         except JianmuError:
@@ -422,15 +419,16 @@ class ClearToolResultsFilter:
         finally:
             lock.release()
 
-    def _arm(self) -> None:
-        """The compiled turn's arguments for the next hot call, when it may be taken: a
-        counter with the message and text caches, no ``exclude_tools``, no
-        ``clear_tool_inputs`` and no tools (their cost would be checked per call)."""
+    def _arm(self, src: list[Message]) -> None:
+        """The compiled turn's arguments for the next hot call with ``src`` (the input of this
+        one, which only grows by appends), when it may be taken: a counter with the message
+        and text caches, no ``exclude_tools``, no ``clear_tool_inputs`` and no tools (their
+        cost would be checked per call)."""
         rec = self._rec
         if self._cached and not self.exclude_tools and not self.clear_tool_inputs and rec.base == self._request:
             rec.plain = True
             rec.shared = True
-            self._turn_args = (rec.messages, rec.out, rec.counts, rec.kinds, rec.savings, rec.results,
+            self._turn_args = (src, rec.messages, rec.out, rec.counts, rec.kinds, rec.savings, rec.results,
                                rec.result_kinds, rec.state, self.counter,
                                (self._placeholder_cost, self.trigger_tokens, self.clear_at_least, self.keep))
         else:
