@@ -1013,14 +1013,14 @@ cdef class Records:
         if out[0] != 0 or n_pinned == self.n or lo == hi or PyList_GET_SIZE(msgs) < self.n:
             return None  # (the last test: count() shortened msgs; the caller starts over)
         if extra and (n_pinned != at or lo != want_lo):
-            return None  # the cut moved (or the pinned prefix changed): the caller decides
-        result = PyList_New(n_pinned + extra + hi - lo)
+            extra = 2  # the cut moved (or the pinned prefix changed): the plain window and its plan
+        result = PyList_New(n_pinned + (extra == 1) + hi - lo)
         for i in range(n_pinned):
             x = <object>PyList_GET_ITEM(msgs, i)
             Py_INCREF(x)
             PyList_SET_ITEM(result, i, x)
         j = n_pinned
-        if extra:
+        if extra == 1:
             Py_INCREF(message)
             PyList_SET_ITEM(result, j, message)
             j += 1
@@ -1030,6 +1030,8 @@ cdef class Records:
             PyList_SET_ITEM(result, j, x)
             j += 1
         clean = sanitize and _sanitize_status(NULL, self.r, self.off, self.ids, self.rid, n_pinned, lo, hi) == 0
+        if extra == 2:
+            return (result, clean, n_pinned, lo)
         return (result, clean)
 
     def sanitize(self, Py_ssize_t n_pinned, Py_ssize_t lo, Py_ssize_t hi):
@@ -1040,6 +1042,34 @@ cdef class Records:
         if n == 0:
             return 0
         return _sanitize_status(NULL, self.r, self.off, self.ids, self.rid, n_pinned, lo, hi)
+
+    def folds(self, lo, hi, acc, units, level, fold):
+        """See the twin."""
+        cdef Py_ssize_t n = self.n, i, a, b
+        cdef int64_t s, u, lv, f, v
+        cdef list points
+        if not 0 <= lo <= hi <= n:
+            raise ValueError(f"need 0 <= lo <= hi <= {n}, got {lo}, {hi}")
+        for name, x in (("acc", acc), ("units", units), ("level", level)):
+            if not 0 <= x <= SAT:
+                raise ValueError(f"{name} must be between 0 and 2**62, got {x}")
+        if not 1 <= fold <= MAX_VALUE:
+            raise ValueError(f"fold must be between 1 and 2**53, got {fold}")
+        a, b, s, u, lv, f = lo, hi, acc, units, level, fold
+        for i in range(a, b):
+            if self.c[i] < 0:
+                return None
+        points = []
+        for i in range(a, b):
+            if self.r[i] != 3:
+                if s >= lv:
+                    points.append((i, s, u))
+                    lv = (s // f + 1) * f
+                u += 1
+            s += self.c[i]
+            if s > SAT:
+                return None
+        return points, u, s
 
 
 # -- a cached counter's counts (jianmu_fast.memory.context._count_cache); see the twin ---------

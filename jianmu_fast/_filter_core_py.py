@@ -188,6 +188,7 @@ def select_windows(counts, offsets, unit_starts, unit_offsets, n_pinned, budgets
 ROLE_CODES = {"system": 0, "user": 1, "assistant": 2, "tool": 3}
 TOOL = 3
 ASSISTANT = 2
+_SAT = 1 << 62  # Records.folds: token sums stay at most this (int64 in the compiled twin)
 
 
 def _pinned(roles, pinned_mask):
@@ -631,10 +632,11 @@ class Records:
         ``insert=(message, at, lo)``: the turn of a stage that puts ``message`` after the
         pinned prefix while the window's cut stays at ``lo`` (the summarizing budget's
         summary of ``msgs[at:lo]``). Only a prompt that extends the recorded messages (``match
-        >= 0``; otherwise None, the records unchanged) whose plan keeps exactly ``at`` pinned
-        messages and cuts at ``lo`` gets ``(msgs[:at] + [message] + msgs[lo:hi], clean)``
-        (``clean`` of the window without ``message``); any other plan gives None, the records
-        advanced.
+        >= 0``; otherwise None, the records unchanged) is planned; when its plan keeps exactly
+        ``at`` pinned messages and cuts at ``lo``, the result is ``(msgs[:at] + [message] +
+        msgs[lo:hi], clean)`` (``clean`` of the window without ``message``); when the plan is
+        another (the cut moved), ``(msgs[:n_pinned] + msgs[lo:hi], clean, n_pinned, lo)`` of
+        that plan (the caller puts its own message in); None as without ``insert``.
 
         >>> from jianmu_fast.message import Message, human, system
         >>> history, note = [system("s"), human("a"), human("b")], system("summary of a")
@@ -642,8 +644,9 @@ class Records:
         >>> [m.content for m in rec.window(history, lambda new: [1] * len(new), 2, (1, True, 0, False), False)[0]]
         ['s', 'b']
         >>> history.append(human("c"))
-        >>> rec.window(history, lambda new: [1] * len(new), 2, (1, True, 0, False), False, (note, 1, 2)) is None
-        True
+        >>> out, clean, at, lo = rec.window(history, lambda new: [1] * len(new), 2, (1, True, 0, False), False, (note, 1, 2))
+        >>> [m.content for m in out], at, lo     # the cut moved: the plain window and its plan
+        (['s', 'c'], 1, 3)
         >>> [m.content for m in rec.window(history, len, 3, (1, True, 0, False), False, (note, 1, 2))[0]]
         ['s', 'summary of a', 'b', 'c']
         """
@@ -665,15 +668,57 @@ class Records:
         status, n_pinned, lo, hi = self.plan(budget, mask, from_start, chunk, pinned_free)
         if status or n_pinned == len(self._msgs) or lo == hi or len(msgs) < len(self._msgs):
             return None  # (the last test: count() shortened msgs; the caller starts over)
+        clean = bool(sanitize) and self.sanitize(n_pinned, lo, hi) == 0
         if insert is None:
-            return msgs[:n_pinned] + msgs[lo:hi], bool(sanitize) and self.sanitize(n_pinned, lo, hi) == 0
+            return msgs[:n_pinned] + msgs[lo:hi], clean
         if n_pinned != at or lo != want_lo:
-            return None  # the cut moved (or the pinned prefix changed): the caller decides
-        return msgs[:n_pinned] + [message] + msgs[lo:hi], bool(sanitize) and self.sanitize(n_pinned, lo, hi) == 0
+            return msgs[:n_pinned] + msgs[lo:hi], clean, n_pinned, lo  # the cut moved
+        return msgs[:n_pinned] + [message] + msgs[lo:hi], clean
 
     def sanitize(self, n_pinned, lo, hi):
         """``sanitize_window``'s status over the records."""
         return sanitize_window(self.roles, self.call_off, self.call_ids, self.result_ids, n_pinned, lo, hi)[0]
+
+    def folds(self, lo, hi, acc, units, level, fold):
+        """Where a span folds, read off the records ``[lo, hi)`` (the summarizing budget's
+        rolling summary): walking from ``lo`` with ``acc`` tokens and ``units`` units before
+        it, each unit start ``i`` (a record that is not a tool result) whose tokens before it
+        reach ``level`` is a point ``(i, tokens before it, units before it)``, and ``level``
+        becomes the next multiple of ``fold`` above those tokens. Returns ``(points, units,
+        acc)`` at ``hi``, or ``None`` when a count in ``[lo, hi)`` is not known or the tokens
+        pass ``2**62`` (the caller counts the messages itself). ``acc``, ``units`` and
+        ``level`` are ints in ``[0, 2**62]``, ``fold`` in ``[1, 2**53]``.
+
+        >>> from jianmu_fast.message import Message, ai, human, tool
+        >>> call = [{"id": "c1", "type": "function", "function": {"name": "f", "arguments": "{}"}}]
+        >>> rec = Records(Message)
+        >>> rec.extend([human("a"), ai(None, tool_calls=call), tool("r", tool_call_id="c1"), human("b")], [6, 3, 9, 4])
+        >>> rec.folds(0, 4, 0, 0, 5, 5)  # the call starts at 6 >= 5 tokens, then human("b") at 18 >= 10
+        ([(1, 6, 1), (3, 18, 2)], 3, 22)
+        >>> rec.set_counts([2], [-1]); rec.folds(0, 4, 0, 0, 5, 5) is None
+        True
+        """
+        n = len(self._msgs)
+        if not 0 <= lo <= hi <= n:
+            raise ValueError(f"need 0 <= lo <= hi <= {n}, got {lo}, {hi}")
+        for name, v in (("acc", acc), ("units", units), ("level", level)):
+            if not 0 <= v <= _SAT:
+                raise ValueError(f"{name} must be between 0 and 2**62, got {v}")
+        if not 1 <= fold <= MAX_VALUE:
+            raise ValueError(f"fold must be between 1 and 2**53, got {fold}")
+        if min(self._counts[lo:hi], default=0) < 0:
+            return None
+        points = []
+        for i in range(lo, hi):
+            if self._roles[i] != TOOL:
+                if acc >= level:
+                    points.append((i, acc, units))
+                    level = (acc // fold + 1) * fold
+                units += 1
+            acc += self._counts[i]
+            if acc > _SAT:
+                return None
+        return points, units, acc
 
 
 # -- a cached counter's counts (jianmu_fast.memory.context._count_cache) ----------------------

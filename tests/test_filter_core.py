@@ -64,7 +64,7 @@ def test_twins_share_signatures(name):
 
 
 @needs_c
-@pytest.mark.parametrize("name", ["match", "advance", "extend", "set_counts", "plan", "sanitize", "window"])
+@pytest.mark.parametrize("name", ["match", "advance", "extend", "set_counts", "plan", "sanitize", "window", "folds"])
 def test_records_twins_share_method_signatures(name):
     assert inspect.signature(getattr(core_c.Records, name)) == inspect.signature(getattr(core_py.Records, name))
 
@@ -566,8 +566,9 @@ def test_records_window_with_insert_on_both_twins(steps, data):
     """``window(..., insert=(message, at, lo))`` (the summarizing budget's unchanged turn):
     the compiled twin equals the reference; a prompt that extends the records and whose plan
     keeps ``at`` pinned messages and cuts at ``lo`` gets the plain window's output with
-    ``message`` at ``at`` (the plain window's ``clean``); another plan gives None with the
-    records advanced; a prompt that does not extend them gives None with the records unchanged."""
+    ``message`` at ``at`` (the plain window's ``clean``); another decided plan gives the plain
+    window with its plan, the records advanced; a prompt that does not extend them gives None
+    with the records unchanged."""
     from jianmu_fast.message import human, system
 
     marker = system("the summary")
@@ -600,8 +601,11 @@ def test_records_window_with_insert_on_both_twins(steps, data):
             for r in recs + refs:  # the general path's turn (a rewind) brings them up to date
                 r.window(history, count, budget, settings_, sanitize)
             continue
-        if status or k == refs[0].n or lo == hi or (at, cut) != (k, lo):
+        if status or k == refs[0].n or lo == hi:
             assert got[0] is None
+        elif (at, cut) != (k, lo):  # the cut moved: the plain window and its plan
+            clean = sanitize and refs[0].sanitize(k, lo, hi) == 0
+            assert got[0] == (history[:k] + history[lo:hi], clean, k, lo)
         else:
             clean = sanitize and refs[0].sanitize(k, lo, hi) == 0
             out, flag = got[0]
@@ -610,6 +614,57 @@ def test_records_window_with_insert_on_both_twins(steps, data):
     for r in recs:
         with pytest.raises(ValueError, match=r"insert must be \(message, at, lo\), got \(1, 2\)"):
             r.window(history, len, 5, (1, True, 0, False), False, (1, 2))
+
+
+def _fold_walk(msgs, counts, lo, hi, acc, units, level, fold):
+    """The definition (``SummarizingBudgetFilter._folds``' walk over the messages)."""
+    points = []
+    for i in range(lo, hi):
+        if msgs[i].role != "tool":
+            if acc >= level:
+                points.append((i, acc, units))
+                level = (acc // fold + 1) * fold
+            units += 1
+        acc += counts[i]
+    return points, units, acc
+
+
+@given(units=sanitize_units, data=st.data())
+@settings(deadline=None, max_examples=MAX_EXAMPLES)
+def test_records_folds_equal_on_both_twins_and_the_walk(units, data):
+    """``Records.folds`` (the rolling summary's fold points read off the records) equals the
+    walk over the messages on both twins; None exactly when a count in the range is unknown or
+    the tokens pass 2**62."""
+    msgs = _record_messages(units)
+    n = len(msgs)
+    big = data.draw(st.booleans())
+    pool = st.sampled_from([0, 3, 2**53]) if big else st.integers(0, 40)
+    counts = data.draw(st.lists(st.one_of(pool, st.just(-1)) if data.draw(st.booleans()) else pool,
+                                min_size=n, max_size=n))
+    recs = _record_cores()
+    for r in recs:
+        r.extend(msgs, counts)
+    lo = data.draw(st.integers(0, n))
+    hi = data.draw(st.integers(lo, n))
+    acc = data.draw(st.one_of(st.integers(0, 100), st.just(2**62)))
+    units_ = data.draw(st.integers(0, 50))
+    fold = data.draw(st.one_of(st.integers(1, 50), st.just(2**53)))
+    level = data.draw(st.one_of(st.integers(0, 120), st.just(2**62)))
+    got = [r.folds(lo, hi, acc, units_, level, fold) for r in recs]
+    assert all(g == got[0] for g in got)
+    part = counts[lo:hi]
+    walked = _fold_walk(msgs, counts, lo, hi, acc, units_, level, fold) if min(part, default=0) >= 0 else None
+    passes = walked is not None and any(acc + sum(part[:j + 1]) > 2**62 for j in range(len(part)))
+    assert got[0] == (None if passes else walked)
+    for r in recs:
+        with pytest.raises(ValueError, match=rf"need 0 <= lo <= hi <= {n}, got 1, 0"):
+            r.folds(1, 0, 0, 0, 0, 1)
+        with pytest.raises(ValueError, match=r"units must be between 0 and 2\*\*62, got -1"):
+            r.folds(0, 0, 0, -1, 0, 1)
+        with pytest.raises(ValueError, match=r"level must be between 0 and 2\*\*62, got 4611686018427387905"):
+            r.folds(0, 0, 0, 0, 2**62 + 1, 1)
+        with pytest.raises(ValueError, match=r"fold must be between 1 and 2\*\*53, got 0"):
+            r.folds(0, 0, 0, 0, 0, 0)
 
 
 def test_records_window_survives_a_count_that_shortens_the_list():

@@ -9,13 +9,14 @@ import json
 import logging
 import threading
 import warnings
+from itertools import islice
 from typing import Any, Iterable, Optional, Sequence
 
 from .... import _backend
 from ....errors import ContextBudgetError, JianmuError, TrimmingError
-from ....message import Message
+from ....message import Message, system
 from ..filters import Eviction, TokenBudgetFilter
-from ._common import DEFAULT_CUT_MARKER, EDIT_KEY, TRUSTED, ObjectCache, check_counter, check_int, checked_counts
+from ._common import DEFAULT_CUT_MARKER, EDIT_KEY, TRUSTED, check_counter, check_int, checked_counts
 from ._cutter import Cutter
 from .summarizer import SummaryFailedWarning, executor, run_summarize, summarizer_from_client
 
@@ -23,6 +24,7 @@ __all__ = ["SummarizingBudgetFilter", "SUMMARY_HEADER"]
 
 logger = logging.getLogger("jianmu_fast.context")
 SUMMARY_HEADER = "Summary of the earlier conversation:\n"
+_DIGESTS = 4096  # messages whose content digest is kept (and the message with it)
 
 
 class SummarizingBudgetFilter(TokenBudgetFilter):
@@ -118,7 +120,10 @@ class SummarizingBudgetFilter(TokenBudgetFilter):
         #: the point to the end, the hash of the point's key and the digests up to the end))
         self._chain: Optional[tuple[list[Message], list[tuple[int, int, int, bytes, str]], Any]] = None
         self._by_content: dict[bytes, str] = {}
-        self._digests = ObjectCache()
+        #: each message's content digest by id(message), the message held (``_pins``) so that
+        #: its id names it while the entry lives: looked up in C (``map``), no Python per message
+        self._digests: dict[int, bytes] = {}
+        self._pins: dict[int, Message] = {}
         self._messages: dict[tuple[int, int, str], Message] = {}
         self.calls = 0
         """How many times ``summarize`` was called (successful or not)."""
@@ -131,7 +136,7 @@ class SummarizingBudgetFilter(TokenBudgetFilter):
     def __getstate__(self) -> dict[str, Any]:
         state = super().__getstate__()
         for k in ("_inner", "_over_ref", "_last_span", "_last", "_chain", "_by_content", "_messages", "_digests", "_lock",
-                  "_hot"):
+                  "_hot", "_pins"):
             state.pop(k, None)
         return state
 
@@ -175,7 +180,10 @@ class SummarizingBudgetFilter(TokenBudgetFilter):
                             got = None
                             f._forget()
                         if got is not None:
-                            return got
+                            if len(got) == 4:  # the cut moved: the new span's summary
+                                return self._moved(hot, messages, got, tools_schema, sanitize)
+                            if insert is not None or len(got[0]) == len(messages):
+                                return got
                     self._hot = None
                 return self._summarized(messages, tools_schema, sanitize)
         except JianmuError:
@@ -208,6 +216,8 @@ class SummarizingBudgetFilter(TokenBudgetFilter):
         except ContextBudgetError:
             return self._plain._trim(msgs, tools_schema, sanitize)  # no room for a summary
         if len(kept) == len(msgs):
+            if self.keep_tokens is None:  # (else the limit depends on the pinned prefix)
+                self._keep_hot(inner, msgs, tools_schema, None, n_pinned, 0)
             return kept, clean
         over, grown = self._over(msgs, tools_schema)
         if not over:
@@ -222,7 +232,7 @@ class SummarizingBudgetFilter(TokenBudgetFilter):
             if last is not None and len(last[0]) == len(span) and last[0] == span:
                 summary = last[1]
             else:
-                got = self._summary_text(span) if span else None
+                got = self._summary_text(span, inner._rec if self._additive else None, n_pinned) if span else None
                 if got is None:
                     return self._plain._trim(msgs, tools_schema, sanitize)
                 summary = self._summary_message(got[0], len(span), got[1])
@@ -237,18 +247,37 @@ class SummarizingBudgetFilter(TokenBudgetFilter):
             self._keep_hot(inner, msgs, tools_schema, summary, n_pinned, cut)
         return out, clean
 
-    def _keep_hot(self, inner: TokenBudgetFilter, msgs: list[Message], tools_schema: Any, summary: Message,
+    def _moved(self, hot: tuple[Any, ...], msgs: list[Message], got: tuple[Any, ...], tools_schema: Any,
+               sanitize: bool) -> tuple[list[Message], bool]:
+        """A hot turn whose cut moved: ``msgs`` extends the last prompt (over the budget, as it
+        was, under the same budget), and ``got`` is the inner budget's ``(kept, clean, n_pinned,
+        cut)``. The output is ``kept`` with the summary of ``msgs[n_pinned:cut]`` put in, as
+        ``_summarized`` would make it; if ``summarize`` fails, the plain budget's."""
+        kept, clean, n_pinned, cut = got
+        span = msgs[n_pinned:cut]
+        text = self._summary_text(span, hot[1], n_pinned) if span else None
+        if text is None:
+            self._hot = None
+            return self._plain._trim(msgs, tools_schema, sanitize)
+        summary = self._summary_message(text[0], len(span), text[1])
+        kept.insert(n_pinned, summary)
+        self._hot = (*hot[:6], (summary, n_pinned, cut))
+        return kept, clean
+
+    def _keep_hot(self, inner: TokenBudgetFilter, msgs: list[Message], tools_schema: Any, summary: Optional[Message],
                   n_pinned: int, cut: int) -> None:
         """Remember this turn for the next one (``_trim``'s fast path): ``inner``'s records hold
         ``msgs``, its plan kept ``n_pinned`` pinned messages and cut at ``cut``, and the output
         put ``summary`` after them. A next prompt that extends ``msgs`` and, under the same
-        budget, gets the same plan has the same dropped span, so the same summary."""
+        budget, gets the same plan has the same dropped span, so the same summary. With
+        ``summary=None`` the inner budget kept everything: a next prompt (under the same
+        budget) that it keeps whole is the output too."""
         rec = inner._rec
         if rec is None or rec.n != len(msgs):
             return  # pragma: no cover - the inner _trim always leaves the records of msgs
         bare = not tools_schema and inner._trusted
         self._hot = (inner, rec, inner._turn_counts, inner._cfg or inner._config(), inner._limit(tools_schema), bare,
-                     (summary, n_pinned, cut))
+                     None if summary is None else (summary, n_pinned, cut))
 
     def _over(self, msgs: list[Message], tools_schema: Any) -> tuple[bool, bool]:
         """Whether the whole prompt is over the budget, and whether ``msgs`` grew the history
@@ -269,32 +298,60 @@ class SummarizingBudgetFilter(TokenBudgetFilter):
         return over, False
 
     def _digest(self, m: Message) -> bytes:
-        d = self._digests.get(m)
+        d = self._digests.get(id(m))
         if d is None:
             d = hashlib.sha256(json.dumps(m.to_openai(), sort_keys=True, ensure_ascii=False,
                                           default=repr).encode("utf-8")).digest()
-            self._digests.put(m, d)
+            digests, pins = self._digests, self._pins
+            digests[id(m)] = d
+            pins[id(m)] = m
+            if len(digests) > _DIGESTS:
+                for key in list(islice(digests, len(digests) - (_DIGESTS * 3) // 4)):
+                    del digests[key], pins[key]
         return d
 
+    def _digests_of(self, part: list[Message]) -> bytes:
+        """The digests of ``part``'s messages, concatenated (what the content hash takes)."""
+        got = list(map(self._digests.get, map(id, part)))
+        if not all(got):  # (a digest is 32 bytes: None is the only false value)
+            got = [d if d is not None else self._digest(m) for d, m in zip(got, part)]
+        return b"".join(got)
+
     def _folds(self, span: list[Message], start: int = 0, cum0: int = 0,
-               resume: Optional[tuple[int, int, int]] = None) -> tuple[list[tuple[int, int, int]], int, int]:
+               resume: Optional[tuple[int, int, int]] = None, rec: Any = None,
+               offset: int = 0) -> tuple[list[tuple[int, int, int]], int, int]:
         """Where the rolling summary of ``span`` folds after ``start`` (a fold point, ``cum0``
         tokens after the span's start): the first unit start at or past each multiple of
         ``fold`` tokens (cumulative from the span's start), then the span's end; each with the
         tokens and the units before it from ``start`` (``-1`` tokens for the end). One pass
         over ``span[start:]`` with the counter's cached counts, or over ``span[m:]`` with
         ``resume=(m, tokens, units)``: the pass's values at ``m``, where a shorter span with
-        no fold point after ``start`` ended. Returns the folds, the units and the tokens
-        before the span's end."""
+        no fold point after ``start`` ended. ``rec``: records whose ``[offset, offset +
+        len(span))`` are ``span``'s (the inner budget's), read in one compiled pass
+        (``Records.folds``) when they hold every count. Returns the folds, the units and the
+        tokens before the span's end."""
         if resume is not None:
             first, acc, units = resume
         else:
             first, acc, units = start, cum0, 0
-        part = span[first:]
-        counts = [self.counter.count_message(m) for m in part] if self._additive else checked_counts(self.counter, part).tolist()
         fold = self._fold
         level = (cum0 // fold + 1) * fold  # the next multiple of fold a unit start may reach
-        ends: list[tuple[int, int, int]] = []
+        if rec is not None:
+            got = rec.folds(offset + first, offset + len(span), acc, units, level, fold)
+            if got is not None:
+                points, units, acc = got
+                ends = [(i - offset, a, u) for i, a, u in points] if offset else points
+                ends.append((len(span), -1, units))
+                return ends, units, acc
+        part = span[first:]
+        fast = self._plain._list_counts
+        if fast is not None:
+            counts = fast(part)
+        elif self._additive:
+            counts = [self.counter.count_message(m) for m in part]
+        else:
+            counts = checked_counts(self.counter, part).tolist()
+        ends = []
         for j, m in enumerate(part):
             if m.role != "tool":
                 if acc >= level:
@@ -305,19 +362,18 @@ class SummarizingBudgetFilter(TokenBudgetFilter):
         ends.append((len(span), -1, units))
         return ends, units, acc
 
-    def _summary_text(self, span: list[Message]) -> Optional[tuple[str, int]]:
+    def _summary_text(self, span: list[Message], rec: Any = None, offset: int = 0) -> Optional[tuple[str, int]]:
         """The summary of ``span`` and its number of units, a pure function of its content: a
         fold over the pieces between ``_folds`` (each step ``summarize([summary so far,
         *piece])``), every step cached by the content of the span up to it. With chunked
         eviction the cut moves to those fold points, so a move costs one call. A span that
         extends the previous one resumes at the previous span's last fold point (the fold
         points of a span are those of every longer span), so a move also costs only its new
-        messages' bookkeeping. ``span`` is the caller's own list (kept, never changed)."""
+        messages' bookkeeping. ``span`` is the caller's own list (kept, never changed); ``rec``
+        and ``offset`` as for ``_folds``."""
         last = self._last_span
         if last is not None and len(span) == len(last[0]) and span == last[0]:
             return last[1]
-        from ....message import system
-
         text: Optional[str] = None
         key = b""
         lo = cum = units0 = 0
@@ -331,7 +387,7 @@ class SummarizingBudgetFilter(TokenBudgetFilter):
             tail = chain[2]
             if tail is not None and (tail[0] != lo or not lo <= tail[1] <= len(span)):
                 tail = None  # pragma: no cover - the tail is always the last point's
-        ends, units, acc = self._folds(span, lo, cum, tail[1:4] if tail is not None else None)
+        ends, units, acc = self._folds(span, lo, cum, tail[1:4] if tail is not None else None, rec, offset)
         new_tail = None
         for hi, before, n_units in ends:
             if tail is not None:
@@ -340,8 +396,8 @@ class SummarizingBudgetFilter(TokenBudgetFilter):
             else:
                 h = hashlib.sha256(key)
                 start = lo
-            for m in span[start:hi]:
-                h.update(self._digest(m))
+            if hi > start:
+                h.update(self._digests_of(span[start:hi]))
             if before < 0:
                 new_tail = (lo, hi, acc, units - (ends[-2][2] if len(ends) > 1 else 0), h.copy())
             key = h.digest()
