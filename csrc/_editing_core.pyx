@@ -243,7 +243,7 @@ def extend_capped(src, ref, out, cache):
 
 
 cdef int _is_array(object a, str name, char code) except -1:
-    if type(a) is not array.array or (<carray.array>a).ob_descr.typecode != code:
+    if type(a) is not carray.array or (<carray.array>a).ob_descr.typecode != code:
         raise TypeError(f"{name} must be an array.array of typecode {chr(code)!r}")
     return 0
 

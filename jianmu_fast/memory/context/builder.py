@@ -191,7 +191,7 @@ class _Hot:
     keep, change or return the list they are given, and return a new list of Messages; see
     ``_hot_filter_kind``)."""
 
-    __slots__ = ("heads", "static", "history", "n", "last", "dicts", "kinds")
+    __slots__ = ("heads", "static", "history", "n", "last", "dicts", "kinds", "steps")
 
     def __init__(self, providers: list[Any], filters: list[Any], kinds: list[int]) -> None:
         trims_last = kinds[-1] == 2
@@ -210,6 +210,8 @@ class _Hot:
         self.kinds = kinds
         if trims_last:
             self.dicts.append((vars(filters[-1]), "_trim"))
+        #: ``(index, filter, kind)`` of every filter but a trimming one last (see ``_filter_hot``)
+        self.steps = tuple((i, f, k) for i, (f, k) in enumerate(zip(filters, kinds)))
 
 
 class _Turn:
@@ -540,12 +542,10 @@ class ContextBuilder:
         new one is copied before it leaves the builder."""
         messages = prompt
         own = True  # ``messages`` is the builder's prompt or a stage's own list: never handed out
-        kinds = hot.kinds
         last = hot.last
-        n = hot.n - 1 if last is not None and self.sanitize else hot.n
-        for i in range(n):
-            if kinds[i] == 1:
-                flt = self.filters[i]
+        trim_last = last is not None and self.sanitize
+        for i, flt, kind in hot.steps:
+            if kind == 1:
                 try:
                     messages = flt._hot_apply(messages, tools_schema)
                     own = True
@@ -553,14 +553,14 @@ class ContextBuilder:
                     raise
                 except Exception:
                     logger.exception("filters[%d] (%s) failed; it is skipped", i, type(flt).__name__)
+            elif trim_last and flt is last and i == hot.n - 1:  # _filter's path for a trimming filter last
+                out, clean = last._trim(messages, tools_schema, True)
+                return out if clean else self._finish(out, tools_schema)
             else:
                 out = self._apply_filter(i, messages, local_state, global_state, ctx, tools_schema, True)
                 if out is not messages:
                     own = False
                 messages = out
-        if n < hot.n:  # _filter's path for a trimming filter last: a new list
-            out, clean = last._trim(messages, tools_schema, True)
-            return out if clean else self._finish(out, tools_schema)
         if own:  # never hand out our own list, nor a stage's
             messages = messages.copy()
         return self._finish(messages, tools_schema)

@@ -332,8 +332,11 @@ class ClearToolResultsFilter:
         new = [i for i, kind in zip(rec.results[rec.cleared:cleared], rec.result_kinds[rec.cleared:cleared])
                if kind == _CLEARABLE]
         rec.cleared = cleared
+        cache = self._cleared_cache._d  # (_cleared_result's cache hit, inline: a step clears many)
         for i in new:
-            out[i] = self._cleared_result(msgs[i])
+            m = msgs[i]
+            e = cache.get(id(m))
+            out[i] = e[1] if e is not None and e[0]() is m else self._cleared_result(m)
         if self.clear_tool_inputs and new:
             owner = rec.owner
             touched = {owner[i][0] for i in new if i in owner}
@@ -394,7 +397,8 @@ class ClearToolResultsFilter:
                     return args[2]
                 if got > 0:
                     self._plan(self._rec)
-                    self._arm(src)
+                    if self._turn_args is not args:  # a step made a new output list
+                        self._arm(src)
                     return self._rec.out
             except JianmuError:
                 raise
