@@ -476,8 +476,8 @@ def pack_rows(head, tail, notes, hists, const int64_t[::1] firsts, srcs, const i
     cdef bint fixed_ok = _all_of(hd, h, want) == h and _all_of(tl, t, want) == t, ok
     offsets = np.zeros(n + 1, dtype=np.int64)
     cdef int64_t[::1] off = offsets
-    # per group: its rows' place in `grows`, how many are looked up, how many leading items are
-    # of type cls (-1: not scanned yet), whether its note is of type cls
+    # per group: where its rows start in `grows`, how many of them are looked up so far, and how
+    # many leading items of its history are of type cls (-1: not scanned yet)
     gstart_a = np.zeros(n_groups + 1, dtype=np.int64)
     gdone_a = np.zeros(n_groups, dtype=np.int64)
     gok_a = np.full(n_groups, -1, dtype=np.int64)

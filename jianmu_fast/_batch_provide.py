@@ -123,7 +123,8 @@ def _provide_grouped(builder, states, global_state, ctx) -> Optional[tuple[Any, 
     srcs, order, group_off, tops, _ = _backend.group_states(states, hp.messages_key)
     notes: list[Any] = []
     hists: list[Any] = []
-    for top in tops.tolist():
+    top_list = tops.tolist()
+    for top in top_list:
         longest = srcs[top]
         note = hist = None
         if countOf(map(type, longest), Message) == len(longest):
@@ -135,10 +136,10 @@ def _provide_grouped(builder, states, global_state, ctx) -> Optional[tuple[Any, 
                 note = hist = None
         notes.append(note)
         hists.append(hist)
-    for g, hist in enumerate(hists):
+    for g, (hist, top) in enumerate(zip(hists, top_list)):
         # the provider's output list only grows, and a later call may have grown an earlier
         # one in place (a longest history that extends an equal copy of another): its head
-        n = len(srcs[int(tops[g])])
+        n = len(srcs[top])
         if hist is not None and len(hist) != n:
             hists[g] = hist[:n]
     # states whose histories are not prefixes of their group's longest (by identity) go on

@@ -318,3 +318,31 @@ def test_counts_many_raises_what_the_second_thread_raised(monkeypatch):
         plan.counts_many(flt, msgs)
     flt._counts = original  # type: ignore[method-assign]
     assert plan.counts_many(flt, msgs).tolist() == [flt.counter.count_message(m) for m in msgs]
+
+
+@pytest.mark.parametrize("error", [ValueError, "library"])
+@pytest.mark.parametrize("kind", ["react", "editing"])
+def test_a_failing_history_provider_fails_its_conversation_as_build_does(monkeypatch, error, kind):
+    """The history provider raises on the histories that hold a poisoned message: those
+    states take build()'s way (a library error fails the state, another error is logged and
+    the history skipped); the other conversations keep their shared provider call."""
+    from jianmu_fast.errors import MessageValidationError
+
+    rng = random.Random(11)
+    convs = [conversation(rng, 8, f"p{k}") for k in range(3)]
+    poison = convs[1][2]
+    states: list = [{"messages": c[:k]} for c in convs for k in range(1, len(c) + 1)]
+    rng.shuffle(states)
+    original = StateHistoryProvider._blocks
+
+    def blocks(self, local_state, global_state=None, ctx=None):
+        if any(m is poison for m in local_state["messages"]):
+            raise ValueError("provider broke") if error is ValueError else MessageValidationError("bad history")
+        return original(self, local_state, global_state, ctx)
+
+    monkeypatch.setattr(StateHistoryProvider, "_blocks", blocks)
+    got = _batch_outcomes(builders(kind, 2000), states)
+    want = [_outcome(lambda: builders(kind, 2000).build(s)) for s in states]
+    assert got == want
+    poisoned = [i for i, s in enumerate(states) if any(m is poison for m in s["messages"])]
+    assert poisoned and all((type(got[i]) is tuple) == (error != ValueError) for i in poisoned)
