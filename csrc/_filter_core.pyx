@@ -15,6 +15,7 @@ from libc.stdlib cimport free, malloc
 from libc.string cimport memcmp
 
 import weakref
+from hashlib import sha256 as _sha256
 from itertools import islice
 
 import numpy as np
@@ -545,6 +546,19 @@ cdef extern from "Python.h":
         PyObject** ob_item
 
 
+cdef extern from "Python.h":
+    PyObject* PyDict_GetItemWithError(object d, object key) except? NULL
+    object PyLong_FromVoidPtr(void* p)
+
+
+cdef PyObject* _value_of(dict values, PyObject* m) except? NULL:
+    """``values[id(m)]`` (borrowed), a bytes; NULL when there is none."""
+    cdef PyObject* v = PyDict_GetItemWithError(values, PyLong_FromVoidPtr(<void*>m))
+    if v != NULL and type(<object>v) is not bytes:
+        raise TypeError(f"values: expected bytes, got {type(<object>v).__name__}")
+    return v
+
+
 cdef inline Py_ssize_t _lower_bound(const int64_t* ps, Py_ssize_t lo, Py_ssize_t hi, int64_t t) noexcept nogil:
     """The first ``i`` in ``[lo, hi]`` with ``ps[i] >= t`` (``ps`` non-decreasing, ``ps[hi] >= t``)."""
     cdef Py_ssize_t mid
@@ -1042,6 +1056,60 @@ cdef class Records:
         if n == 0:
             return 0
         return _sanitize_status(NULL, self.r, self.off, self.ids, self.rid, n_pinned, lo, hi)
+
+    def joined(self, dict values, lo, hi):
+        """See the twin."""
+        cdef Py_ssize_t n = self.n, i, a, b, size = 0
+        cdef list parts
+        cdef PyObject* vp
+        if not 0 <= lo <= hi <= n:
+            raise ValueError(f"need 0 <= lo <= hi <= {n}, got {lo}, {hi}")
+        a, b = lo, hi
+        parts = PyList_New(b - a)
+        for i in range(a, b):
+            vp = _value_of(values, PyList_GET_ITEM(self._msgs, i))
+            if vp == NULL:
+                return None
+            v = <object>vp
+            Py_INCREF(v)
+            PyList_SET_ITEM(parts, i - a, v)
+        return b"".join(parts)
+
+    def fold_keys(self, lo, hi, acc, units, level, fold, bytes key, state, dict values):
+        """See the twin."""
+        got = self.folds(lo, hi, acc, units, level, fold)
+        if got is None:
+            return None
+        cdef list points = (<tuple>got)[0]
+        cdef Py_ssize_t n_pts = PyList_GET_SIZE(points), i, j, start = lo, e, n_parts
+        cdef list ends = PyList_New(0)
+        cdef list parts
+        cdef tuple p
+        cdef PyObject* vp
+        for i in range(n_pts + 1):
+            if i < n_pts:
+                p = <tuple>PyList_GET_ITEM(points, i)
+                e = p[0]
+            else:
+                e = hi
+            h = state.copy() if i == 0 and state is not None else _sha256(key)
+            n_parts = e - start
+            parts = PyList_New(n_parts)
+            for j in range(start, e):
+                vp = _value_of(values, PyList_GET_ITEM(self._msgs, j))
+                if vp == NULL:
+                    return None
+                v = <object>vp
+                Py_INCREF(v)
+                PyList_SET_ITEM(parts, j - start, v)
+            h.update(b"".join(parts))
+            key = h.digest()
+            if i < n_pts:
+                ends.append((p[0], p[1], p[2], key))
+            else:
+                ends.append((hi, -1, (<tuple>got)[1], key))
+            start = e
+        return ends, (<tuple>got)[1], (<tuple>got)[2], h.copy()
 
     def folds(self, lo, hi, acc, units, level, fold):
         """See the twin."""

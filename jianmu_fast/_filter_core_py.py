@@ -45,6 +45,7 @@ Validation of the arguments is linear in the arrays handed in.
 
 from __future__ import annotations
 
+import hashlib
 import operator
 import weakref
 from itertools import islice
@@ -678,6 +679,70 @@ class Records:
     def sanitize(self, n_pinned, lo, hi):
         """``sanitize_window``'s status over the records."""
         return sanitize_window(self.roles, self.call_off, self.call_ids, self.result_ids, n_pinned, lo, hi)[0]
+
+    def joined(self, values, lo, hi):
+        """``values[id(m)]`` for the recorded messages ``m`` of ``[lo, hi)``, concatenated (each
+        a bytes), or ``None`` when one of them has no entry: the summarizing budget's content
+        digests (its dict holds the messages too, so an id names one message while its entry
+        lives).
+
+        >>> from jianmu_fast.message import Message, human
+        >>> a, b = human("a"), human("b")
+        >>> rec = Records(Message)
+        >>> rec.extend([a, b])
+        >>> rec.joined({id(a): b"A", id(b): b"B"}, 0, 2), rec.joined({id(a): b"A"}, 0, 2), rec.joined({}, 1, 1)
+        (b'AB', None, b'')
+        """
+        n = len(self._msgs)
+        if not 0 <= lo <= hi <= n:
+            raise ValueError(f"need 0 <= lo <= hi <= {n}, got {lo}, {hi}")
+        parts = []
+        for m in self._msgs[lo:hi]:
+            v = values.get(id(m))
+            if v is None:
+                return None
+            if type(v) is not bytes:
+                raise TypeError(f"values: expected bytes, got {type(v).__name__}")
+            parts.append(v)
+        return b"".join(parts)
+
+    def fold_keys(self, lo, hi, acc, units, level, fold, key, state, values):
+        """``folds(lo, hi, acc, units, level, fold)`` with the content key of the span up to
+        each point and up to ``hi``: a sha256 chain over the recorded messages' ``values``
+        (``joined``). The piece up to the first point (or ``hi``) continues ``state`` (a
+        sha256 hash object holding the span's hash up to ``lo``; copied, never changed) or,
+        when ``state`` is None, starts as ``sha256(key)``; each next piece starts as
+        ``sha256(the previous key)``. Returns ``([(i, tokens, units, key) for each point] +
+        [(hi, -1, units at hi, key up to hi)], units, acc, the hash object up to hi)``, or
+        ``None`` when ``folds`` or ``joined`` would be None.
+
+        >>> import hashlib
+        >>> from jianmu_fast.message import Message, human
+        >>> ms = [human("a"), human("b"), human("c")]
+        >>> rec = Records(Message)
+        >>> rec.extend(ms, [4, 4, 4])
+        >>> ends, units, acc, state = rec.fold_keys(0, 3, 0, 0, 5, 5, b"", None, {id(m): m.content.encode() for m in ms})
+        >>> [e[:3] for e in ends], units, acc
+        ([(2, 8, 2), (3, -1, 3)], 3, 12)
+        >>> ends[0][3] == hashlib.sha256(b"ab").digest(), ends[1][3] == hashlib.sha256(ends[0][3] + b"c").digest()
+        (True, True)
+        """
+        got = self.folds(lo, hi, acc, units, level, fold)
+        if got is None:
+            return None
+        points, units, acc = got
+        ends = []
+        start = lo
+        for i, (e, before, n_units) in enumerate([*points, (hi, -1, units)]):
+            h = state.copy() if i == 0 and state is not None else hashlib.sha256(key)
+            piece = self.joined(values, start, e)
+            if piece is None:
+                return None
+            h.update(piece)
+            key = h.digest()
+            ends.append((e, before, n_units, key))
+            start = e
+        return ends, units, acc, h.copy()
 
     def folds(self, lo, hi, acc, units, level, fold):
         """Where a span folds, read off the records ``[lo, hi)`` (the summarizing budget's

@@ -64,7 +64,8 @@ def test_twins_share_signatures(name):
 
 
 @needs_c
-@pytest.mark.parametrize("name", ["match", "advance", "extend", "set_counts", "plan", "sanitize", "window", "folds"])
+@pytest.mark.parametrize("name", ["match", "advance", "extend", "set_counts", "plan", "sanitize", "window", "folds",
+                                  "joined", "fold_keys"])
 def test_records_twins_share_method_signatures(name):
     assert inspect.signature(getattr(core_c.Records, name)) == inspect.signature(getattr(core_py.Records, name))
 
@@ -665,6 +666,81 @@ def test_records_folds_equal_on_both_twins_and_the_walk(units, data):
             r.folds(0, 0, 0, 0, 2**62 + 1, 1)
         with pytest.raises(ValueError, match=r"fold must be between 1 and 2\*\*53, got 0"):
             r.folds(0, 0, 0, 0, 0, 0)
+
+
+@given(units=sanitize_units, data=st.data())
+@settings(deadline=None, max_examples=MAX_EXAMPLES)
+def test_records_joined_equals_on_both_twins_and_the_definition(units, data):
+    """``Records.joined`` (the summarizing budget's content digests of a span, looked up by
+    message identity) equals the concatenation over the recorded messages on both twins, or
+    None exactly when one has no entry."""
+    msgs = _record_messages(units)
+    n = len(msgs)
+    recs = _record_cores()
+    for r in recs:
+        r.extend(msgs)
+    have = data.draw(st.lists(st.booleans(), min_size=n, max_size=n))
+    values = {id(m): data.draw(st.binary(max_size=4)) for m, h in zip(msgs, have) if h}
+    values[id(object())] = b"other"  # an entry for no recorded message
+    lo = data.draw(st.integers(0, n))
+    hi = data.draw(st.integers(lo, n))
+    got = [r.joined(values, lo, hi) for r in recs]
+    assert all(g == got[0] for g in got)
+    want = None if not all(have[lo:hi]) else b"".join(values[id(m)] for m in msgs[lo:hi])
+    assert got[0] == want
+    for r in recs:
+        with pytest.raises(ValueError, match=rf"need 0 <= lo <= hi <= {n}, got 0, {n + 1}"):
+            r.joined(values, 0, n + 1)
+        if n:
+            with pytest.raises(TypeError, match=r"values: expected bytes, got str"):
+                r.joined({id(msgs[0]): "x"}, 0, 1)
+
+
+@given(units=sanitize_units, data=st.data())
+@settings(deadline=None, max_examples=MAX_EXAMPLES)
+def test_records_fold_keys_equal_on_both_twins_and_the_hash_chain(units, data):
+    """``Records.fold_keys`` (the rolling summary's fold points with their content keys) equals
+    on both twins the fold walk plus a sha256 chain over the messages' values: the first piece
+    continues ``state`` (or starts from ``key``), each next one starts from the previous key;
+    None exactly when a count or a value is missing."""
+    import hashlib
+
+    msgs = _record_messages(units)
+    n = len(msgs)
+    counts = data.draw(st.lists(st.integers(0, 30), min_size=n, max_size=n))
+    if n and data.draw(st.integers(0, 5)) == 0:
+        counts[data.draw(st.integers(0, n - 1))] = -1
+    recs = _record_cores()
+    for r in recs:
+        r.extend(msgs, counts)
+    have = [data.draw(st.integers(0, 9)) > 0 for _ in msgs]
+    values = {id(m): data.draw(st.binary(min_size=1, max_size=4)) for m, h in zip(msgs, have) if h}
+    lo = data.draw(st.integers(0, n))
+    hi = data.draw(st.integers(lo, n))
+    acc, units_, fold = data.draw(st.integers(0, 60)), data.draw(st.integers(0, 9)), data.draw(st.integers(1, 40))
+    level = data.draw(st.integers(0, 80))
+    key = data.draw(st.binary(max_size=8))
+    prefix = data.draw(st.one_of(st.none(), st.binary(max_size=8)))
+    state = None if prefix is None else hashlib.sha256(prefix)
+    before = None if state is None else state.digest()
+    got = [r.fold_keys(lo, hi, acc, units_, level, fold, key, state, values) for r in recs]
+    assert state is None or state.digest() == before  # copied, never changed
+    walked = _fold_walk(msgs, counts, lo, hi, acc, units_, level, fold) if min(counts[lo:hi], default=0) >= 0 else None
+    if walked is None or not all(have[lo:hi]):
+        assert got == [None] * len(recs)
+        return
+    points, u, a = walked
+    want = []
+    start, k = lo, key
+    for i, (e, tokens, n_units) in enumerate([*points, (hi, -1, u)]):
+        h = hashlib.sha256(prefix) if i == 0 and prefix is not None else hashlib.sha256(k)
+        h.update(b"".join(values[id(m)] for m in msgs[start:e]))
+        k = h.digest()
+        want.append((e, tokens, n_units, k))
+        start = e
+    for g in got:
+        ends, gu, ga, tail = g
+        assert (ends, gu, ga) == (want, u, a) and tail.digest() == want[-1][3]
 
 
 def test_records_window_survives_a_count_that_shortens_the_list():

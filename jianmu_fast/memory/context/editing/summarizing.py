@@ -387,36 +387,58 @@ class SummarizingBudgetFilter(TokenBudgetFilter):
             tail = chain[2]
             if tail is not None and (tail[0] != lo or not lo <= tail[1] <= len(span)):
                 tail = None  # pragma: no cover - the tail is always the last point's
-        ends, units, acc = self._folds(span, lo, cum, tail[1:4] if tail is not None else None, rec, offset)
-        new_tail = None
-        for hi, before, n_units in ends:
-            if tail is not None:
-                h = tail[4].copy()  # the hash up to the shorter span's end: only what follows
-                start, tail = tail[1], None
-            else:
-                h = hashlib.sha256(key)
-                start = lo
-            if hi > start:
-                h.update(self._digests_of(span[start:hi]))
-            if before < 0:
-                new_tail = (lo, hi, acc, units - (ends[-2][2] if len(ends) > 1 else 0), h.copy())
-            key = h.digest()
-            got = self._by_content.get(key)
+        resume = tail[1:4] if tail is not None else None
+        by_content = self._by_content
+        keyed = None
+        if rec is not None:  # the common case: one compiled pass (fold points, their keys)
+            first, acc, units = resume if resume is not None else (lo, cum, 0)
+            fold = self._fold
+            keyed = rec.fold_keys(offset + first, offset + len(span), acc, units, (cum // fold + 1) * fold, fold,
+                                  key, tail[4] if tail is not None else None, self._digests)
+        if keyed is None:
+            ends, units, acc = self._folds(span, lo, cum, resume, rec, offset)
+            keyed, state = self._keys(span, ends, lo, key, tail)
+        else:
+            keyed, units, acc, state = keyed
+            if offset:
+                keyed = [(i - offset, before, n_units, k) for i, before, n_units, k in keyed]
+        for hi, before, n_units, key in keyed:
+            got = by_content.get(key)
             if got is None:
                 piece = span[lo:hi]
                 got = self._call(piece if text is None else [system(SUMMARY_HEADER + text), *piece])
                 if got is None:
                     return None
-                if len(self._by_content) >= 1024:
-                    self._by_content.pop(next(iter(self._by_content)))
-                self._by_content[key] = got
-            text, lo = got, hi
+                if len(by_content) >= 1024:
+                    by_content.pop(next(iter(by_content)))
+                by_content[key] = got
             if before >= 0:
+                text, lo = got, hi
                 points.append((hi, before, units0 + n_units, key, got))
+            else:
+                text = got
+        new_tail = (lo, len(span), acc, units - (keyed[-2][2] if len(keyed) > 1 else 0), state)
         self._chain = (span, points, new_tail)
         out = (text or "", units0 + units)
         self._last_span = (span, out)
         return out
+
+    def _keys(self, span: list[Message], ends: list[tuple[int, int, int]], lo: int, key: bytes,
+              tail: Any) -> tuple[list[tuple[int, int, int, bytes]], Any]:
+        """``Records.fold_keys``' ends and hash state for ``_folds``' ``ends`` of ``span`` (from
+        the fold point ``lo`` with key ``key``, or from ``tail``'s hash state), digests
+        computed here."""
+        keyed = []
+        start = tail[1] if tail is not None else lo
+        h = None
+        for i, (hi, before, n_units) in enumerate(ends):
+            h = tail[4].copy() if i == 0 and tail is not None else hashlib.sha256(key)
+            if hi > start:
+                h.update(self._digests_of(span[start:hi]))
+            key = h.digest()
+            keyed.append((hi, before, n_units, key))
+            start = hi
+        return keyed, (h.copy() if h is not None else None)
 
     def _call(self, messages: list[Message]) -> Optional[str]:
         self.calls += 1
