@@ -25,6 +25,9 @@ from .message import Message
 
 __all__ = ["provide_all", "provider_order"]
 
+#: ``pack_rows``' arguments but the prompts: ``(head, tail, notes, hists, firsts, srcs, gid)``
+Grouped = tuple[list[Message], list[Message], list[Any], list[Any], np.ndarray, list[Any], np.ndarray]
+
 
 def provide_all(builder, states, global_state, ctx, tools_schema, errors, tick, pack: bool = False) -> tuple[list[Any], Any]:
     """``(prompts, packed)``: every state's provided prompt (``None`` where it failed: the
@@ -68,7 +71,7 @@ def provide_all(builder, states, global_state, ctx, tools_schema, errors, tick, 
     return prompts, None
 
 
-def _fill_bad(prompts: list[Any], grouped: tuple[Any, ...], bad: list[int]) -> None:
+def _fill_bad(prompts: list[Any], grouped: Grouped, bad: list[int]) -> None:
     """The prompt lists of grouped states that hold an item not exactly a ``Message`` (which
     ``pack_rows`` gives no rows): ``head + [note] + history[:k] + tail`` (its definition)."""
     head, tail, notes, hists, firsts, srcs, gid = grouped
@@ -108,7 +111,7 @@ def _fixed_providers(builder, global_state, ctx) -> Optional[tuple[list[Message]
     return None if history is None else (head, history, tail)
 
 
-def _provide_grouped(builder, states, global_state, ctx) -> Optional[tuple[Any, ...]]:
+def _provide_grouped(builder, states, global_state, ctx) -> Optional[Grouped]:
     """The provider stage of the usual builder (``_fixed_providers``) for states that are
     dicts holding a list of Messages: states whose histories are prefixes of one longest
     history (by identity) share one provider call on it, and each gets a slice of its

@@ -287,6 +287,8 @@ def _run_public(builder, states, lists, global_state, ctx, tools_schema, workers
 
 def _slots(report: BatchReport) -> list[list[Message]]:
     """``build_batch``'s list: a failed state (logged) gets ``[]``."""
+    if not report.failures:  # every slot holds its prompt: the list as it is
+        return report.prompts  # type: ignore[return-value]
     for f in report.failures:
         logger.warning("states[%d] skipped: %s", f.index, f.reason)
     return [p if p is not None else [] for p in report.prompts]
