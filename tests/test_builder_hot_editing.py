@@ -412,3 +412,31 @@ def test_hand_off_after_a_failing_counter_and_a_non_append_edit():
             state["messages"] = state["messages"][:-2] + [human(f"edited {i}")] + state["messages"][-1:]
         assert outcome(hot, state, None) == outcome(ref, state, None)
     assert hot._turn is not None
+
+
+def test_a_setting_changed_between_hot_builds_applies_as_to_a_new_filter():
+    """The clearing's records (made by the compiled turn too) start anew when a setting changes:
+    the hot path, the general path and a fresh builder with the new settings agree."""
+    hist = history(9, 120, False)
+    assert len(hist) > 200
+
+    def builder(**kw: Any) -> ContextBuilder:
+        return _handoff_builder([ClearToolResultsFilter(1200, TIKTOKEN, **kw),
+                                 TokenBudgetFilter(1500, TIKTOKEN, eviction="chunked", chunk=300)])
+
+    hot, ref = builder(keep=2, clear_at_least=300), general(builder(keep=2, clear_at_least=300))
+    state: dict[str, Any] = {"messages": []}
+    changes = {40: ("keep", 0), 80: ("exclude_tools", frozenset({"search"})), 120: ("clear_tool_inputs", True),
+               160: ("placeholder", "[gone]"), 200: ("clear_at_least", 0)}
+    now = {"keep": 2, "clear_at_least": 300}
+    for i, m in enumerate(hist):
+        state["messages"].append(m)
+        if i in changes:
+            name, value = changes[i]
+            setattr(hot.filters[0], name, value)
+            setattr(ref.filters[0], name, value)
+            now[name] = value
+        got = outcome(hot, state, None)
+        assert got == outcome(ref, state, None)
+        if i in changes or i == len(hist) - 1:
+            assert got == outcome(builder(**now), {"messages": list(state["messages"])}, None), i

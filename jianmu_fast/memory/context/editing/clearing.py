@@ -22,8 +22,11 @@ __all__ = ["ClearToolResultsFilter"]
 
 _clearing_turn = _backend.clearing_turn
 #: settings the compiled turn's arguments hold (set again: they are read again)
-_ARMED_BY = frozenset({"trigger_tokens", "keep", "clear_at_least", "exclude_tools", "clear_tool_inputs", "placeholder",
-                       "counter", "_placeholder_cost", "_request"})
+_ARMED_BY = frozenset({"_placeholder_cost", "_request"})
+#: the settings: a change starts the records anew (the decision is a function of the messages and
+#: the current settings), and of the placeholder or the counter, the costs derived from them too
+_SETTINGS = frozenset({"trigger_tokens", "keep", "clear_at_least", "exclude_tools", "clear_tool_inputs"})
+_DERIVED_FROM = frozenset({"placeholder", "counter"})
 
 #: ``kinds`` codes of the clearing core (see ``jianmu_fast/_editing_core_py.py``)
 _UNIT, _EXCLUDED, _CLEARABLE, _PINNED, _ASSISTANT = 0, 1, 2, 3, 4
@@ -37,7 +40,7 @@ class _ClearRecords:
     cleared copies in place)."""
 
     __slots__ = ("messages", "counts", "kinds", "savings", "results", "result_kinds", "calls", "owner",
-                 "n_pinned", "base", "state", "out", "cleared", "shared", "plain")
+                 "n_pinned", "base", "state", "out", "cleared", "shared")
 
     def __init__(self, base: int) -> None:
         self.messages: list[Message] = []
@@ -54,7 +57,6 @@ class _ClearRecords:
         self.out: list[Message] = []          # the output for ``messages``
         self.cleared = 0                      # results of ``out`` cleared (the core's ``cleared``)
         self.shared = False                   # ``out`` was handed out (the hot path): never changed but by appends
-        self.plain = False                    # ``clearing_turn`` recorded messages (no calls, no owners)
 
     @property
     def n(self) -> int:
@@ -87,7 +89,8 @@ class ClearToolResultsFilter:
     does. The decision is monotone: as a conversation grows, a result once cleared stays
     cleared, so between two steps each prompt extends the previous one. (It depends on the
     messages before it, the pinned system prompt and the tools included: change those and the
-    steps move.)
+    steps move. A setting changed on the instance applies from the next call, as to a new
+    filter.)
 
     >>> from jianmu_fast.message import human, ai, tool
     >>> def call(i):
@@ -298,8 +301,7 @@ class ClearToolResultsFilter:
         ref = rec.messages
         k = len(ref)
         n = len(msgs)
-        if (rec.base != base or not _backend.extends(ref, msgs)
-                or (rec.plain and (self.exclude_tools or self.clear_tool_inputs))):
+        if rec.base != base or not _backend.extends(ref, msgs):
             rec = self._rec = _ClearRecords(base)
             k = 0
         if n == k:
@@ -430,7 +432,6 @@ class ClearToolResultsFilter:
         cost would be checked per call)."""
         rec = self._rec
         if self._cached and not self.exclude_tools and not self.clear_tool_inputs and rec.base == self._request:
-            rec.plain = True
             rec.shared = True
             self._turn_args = (src, rec.messages, rec.out, rec.counts, rec.kinds, rec.savings, rec.results,
                                rec.result_kinds, rec.state, self.counter,
@@ -442,6 +443,17 @@ class ClearToolResultsFilter:
         object.__setattr__(self, name, value)
         if name in _ARMED_BY or name == "_rec":  # the compiled turn's arguments are read again
             object.__setattr__(self, "_turn_args", None)
+        elif "_rec" in self.__dict__ and (name in _SETTINGS or name in _DERIVED_FROM):
+            # a setting changed after records were made (records made without calls and owners by
+            # the compiled turn included): the next call starts anew, on either path
+            if name in _DERIVED_FROM:
+                if name == "counter":
+                    object.__setattr__(self, "counter", check_counter(value))
+                    self._additive = self._trusted = type(self.counter).__name__ in TRUSTED
+                    self._tools = TokenBudgetFilter(MAX_VALUE, self.counter)
+                self._reset()
+            else:
+                self._rec = _ClearRecords(-1)
 
     def _base(self, tools_schema: Any) -> int:
         """What the request costs before its messages: its fixed cost and ``tools_schema``."""
