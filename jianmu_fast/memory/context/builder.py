@@ -12,15 +12,20 @@ library's own (exact classes, no subclass): ``MaxMessagesFilter``, ``TokenBudget
 context-editing stage (``ToolResultCapFilter``, ``ClearToolResultsFilter``,
 ``SummarizingBudgetFilter``; the presets' shapes), ``build()`` keeps its prompt (before the
 filters) between calls and, when the history only grew, extends it by the new messages
-instead of copying the whole history again; the stages' outputs (new lists of Messages) go to
+instead of copying the whole history again; the stages' outputs (lists of Messages) go to
 the next stage without the per-message type check, and a trimming filter last decides the
-sanitize step in compiled code, as on the general path. The kept prompt is made anew whenever
-a fixed message, the semantics note or the history provider's list is another object (any
-edit of the history other than appending, see ``StateHistoryProvider``), when ``providers`` or
-``filters`` changed, or when a stage's method was replaced on the instance (then the general
-path runs). The kept list never leaves the builder (the filters return new lists, and a stage
-that failed and was skipped hands on a copy), is not pickled, and a call that finds another
-thread using it takes the general path. Outputs and errors are the general path's.
+sanitize step in compiled code, as on the general path. The cap and the clearing are handed
+the list as it is through ``_hot_apply`` (the kept prompt, or the previous stage's own
+output: lists that only grow by appends while they are the same object) and hand on their
+own output list under the same rule, so a turn costs them only its new messages (no
+comparison with the previous history, no copy of their output). The kept prompt is made anew
+whenever a fixed message, the semantics note or the history provider's list is another object
+(any edit of the history other than appending, see ``StateHistoryProvider``), when
+``providers`` or ``filters`` changed, or when a stage's method was replaced on the instance
+(then the general path runs). Neither the kept list nor a stage's own list leaves the builder
+(a trimming filter last returns a new list; otherwise the result is copied), the kept list is
+not pickled, and a call that finds another thread using it takes the general path. Outputs
+and errors are the general path's.
 """
 
 from __future__ import annotations
@@ -188,7 +193,8 @@ class _Hot:
     stages: every provider before the last is one of the library's fixed ones
     (``StaticPromptProvider``, ``ToolsDescProvider``), the last is a ``StateHistoryProvider``,
     and every filter is one of the library's trimming or context-editing filters (which never
-    keep, change or return the list they are given, and return a new list of Messages; see
+    change the list they are given and return a list of Messages: a new one, or for the cap and
+    the clearing their own, grown only by appends while it is the same object; see
     ``_hot_filter_kind``)."""
 
     __slots__ = ("heads", "static", "history", "n", "last", "dicts", "kinds", "steps")
@@ -210,7 +216,7 @@ class _Hot:
         self.kinds = kinds
         if trims_last:
             self.dicts.append((vars(filters[-1]), "_trim"))
-        #: ``(index, filter, kind)`` of every filter but a trimming one last (see ``_filter_hot``)
+        #: ``(index, filter, kind)`` of every filter, in order (what ``_filter_hot`` walks)
         self.steps = tuple((i, f, k) for i, (f, k) in enumerate(zip(filters, kinds)))
 
 
