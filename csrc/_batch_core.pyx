@@ -150,7 +150,7 @@ def intern_rows(prompts, cls):
 
 def table_records(distinct, dict role_codes):
     """See ``jianmu_fast._batch_core_py.table_records``."""
-    seq = distinct if type(distinct) is list else list(distinct)
+    seq = list(distinct)  # our own copy: reading an attribute may run code that changes theirs
     cdef Py_ssize_t n = len(seq), i
     roles_a = np.empty(n, dtype=np.int8)
     call_off_a = np.zeros(n + 1, dtype=np.int64)
@@ -180,7 +180,7 @@ def table_records(distinct, dict role_codes):
 
 def text_sides(msgs):
     """See ``jianmu_fast._batch_core_py.text_sides``."""
-    seq = msgs if type(msgs) is list else list(msgs)
+    seq = list(msgs)  # our own copy: reading an attribute may run code that changes theirs
     cdef Py_ssize_t n = len(seq), i, n1 = 0, a = 0, b = 0
     cdef Py_hash_t hv
     side_a = np.zeros(n, dtype=np.int8)
@@ -200,8 +200,6 @@ def text_sides(msgs):
     side0 = PyList_New(n - n1)
     side1 = PyList_New(n1)
     cdef PyObject* item
-    if PyList_GET_SIZE(<PyObject*>seq) != n:
-        raise RuntimeError("msgs changed size while it was read")
     for i in range(n):
         item = PyList_GET_ITEM(<PyObject*>seq, i)
         Py_INCREF(item)
@@ -368,8 +366,8 @@ def prefix_groups(hists, srcs, const int64_t[::1] order, const int64_t[::1] grou
                 break
             first += 1
         firsts[g] = first
-        if PyList_GET_SIZE(<PyObject*>srcs) != n_srcs:
-            raise RuntimeError("srcs changed size while the history was compared")
+        if PyList_GET_SIZE(<PyObject*>srcs) != n_srcs or PyList_GET_SIZE(<PyObject*>hists) != n_groups:
+            raise RuntimeError("srcs or hists changed size while the history was compared")
         n = PyList_GET_SIZE(bp)
         for x in range(a, b):
             i = order[x]
@@ -587,7 +585,7 @@ cdef extern from "Python.h":
 
 def group_states(states, str key):
     """See ``jianmu_fast._batch_core_py.group_states``."""
-    seq = states if type(states) is list else list(states)
+    seq = list(states)  # our own copy: a key comparison may run code that changes theirs
     cdef Py_ssize_t n = len(seq), i, g, n_groups = 0, cap = 1024
     cdef PyObject* st
     cdef PyObject* src

@@ -302,8 +302,8 @@ def prefix_groups(hists: list[Any], srcs: list[Any], order: np.ndarray, group_of
         while first < len(hist) and first < len(base) and (hist[first] is base[first] or hist[first] == base[first]):
             first += 1
         firsts[g] = first
-        if len(srcs) != n_srcs:
-            raise RuntimeError("srcs changed size while the history was compared")
+        if len(srcs) != n_srcs or len(hists) != n_groups:
+            raise RuntimeError("srcs or hists changed size while the history was compared")
         n = len(base)
         for x in range(a, b):
             i = int(order[x])

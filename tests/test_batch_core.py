@@ -517,3 +517,23 @@ def test_text_sides_twins_agree_with_the_definition(msgs):
     assert at0.tolist() == [i for i, s in enumerate(want) if s == 0]
     assert at1.tolist() == [i for i, s in enumerate(want) if s == 1]
     assert _same(side0, [msgs[i] for i in at0.tolist()]) and _same(side1, [msgs[i] for i in at1.tolist()])
+
+
+def test_prefix_groups_refuses_lists_changed_by_a_comparison():
+    """An ``==`` that empties ``srcs`` while the history is compared: a clear error on both
+    (the compiled twin would otherwise read past the list's end)."""
+    i64 = lambda *x: np.array(x, dtype=np.int64)  # noqa: E731
+    srcs: list = []
+
+    class Clearing:
+        def __eq__(self, other):
+            srcs.clear()
+            return True
+
+        __hash__ = object.__hash__
+
+    for core in _cores():
+        a = human("a")
+        srcs[:] = [[a], [a]]
+        assert _outcome(core.prefix_groups, [[Clearing()]], srcs, i64(0, 1), i64(0, 2), i64(0)) == (
+            "error", RuntimeError, "srcs or hists changed size while the history was compared")
