@@ -16,14 +16,20 @@ has only seen the history before the round, as an agent process would). Peers, s
   against this 2.55 ms at 19 messages, 196 against 174 ms at 581: the same work, slightly
   slower).
 
+Both counters take ``engine=`` ("tokenizers": HuggingFace ``tokenizers``; "fastokens": the
+same ``tokenizer.json`` in fastokens; "auto", the default: fastokens when installed and checked).
+Ratios are like for like (the same engine on both counters), per engine; the default pair is
+the "auto" one. ``full_render`` tokenizes the rendering with ``tokenizers`` (what transformers
+does); ``full_render_fastokens`` with fastokens (the rendering then dominates).
+
 Every family gets the same seeded conversation, as its template accepts it: Hermes requires a
 ``name`` on tool results (given the called function's), Llama 3.1 refuses parallel calls (each
 is sent as its own call and result). DeepSeek-V3's template fails the additivity self-check, so
 its counts are full renderings (the fallback; its ratio shows what that costs).
 
-``test_ratios`` measures the three interleaved (each turn's best of 15 rounds, 3 for full
-rendering, averaged over the round's turns) and prints chat_template/hf (target <= 2) and
-full_render/chat_template (target >= 100). A turn of either counter must tokenize the turn's
+``test_ratios`` measures them interleaved, with each engine (each turn's best of 15 rounds, 3
+for full rendering, averaged over the round's turns) and prints chat_template/hf (target <= 2)
+and full_render/chat_template (target >= 100) for the defaults, then per engine. A turn of either counter must tokenize the turn's
 new text (about a twentieth of a 40-message history), which bounds full_render/hf, and so any
 exact counter's ratio, to roughly 15-25x at 40 messages.
 """
@@ -39,10 +45,15 @@ import pytest
 from conftest import REPORT, conversation
 
 from jianmu_fast.memory.context import ChatTemplateTokenCounter, HFTokenCounter, TokenBudgetFilter
+from jianmu_fast.memory.context import _encodings
 from jianmu_fast.message import Message
+
+#: the tokenizing engines measured (fastokens where the [fast] extra is installed)
+ENGINES = ["tokenizers"] + (["fastokens"] if importlib.util.find_spec("fastokens") else [])
 
 BUDGET = 8_000
 TURNS = 10
+ROUNDS = int(os.environ.get("JIANMU_FAST_CT_ROUNDS", "15"))
 SIZES = [40, 600]
 FAMILIES = ["qwen3", "hermes", "llama3.1", "mistral", "gpt-oss", "deepseek-v3"]
 _DATA = os.path.join(os.path.dirname(__file__), "..", "tests", "data", "chat_templates")
@@ -97,16 +108,20 @@ def _split(size: int, family: str = "qwen3") -> tuple[list[Message], list[list[M
     return [m for u in units[:k] for m in u], units[k:k + TURNS]
 
 
-def _round(impl: str, size: int, path: str, family: str = "qwen3"):
+def _round(impl: str, size: int, path: str, family: str = "qwen3", engine: str = "auto"):
     """``(setup, target)``: setup warms a fresh counter on the history before the round;
-    target replays the round's turns and returns the counts of the prompts sent."""
+    target replays the round's turns and returns the counts of the prompts sent. ``engine``
+    is the counters' (for ``full_render``: "fastokens" tokenizes with fastokens, anything else
+    with tokenizers, as transformers does)."""
     before, turns = _split(size, family)
 
     def setup():
         if impl == "hf":
-            counter = HFTokenCounter(os.path.join(path, "tokenizer.json"))
+            counter = HFTokenCounter(os.path.join(path, "tokenizer.json"), engine=engine)
+        elif impl == "full_render":
+            counter = ChatTemplateTokenCounter(path, engine="tokenizers")
         else:
-            counter = ChatTemplateTokenCounter(path)
+            counter = ChatTemplateTokenCounter(path, engine=engine)
         flt = TokenBudgetFilter(BUDGET, counter=counter)
         history = list(before)
         counter.count_messages(flt.apply(history))
@@ -115,13 +130,16 @@ def _round(impl: str, size: int, path: str, family: str = "qwen3"):
 
     clock = time.perf_counter
     if impl == "full_render":
+        tok = _encodings.hf_fastokens(ChatTemplateTokenCounter(path, engine="tokenizers")._tok, "fastokens") \
+            if engine == "fastokens" else None
+
         def target(counter, flt, history, timed=False):
-            tok = counter._tok
+            encode = (tok or counter._tok).encode
             out = []
             for unit in turns:
                 t = clock()
                 history.extend(unit)
-                n = len(tok.encode(counter.render(history), add_special_tokens=False))
+                n = len(encode(counter.render(history), add_special_tokens=False))
                 out.append(clock() - t if timed else n)
             return out
     else:
@@ -139,23 +157,26 @@ def _round(impl: str, size: int, path: str, family: str = "qwen3"):
 @pytest.mark.parametrize("family", FAMILIES)
 @pytest.mark.parametrize("size", SIZES)
 @pytest.mark.parametrize("impl", ["chat_template", "hf", "full_render"])
-def test_turn(benchmark, model_dirs, impl, size, family):
+@pytest.mark.parametrize("engine", ENGINES)
+def test_turn(benchmark, model_dirs, impl, size, family, engine):
     benchmark.group = f"chat template hot loop ({family}), {size} messages, per {TURNS} turns"
-    setup, target = _round(impl, size, model_dirs[family], family)
+    setup, target = _round(impl, size, model_dirs[family], family, engine)
     rounds = 3 if impl == "full_render" else 5
     benchmark.pedantic(target, setup=setup, rounds=rounds, iterations=1)
 
 
 @pytest.mark.parametrize("family", FAMILIES)
-def test_counts_are_exact(model_dirs, family):
+@pytest.mark.parametrize("engine", ENGINES)
+def test_counts_are_exact(model_dirs, family, engine):
     """Before trusting the timings: every prompt counted in a round equals a full rendering."""
     model_dir = model_dirs[family]
     for size in SIZES:
-        setup, target = _round("chat_template", size, model_dir, family)
+        setup, target = _round("chat_template", size, model_dir, family, engine)
         (counter, flt, history), _ = setup()
+        assert counter.engine_in_use == engine
         before = len(history)
         counts = target(counter, flt, history)
-        probe = ChatTemplateTokenCounter(model_dir)
+        probe = ChatTemplateTokenCounter(model_dir, engine="tokenizers")
         hist = history[:before]
         _, turns = _split(size, family)
         for unit, n in zip(turns, counts):
@@ -179,19 +200,33 @@ def _turn_mins(setup_target, rounds: int) -> list[float]:
 @pytest.mark.parametrize("family", FAMILIES)
 def test_ratios(model_dirs, family, capsys):
     lines = []
+    default = ChatTemplateTokenCounter(model_dirs[family]).engine_in_use  # what engine="auto" picks here
     for size in SIZES:
-        r = {impl: _round(impl, size, model_dirs[family], family) for impl in ("chat_template", "hf", "full_render")}
-        mins: dict[str, list[float]] = {}
-        for k in range(15):  # interleaved; full rendering (seconds a round at 600) in 3 of them
-            for impl, st in r.items():
-                if impl != "full_render" or k % 5 == 0:
+        r = {}
+        for engine in ENGINES:
+            for impl in ("chat_template", "hf", "full_render"):
+                r[(impl, engine)] = _round(impl, size, model_dirs[family], family, engine)
+        mins: dict[tuple[str, str], list[float]] = {}
+        for k in range(ROUNDS):  # interleaved; full rendering (seconds a round at 600) in 3 of them
+            for key, st in r.items():
+                if key[0] != "full_render" or k % 5 == 0:
                     got = _turn_mins(st, 1)
-                    mins[impl] = got if impl not in mins else [min(a, b) for a, b in zip(mins[impl], got)]
-        t = {impl: sum(v) / len(v) for impl, v in mins.items()}
-        line = (f"chat template ({family}), {size} messages: per turn chat_template {t['chat_template'] * 1e6:.0f} us, "
-                f"hf {t['hf'] * 1e6:.0f} us, full_render {t['full_render'] * 1e3:.2f} ms; "
-                f"chat_template/hf = {t['chat_template'] / t['hf']:.2f}, "
-                f"full_render/chat_template = {t['full_render'] / t['chat_template']:.0f}x")
+                    mins[key] = got if key not in mins else [min(a, b) for a, b in zip(mins[key], got)]
+        t = {key: sum(v) / len(v) for key, v in mins.items()}
+        ct, hf, full = t[("chat_template", default)], t[("hf", default)], t[("full_render", "tokenizers")]
+        line = (f"chat template ({family}), {size} messages: per turn chat_template {ct * 1e6:.0f} us, "
+                f"hf {hf * 1e6:.0f} us, full_render {full * 1e3:.2f} ms; "
+                f"chat_template/hf = {ct / hf:.2f}, "
+                f"full_render/chat_template = {full / ct:.0f}x  (defaults: engine auto = {default}; "
+                "full_render tokenizes with tokenizers, as transformers does)")
+        for engine in ENGINES:
+            c, h = t[("chat_template", engine)], t[("hf", engine)]
+            line += (f"\n    {engine}: chat_template {c * 1e6:.0f} us, hf {h * 1e6:.0f} us, chat_template/hf = "
+                     f"{c / h:.2f}; full_render (tokenizers)/chat_template = {full / c:.0f}x")
+        if "fastokens" in ENGINES:
+            ff = t[("full_render", "fastokens")]
+            line += (f"\n    full_render tokenized with fastokens {ff * 1e3:.2f} ms "
+                     f"({ff / ct:.0f}x the default chat_template turn)")
         lines.append(line)
         REPORT.append(line)
     with capsys.disabled():

