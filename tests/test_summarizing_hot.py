@@ -213,3 +213,22 @@ def test_preset_hot_loop_equals_build_batch():
     assert [_dump(p) for p in warm] == [_dump(p) for p in batch]
     assert _dump(warm[-1]) == _dump(pickle.loads(pickle.dumps(b)).build(states[-1]))
     assert sum(1 for p in warm if any(m.metadata.get("context_edit") for m in p)) > len(states) // 2
+
+
+def test_turns_between_the_inner_budget_and_the_budget_keep_everything():
+    """A prompt over the inner budget (``max_tokens - summary_max_tokens``) but within
+    ``max_tokens`` is not over: every message is kept, no summary, turn after turn (the hot
+    path then follows the plain budget's records); the first turn over it gets the summary."""
+    msgs = [system("You help.")] + [human(f"message {i} " * 8) for i in range(80)]
+    f = SummarizingBudgetFilter(1000, COUNTER, summarize=summarize, summary_max_tokens=300, eviction="chunked",
+                                chunk=250)
+    between = 0
+    for end in range(2, len(msgs) + 1):
+        out = _same_as_fresh(f, msgs[:end], None, True)
+        total = COUNTER.count_messages(msgs[:end])
+        if total <= 1000:
+            assert out == msgs[:end]
+            between += total > 700
+        else:
+            assert out[1].metadata["context_edit"]["kind"] == "summary"
+    assert between >= 3

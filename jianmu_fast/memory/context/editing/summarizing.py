@@ -222,7 +222,10 @@ class SummarizingBudgetFilter(TokenBudgetFilter):
         over, grown = self._over(msgs, tools_schema)
         if not over:
             # everything fits the budget: nothing to summarize (the plain filter keeps it all)
-            return self._plain._trim(msgs, tools_schema, sanitize)
+            got = self._plain._trim(msgs, tools_schema, sanitize)
+            if self._additive:  # (so the plain filter keeps all exactly when it is not over)
+                self._keep_hot(self._plain, msgs, tools_schema, None, n_pinned, 0)
+            return got
         cut = len(msgs) - (len(kept) - n_pinned)
         last = self._last
         if grown and last is not None and last[2] is self._over_ref[0] and last[3] == cut:
@@ -270,8 +273,10 @@ class SummarizingBudgetFilter(TokenBudgetFilter):
         ``msgs``, its plan kept ``n_pinned`` pinned messages and cut at ``cut``, and the output
         put ``summary`` after them. A next prompt that extends ``msgs`` and, under the same
         budget, gets the same plan has the same dropped span, so the same summary. With
-        ``summary=None`` the inner budget kept everything: a next prompt (under the same
-        budget) that it keeps whole is the output too."""
+        ``summary=None`` the output was all of ``msgs`` (``inner`` kept everything, or is the
+        plain budget and the prompt was not over it): a next prompt that ``inner`` keeps whole
+        under the same budget is its own output too (if the inner budget keeps it, nothing is
+        dropped; if the plain one does, it is not over the budget)."""
         rec = inner._rec
         if rec is None or rec.n != len(msgs):
             return  # pragma: no cover - the inner _trim always leaves the records of msgs
