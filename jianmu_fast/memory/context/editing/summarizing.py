@@ -222,10 +222,10 @@ class SummarizingBudgetFilter(TokenBudgetFilter):
         over, grown = self._over(msgs, tools_schema)
         if not over:
             # everything fits the budget: nothing to summarize (the plain filter keeps it all)
-            got = self._plain._trim(msgs, tools_schema, sanitize)
+            whole = self._plain._trim(msgs, tools_schema, sanitize)
             if self._additive:  # (so the plain filter keeps all exactly when it is not over)
                 self._keep_hot(self._plain, msgs, tools_schema, None, n_pinned, 0)
-            return got
+            return whole
         cut = len(msgs) - (len(kept) - n_pinned)
         last = self._last
         if grown and last is not None and last[2] is self._over_ref[0] and last[3] == cut:
@@ -317,10 +317,10 @@ class SummarizingBudgetFilter(TokenBudgetFilter):
 
     def _digests_of(self, part: list[Message]) -> bytes:
         """The digests of ``part``'s messages, concatenated (what the content hash takes)."""
-        got = list(map(self._digests.get, map(id, part)))
+        got: list[Optional[bytes]] = list(map(self._digests.get, map(id, part)))
         if not all(got):  # (a digest is 32 bytes: None is the only false value)
             got = [d if d is not None else self._digest(m) for d, m in zip(got, part)]
-        return b"".join(got)
+        return b"".join(got)  # type: ignore[arg-type]
 
     def _folds(self, span: list[Message], start: int = 0, cum0: int = 0,
                resume: Optional[tuple[int, int, int]] = None, rec: Any = None,
