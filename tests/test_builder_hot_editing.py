@@ -440,3 +440,52 @@ def test_a_setting_changed_between_hot_builds_applies_as_to_a_new_filter():
         assert got == outcome(ref, state, None)
         if i in changes or i == len(hist) - 1:
             assert got == outcome(builder(**now), {"messages": list(state["messages"])}, None), i
+
+
+def test_stages_shared_by_builders_in_threads():
+    """Builders that share their cap and clearing stages, each in its own thread over its own
+    growing history (the cap's hot call appends without the stage's lock): every output equals
+    a lone builder's."""
+    cap, clear = ToolResultCapFilter(120, TIKTOKEN), ClearToolResultsFilter(900, TIKTOKEN, keep=1, clear_at_least=200)
+
+    def builder(*stages: Any) -> ContextBuilder:
+        return _handoff_builder([*stages, TokenBudgetFilter(1000, TIKTOKEN, eviction="chunked", chunk=200)])
+
+    hists = [history(30 + t, 60, False) for t in range(4)]
+    want = []
+    for h in hists:
+        lone = builder(ToolResultCapFilter(120, TIKTOKEN), ClearToolResultsFilter(900, TIKTOKEN, keep=1, clear_at_least=200))
+        state: dict[str, Any] = {"messages": []}
+        got = []
+        for m in h:
+            state["messages"].append(m)
+            got.append(outcome(lone, state, None))
+        want.append(got)
+    errors: list[Any] = []
+
+    def run(t: int) -> None:
+        b = builder(cap, clear)
+        state: dict[str, Any] = {"messages": []}
+        try:
+            for _ in range(3):
+                state["messages"] = []
+                for j, m in enumerate(hists[t]):
+                    state["messages"].append(m)
+                    if outcome(b, state, None) != want[t][j]:
+                        errors.append((t, j))
+        except Exception as exc:  # pragma: no cover - reported below
+            errors.append(exc)
+
+    import sys
+
+    interval = sys.getswitchinterval()
+    sys.setswitchinterval(1e-6)  # threads switch as often as the interpreter allows
+    try:
+        threads = [threading.Thread(target=run, args=(t,)) for t in range(4)]
+        for th in threads:
+            th.start()
+        for th in threads:
+            th.join()
+    finally:
+        sys.setswitchinterval(interval)
+    assert errors == []

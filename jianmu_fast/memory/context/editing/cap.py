@@ -196,22 +196,24 @@ class ToolResultCapFilter:
         list, not a copy, under the same rule: grown in place by appends only, while it is the
         same object; any other change makes a new list. The caller only reads it. When ``src``
         is the list of the previous call, only its new messages are looked at (one compiled
-        call: their cached cuts appended); a call that finds the stage busy gets ``apply``'s copy."""
+        call: their cached cuts appended), without the lock: the lists that call appends to
+        (``_turn_args``) are only ever appended to by the one thread that holds ``src`` (a
+        builder's turn), and every other path works on copies of them (see ``_apply``); a cut
+        not cached yet is made with the lock held. Otherwise ``_apply`` under the lock, or,
+        when the stage is busy, ``apply``'s copy."""
         args = self._turn_args
-        if args is not None and src is args[0] and self._lock.acquire(False):
-            try:  # the agent loop's turn: the new messages' cached cuts appended in one compiled call
-                if _extend_capped(*args) < len(src):
+        if args is not None and src is args[0]:  # the agent loop's turn
+            if _extend_capped(*args) < len(src):
+                with self._lock:  # a tool result whose cut is not cached yet
                     _, ref, out, d = args
                     i = len(ref)
-                    while i < len(src):  # a tool result whose cut is not cached yet
+                    while i < len(src):
                         m = src[i]
                         c = self.cap(m)
                         ref.append(m)
                         out.append(c)
                         i = _extend_capped(src, ref, out, d)
-                return args[2]
-            finally:
-                self._lock.release()
+            return args[2]
         lock = self._lock
         if not lock.acquire(False):
             return self.apply(src)
@@ -225,25 +227,28 @@ class ToolResultCapFilter:
             lock.release()
 
     def _apply(self, messages: Sequence[Message]) -> list[Message]:
-        """The output for ``messages``: the previous one extended when ``messages`` extends the
-        previous input (in place, unless the hot path handed it out: then a new list), else
-        made anew. The stage's own list (``_last[1]``)."""
+        """The output for ``messages`` (with the lock held): the previous one extended when
+        ``messages`` extends the previous input (in place, unless the hot path handed it out:
+        then a copy), else made anew. The stage's own list (``_last[1]``)."""
         msgs = messages if type(messages) is list else list(messages)
         last = self._last
         if last is not None:
             ref, out = last  # our own lists: the previous input and its output
+            if self._shared:
+                # handed out by the hot path, which may still append to them (without the lock,
+                # in pairs: input, output): never changed here, copies of their common length
+                ref, out = ref[:], out[:]
+                k = min(len(ref), len(out))
+                del ref[k:], out[k:]
+                self._last = (ref, out)
+                self._shared = False
             k = len(ref)
             if _backend.extends(ref, msgs):
                 if len(msgs) > k:
                     new = msgs[k:]
                     cap = self.cap  # (raises before anything is extended)
                     capped = [m if m.role != "tool" else cap(m) for m in new]
-                    if self._shared:  # handed out: never changed again but by the hot path's appends
-                        out = out + capped
-                        self._last = (ref, out)
-                        self._shared = False
-                    else:
-                        out.extend(capped)
+                    out.extend(capped)
                     ref.extend(new)
                 return out
         out = [self.cap(m) for m in msgs]
