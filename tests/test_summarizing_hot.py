@@ -232,3 +232,20 @@ def test_turns_between_the_inner_budget_and_the_budget_keep_everything():
         else:
             assert out[1].metadata["context_edit"]["kind"] == "summary"
     assert between >= 3
+
+
+@pytest.mark.parametrize("setting", ["max_tokens", "summary_max_tokens", "keep_tokens"])
+def test_changing_a_setting_forgets_the_remembered_turn(setting):
+    """The hot path follows a setting changed between turns, as the general path does."""
+    msgs = _loop(9, 30)
+    ends = _ends(msgs)
+    f = SummarizingBudgetFilter(2500, COUNTER, summarize=summarize, summary_max_tokens=300, eviction="chunked", chunk=600)
+    for end in ends[:-3]:
+        f._trim(msgs[:end], None, True)
+    assert f._hot is not None
+    setattr(f, setting, {"max_tokens": 2000, "summary_max_tokens": 200, "keep_tokens": 500}[setting])
+    assert f._hot is None
+    for end in ends[-3:]:
+        _same_as_fresh(f, msgs[:end], None, True)
+    g = pickle.loads(pickle.dumps(f))
+    assert getattr(g, setting) == getattr(f, setting) and g._hot is None

@@ -128,6 +128,37 @@ class SummarizingBudgetFilter(TokenBudgetFilter):
         self.calls = 0
         """How many times ``summarize`` was called (successful or not)."""
 
+    # the settings the hot path's remembered turn depends on: setting one forgets it
+    @property
+    def max_tokens(self) -> int:
+        """The budget of the whole request."""
+        return self._max_tokens
+
+    @max_tokens.setter
+    def max_tokens(self, value: int) -> None:
+        self._max_tokens = value
+        self._hot = None
+
+    @property
+    def summary_max_tokens(self) -> int:
+        """The tokens set aside for the summary message."""
+        return self._summary_max_tokens
+
+    @summary_max_tokens.setter
+    def summary_max_tokens(self, value: int) -> None:
+        self._summary_max_tokens = value
+        self._hot = None
+
+    @property
+    def keep_tokens(self) -> Optional[int]:
+        """The bound of the newest history kept verbatim (None: the budget's)."""
+        return self._keep_tokens
+
+    @keep_tokens.setter
+    def keep_tokens(self, value: Optional[int]) -> None:
+        self._keep_tokens = value
+        self._hot = None
+
     def __repr__(self) -> str:
         return (f"SummarizingBudgetFilter(max_tokens={self.max_tokens}, counter={self.counter!r}, "
                 f"summarize={getattr(self.summarize, '__qualname__', self.summarize)!s}, "
@@ -141,6 +172,9 @@ class SummarizingBudgetFilter(TokenBudgetFilter):
         return state
 
     def __setstate__(self, state: dict[str, Any]) -> None:
+        for key in ("max_tokens", "summary_max_tokens", "keep_tokens"):  # pickled before these were properties
+            if key in state:
+                state["_" + key] = state.pop(key)
         super().__setstate__(state)
         calls = state.get("calls", 0)
         self._reset()
