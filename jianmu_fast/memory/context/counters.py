@@ -378,7 +378,7 @@ class HFTokenCounter(CachedChatCounter):
     - ``"fastokens"`` (``pip install 'jianmu_fast[fast]'``): the same ``tokenizer.json`` loaded
       by fastokens, 10-150x faster on unseen text (a 3 kB JSON tool result: ~6 us against
       ~0.7-1 ms on a byte-level BPE with a cl100k-style regex), but ~1 s more to load a
-      13 MB ``tokenizer.json`` (once per file content and process). ``ValueError`` if fastokens
+      13 MB ``tokenizer.json`` and ~90 MiB more memory (once per file content and process). ``ValueError`` if fastokens
       cannot load the tokenizer (e.g. a ``BertNormalizer``) or fails the load-time check: the
       tokenizer's added tokens in every position, whitespace runs, digits, JSON, scripts and
       emoji encoded by both, every id equal;
