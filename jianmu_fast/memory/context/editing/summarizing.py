@@ -437,11 +437,11 @@ class SummarizingBudgetFilter(TokenBudgetFilter):
         if keyed is None:
             ends, units, acc = self._folds(span, lo, cum, resume, rec, offset)
             keyed, state = self._keys(span, ends, lo, key, tail)
+            offset = 0  # (span positions)
         else:
-            keyed, units, acc, state = keyed
-            if offset:
-                keyed = [(i - offset, before, n_units, k) for i, before, n_units, k in keyed]
+            keyed, units, acc, state = keyed  # (record positions: offset + span positions)
         for hi, before, n_units, key in keyed:
+            hi -= offset
             got = by_content.get(key)
             if got is None:
                 piece = span[lo:hi]
