@@ -430,6 +430,11 @@ class Records:
     ``message_type`` is the type every appended message must have (``advance`` returns
     ``-2`` otherwise); records read ``role``, ``tool_call_id`` and ``tool_calls``.
 
+    The summarizing budget (``SummarizingBudgetFilter``) works over the records of its inner
+    budget: ``window(..., insert=)`` puts its summary message in while the cut stays put (and
+    hands back the plan when it moved), ``folds`` / ``fold_keys`` read its rolling summary's
+    fold points (and their content keys, over ``joined`` digests) off the records.
+
     >>> from jianmu_fast.message import Message, ai, human, system, tool
     >>> call = [{"id": "c1", "type": "function", "function": {"name": "f", "arguments": "{}"}}]
     >>> history = [system("s"), human("q")]
