@@ -312,18 +312,23 @@ def _run(builder, states, lists, global_state, ctx, tools_schema, bar=None) -> B
     the collections they trigger scan them again and again, now and then in a full
     collection of the whole heap (~90 ms in the benchmark process). Measured on the
     10,000-prompt cs batch, the one scan left after the batch included: median 8-12 ms less
-    of 130-160 ms."""
+    of 130-160 ms. One young-generation pass is made right after the provider stage (only
+    when the collector was on: a caller that turned it off gets no collection): the
+    provider's new objects (annotated copies, its caches) are then scanned before the
+    output lists exist, and the pass after the batch scans little more than those lists
+    (measured on that batch: both passes together 2.2 ms instead of 3.6 ms for the one)."""
     paused = gc.isenabled()
     if paused:
         gc.disable()
     try:
-        return _run_stages(builder, states, lists, global_state, ctx, tools_schema, bar)
+        return _run_stages(builder, states, lists, global_state, ctx, tools_schema, bar, paused)
     finally:
         if paused:
             gc.enable()
 
 
-def _run_stages(builder, states, lists, global_state, ctx, tools_schema, bar=None) -> BatchReport:
+def _run_stages(builder, states, lists, global_state, ctx, tools_schema, bar=None,
+                young_pass: bool = False) -> BatchReport:
     n = len(states)
     errors: dict[int, BaseException] = {}
     tick = bar.update if bar is not None else None
@@ -334,6 +339,8 @@ def _run_stages(builder, states, lists, global_state, ctx, tools_schema, bar=Non
     if lists is None:
         pack = n > 1 and bool(filters) and _batched(filters[0])
         prompts, interned = provide_all(builder, states, global_state, ctx, tools_schema, errors, tick, pack)
+        if young_pass:
+            gc.collect(0)  # see _run
     else:
         prompts, interned = _coerce_all(lists, errors, tick)
     alive = [i for i in range(n) if i not in errors] if errors else list(range(n))

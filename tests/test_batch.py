@@ -408,10 +408,24 @@ def test_the_garbage_collector_is_paused_during_the_batch_and_restored():
     assert len(build_batch(b, [{}, "boom"])) == 2
     assert seen == [False, False] and gc.isenabled()
     gc.disable()
+    collections = []
+
+    def count(phase, info):
+        if phase == "start":
+            collections.append(info["generation"])
+
+    from jianmu_fast.memory.context.providers.state_history import StateHistoryProvider
+
+    gc.callbacks.append(count)
     try:
+        history = ContextBuilder([StaticPromptProvider("s"), StateHistoryProvider()], [MaxMessagesFilter(2)])
+        conv = [human(f"m{i}") for i in range(5)]
+        assert len(build_batch(history, [{"messages": conv[:k]} for k in range(1, 6)])) == 5
         build_batch(b, [{}])
         assert not gc.isenabled()  # left as the caller had it
+        assert collections == []  # and no collection made meanwhile
     finally:
+        gc.callbacks.remove(count)
         gc.enable()
 
     class Stop(BaseException):
