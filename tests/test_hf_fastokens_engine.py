@@ -2,8 +2,9 @@
 ``ChatTemplateTokenCounter``): fastokens loads the same ``tokenizer.json`` and must give the
 very ids HuggingFace ``tokenizers`` gives, on every bundled tokenizer (the six chat-template
 families' and the shared cl100k ``tokenizer.json``), for any text: unicode, whitespace runs,
-digits, JSON, the tokenizer's added and special tokens embedded anywhere. ``"auto"`` uses
-fastokens only where it loads and passes the load-time check; ``"fastokens"`` refuses a
+digits, JSON, the tokenizer's added and special tokens embedded anywhere. ``"auto"`` starts on
+tokenizers and moves to fastokens once the counter has tokenized ``AUTO_FASTOKENS_CHARS``
+characters (cache misses), only where it loads and passes the load-time check; ``"fastokens"`` refuses a
 tokenizer it cannot load or that fails the check, and names the extra when fastokens is missing.
 """
 
@@ -127,7 +128,7 @@ def test_chat_template_counter_engines_count_the_same(paths):
     fast = ChatTemplateTokenCounter(folder, engine="fastokens")
     ref = ChatTemplateTokenCounter(folder, engine="tokenizers")
     auto = ChatTemplateTokenCounter(folder)
-    assert (fast.engine_in_use, ref.engine_in_use, auto.engine_in_use) == ("fastokens", "tokenizers", "fastokens")
+    assert (fast.engine_in_use, ref.engine_in_use, auto.engine_in_use) == ("fastokens", "tokenizers", "tokenizers")
     ms = [Message(role="system", content="<|im_start|>sys<|im_end|>  \n"), Message(role="user", content="数据 {\"a\": 1}<think>x")]
     assert fast.count_messages(ms) == ref.count_messages(ms) == auto.count_messages(ms)
     assert fast.count_array(ms).tolist() == ref.count_array(ms).tolist()
@@ -136,9 +137,12 @@ def test_chat_template_counter_engines_count_the_same(paths):
 
 @needs_fastokens
 def test_a_tokenizer_fastokens_cannot_load_stays_on_tokenizers():
-    """fastokens has no BertNormalizer: "auto" counts with tokenizers, "fastokens" says why."""
+    """fastokens has no BertNormalizer: "auto" counts with tokenizers (past its threshold
+    too), "fastokens" says why."""
     auto = HFTokenCounter(MINILM)
-    assert auto.engine_in_use == "tokenizers" and auto.count_text("hello world") == 2
+    auto.AUTO_FASTOKENS_CHARS = 5
+    assert auto.count_text("hello world") == 2 and auto._auto_chars == -1  # decided
+    assert auto.engine_in_use == "tokenizers" and auto.count_text("hello there world") == 3
     with pytest.raises(ValueError, match=r"engine='fastokens'\): fastokens cannot load this tokenizer .*BertNormalizer"):
         HFTokenCounter(MINILM, engine="fastokens")
 
@@ -153,9 +157,10 @@ def test_a_twin_that_tokenizes_differently_is_rejected(paths, monkeypatch):
     real = fastokens.Tokenizer.from_json_str
     monkeypatch.setattr(fastokens.Tokenizer, "from_json_str", staticmethod(lambda s: real(base)))
     monkeypatch.setattr(_encodings, "_hf_fast", {})
+    monkeypatch.setattr(ChatTemplateTokenCounter, "AUTO_FASTOKENS_CHARS", 1)  # decides at once
     folder = os.path.dirname(paths["hermes"])
     auto = ChatTemplateTokenCounter(folder)
-    assert auto.engine_in_use == "tokenizers"
+    assert auto.engine_in_use == "tokenizers" and auto._auto_chars == -1
     ref = ChatTemplateTokenCounter(folder, engine="tokenizers")
     ms = [Message(role="user", content="hi")]
     assert auto.count_messages(ms) == ref.count_messages(ms)
@@ -171,9 +176,12 @@ def test_fastokens_engine_without_the_package_names_the_extra(paths, monkeypatch
     folder = os.path.dirname(paths["mistral"])
     with pytest.raises(ImportError, match=r"ChatTemplateTokenCounter\(engine='fastokens'\) .*jianmu_fast\[fast\]"):
         ChatTemplateTokenCounter(folder, engine="fastokens")
+    monkeypatch.setattr(HFTokenCounter, "AUTO_FASTOKENS_CHARS", 1)  # "auto" decides at its first miss
+    monkeypatch.setattr(ChatTemplateTokenCounter, "AUTO_FASTOKENS_CHARS", 1)
     auto = HFTokenCounter(paths["cl100k"])
-    assert auto.engine_in_use == "tokenizers" and auto.count_text("hello world") == 2
-    assert ChatTemplateTokenCounter(folder).engine_in_use == "tokenizers"
+    assert auto.count_text("hello world") == 2 and auto._auto_chars == -1 and auto.engine_in_use == "tokenizers"
+    ct = ChatTemplateTokenCounter(folder)
+    assert ct._auto_chars == -1 and ct.engine_in_use == "tokenizers"
 
 
 def test_bad_engine_is_a_clear_error(paths):
@@ -206,3 +214,72 @@ def test_lone_surrogates_give_the_reference_outcome(paths):
         except Exception as exc:
             outcomes.append(type(exc))
     assert outcomes[0] == outcomes[1]
+
+
+def test_auto_below_its_threshold_never_loads_fastokens(paths, monkeypatch):
+    """A counter that has tokenized fewer than ``AUTO_FASTOKENS_CHARS`` characters has not
+    built the twin (nor imported fastokens' tokenizer): short runs never pay its load."""
+    monkeypatch.setattr(_encodings, "_hf_fast", {})
+    c = HFTokenCounter(paths["qwen3"])
+    ct = ChatTemplateTokenCounter(os.path.dirname(paths["qwen3"]))
+    ms = [Message(role="user", content=f"question {i} " * 50) for i in range(20)]
+    c.count_array(ms)
+    ct.count_messages(ms)
+    assert c.engine_in_use == ct.engine_in_use == "tokenizers"
+    assert 0 < c._auto_chars < HFTokenCounter.AUTO_FASTOKENS_CHARS
+    assert 0 < ct._auto_chars < ChatTemplateTokenCounter.AUTO_FASTOKENS_CHARS
+    assert _encodings._hf_fast == {}  # no twin built, for any tokenizer
+    assert HFTokenCounter.AUTO_FASTOKENS_CHARS == ChatTemplateTokenCounter.AUTO_FASTOKENS_CHARS == 5_000_000
+
+
+@needs_fastokens
+def test_auto_switches_past_its_threshold_with_equal_counts(paths, monkeypatch):
+    """Cache hits do not count towards the threshold; the miss that reaches it loads the twin
+    (checked), and every count before and after equals the tokenizers engine's."""
+    ref = HFTokenCounter(paths["qwen3"], engine="tokenizers")
+    c = HFTokenCounter(paths["qwen3"])
+    c.AUTO_FASTOKENS_CHARS = 1000
+    first = "数据 <|im_start|> {\"a\": 1} " * 20  # < 1000 characters
+    assert c.count_text(first) == ref.count_text(first) and c._auto_chars == len(first) < 1000
+    for _ in range(50):  # cache hits: free, not counted
+        assert c.count_text(first) == ref.count_text(first)
+    assert c._auto_chars == len(first) and c.engine_in_use == "tokenizers"
+    ms = [Message(role="tool", content="x" * 300 + str(i), tool_call_id=f"c{i}") for i in range(3)]
+    assert c.count_array(ms).tolist() == ref.count_array(ms).tolist()
+    assert c.engine_in_use == "fastokens" and c._auto_chars == -1
+    more = [Message(role="user", content="after the switch 12345 " * k) for k in range(1, 6)]
+    assert c.count_array(more).tolist() == ref.count_array(more).tolist()
+    assert repr(c) == f"HFTokenCounter({c.path!r})"
+    clone = pickle.loads(pickle.dumps(c))  # a fresh counter: empty caches, counting again
+    assert clone.engine == "auto" and clone.engine_in_use == "tokenizers" and clone._auto_chars == 0
+    assert clone.count_text(first) == c.count_text(first)
+
+    folder = os.path.dirname(paths["qwen3"])
+    cref = ChatTemplateTokenCounter(folder, engine="tokenizers")
+    monkeypatch.setattr(ChatTemplateTokenCounter, "AUTO_FASTOKENS_CHARS", 10 ** 12)
+    ct = ChatTemplateTokenCounter(folder)
+    ct.AUTO_FASTOKENS_CHARS = ct._auto_chars + 2000  # what its construction's probes tokenized, and more
+    conv = [Message(role="system", content="Be brief."), Message(role="user", content="hi " * 100)]
+    assert ct.count_messages(conv) == cref.count_messages(conv) and ct.engine_in_use == "tokenizers"
+    conv += [Message(role="assistant", content=" ".join(map(str, range(600)))),
+             Message(role="user", content="again <think> " * 30)]
+    assert ct.count_messages(conv) == cref.count_messages(conv)
+    assert ct.engine_in_use == "fastokens"
+    assert ct.count_array(conv).tolist() == cref.count_array(conv).tolist()
+    conv.append(Message(role="user", content="and after " * 50))
+    assert ct.count_messages(conv) == cref.count_messages(conv)
+    assert repr(ct) == f"ChatTemplateTokenCounter({folder!r})"
+
+
+def test_forced_engines_ignore_the_threshold(paths, monkeypatch):
+    monkeypatch.setattr(HFTokenCounter, "AUTO_FASTOKENS_CHARS", 0)
+    monkeypatch.setattr(ChatTemplateTokenCounter, "AUTO_FASTOKENS_CHARS", 0)
+    c = HFTokenCounter(paths["mistral"], engine="tokenizers")
+    c.count_text("hello world " * 100)
+    assert c.engine_in_use == "tokenizers" and c._auto_chars == -1
+    ct = ChatTemplateTokenCounter(os.path.dirname(paths["mistral"]), engine="tokenizers")
+    assert ct.engine_in_use == "tokenizers" and ct._auto_chars == -1
+    if HAVE_FASTOKENS:
+        f = HFTokenCounter(paths["mistral"], engine="fastokens")
+        assert f.engine_in_use == "fastokens" and f._auto_chars == -1
+        assert f.count_text("hello world " * 100) == c.count_text("hello world " * 100)

@@ -53,6 +53,7 @@ __all__ = [
     "HF_ENGINES",
     "check_hf_engine",
     "hf_fastokens",
+    "hf_auto_step",
     "fastokens_counts",
     "FASTOKENS_LOOP_CHARS",
 ]
@@ -501,6 +502,27 @@ def hf_fastokens(tok: "tokenizers.Tokenizer", engine: str, digest: Optional[str]
     if fast is None and engine == "fastokens":
         raise ValueError(f"{who}(engine='fastokens'): {why}; use engine='tokenizers' (or 'auto')")
     return fast
+
+
+def hf_auto_step(counter: Any, digest: Optional[str], texts: "list[str]", who: str) -> tuple[int, Any]:
+    """``engine="auto"``'s rule for the HF counters, applied to a batch of cache misses:
+    ``(characters counted so far, fastokens twin or None)``. Below the counter's
+    ``AUTO_FASTOKENS_CHARS`` it only adds ``texts``' characters; the batch that reaches it
+    decides for good (-1): ``counter._fast`` becomes the twin (``hf_fastokens(..., "auto")``:
+    ``None``, silently, when fastokens is missing, cannot load the tokenizer or fails its check).
+
+    >>> from types import SimpleNamespace
+    >>> c = SimpleNamespace(_auto_chars=0, AUTO_FASTOKENS_CHARS=10, _fast=None)
+    >>> hf_auto_step(c, None, ["abc", "de"], "HFTokenCounter")
+    (5, None)
+    """
+    chars = counter._auto_chars + sum(map(len, texts))
+    if chars < counter.AUTO_FASTOKENS_CHARS:
+        return chars, None
+    counter._auto_chars = -1  # decided, whatever happens below (no second load attempt)
+    fast = hf_fastokens(counter._tok, "auto", digest, who)
+    counter._fast = fast
+    return -1, fast
 
 
 #: below this many characters in all, a batch is encoded text by text on the calling thread:

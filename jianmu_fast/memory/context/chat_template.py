@@ -8,8 +8,9 @@ the messages (and tools), tokenized. This counter renders the template the way t
 variables; the text tokenized with ``add_special_tokens=False``), without importing
 transformers: it needs ``jinja2`` and ``tokenizers`` (``pip install 'jianmu_fast[hf]'``).
 With fastokens installed (``pip install 'jianmu_fast[fast]'``) the default ``engine="auto"``
-tokenizes with fastokens, which gives the same ids (checked when the tokenizer is loaded, and
-by property tests on every bundled tokenizer) 10-150x faster.
+moves to fastokens once the counter has tokenized ``AUTO_FASTOKENS_CHARS`` characters (the
+twin's load has paid for itself there; see ``HFTokenCounter``): the same ids (checked when the
+twin is loaded, and by property tests on every bundled tokenizer) 10-150x faster.
 
 The guarantee::
 
@@ -472,6 +473,7 @@ class ChatTemplateTokenCounter:
     ``engine`` picks what tokenizes renderings, as ``HFTokenCounter``'s: ``"tokenizers"``,
     ``"fastokens"`` (``pip install 'jianmu_fast[fast]'``; ``ValueError`` if fastokens cannot
     load the tokenizer or fails the load-time check of equal ids) or ``"auto"`` (default:
+    tokenizers until the counter has tokenized ``AUTO_FASTOKENS_CHARS`` characters, then
     fastokens when installed and checked, else tokenizers). Counts are the same either way.
 
     >>> from tokenizers import Tokenizer, models, pre_tokenizers
@@ -486,6 +488,9 @@ class ChatTemplateTokenCounter:
     """
 
     cache_size: int
+    #: ``engine="auto"`` moves to fastokens once the counter has tokenized this many characters
+    #: (renderings' pieces not cached yet), as ``HFTokenCounter.AUTO_FASTOKENS_CHARS``
+    AUTO_FASTOKENS_CHARS = 5_000_000
 
     def __init__(
         self,
@@ -544,7 +549,11 @@ class ChatTemplateTokenCounter:
         self._encode_batch = getattr(tok, "encode_batch_fast", None) or tok.encode_batch
         self.engine: str = engine
         # the fastokens twin of _tok (None: tokenizers); see the class docstring
-        self._fast: Any = _encodings.hf_fastokens(tok, engine, digest, "ChatTemplateTokenCounter")
+        self._fast: Any = None
+        self._digest = digest
+        self._auto_chars = 0 if engine == "auto" else -1  # -1: engine decided
+        if engine == "fastokens":
+            self._fast = _encodings.hf_fastokens(tok, engine, digest, "ChatTemplateTokenCounter")
         self.chat_template: str = template
         if special_tokens:
             special.update(special_tokens)
@@ -630,6 +639,8 @@ class ChatTemplateTokenCounter:
         """``len(encode(t, add_special_tokens=False))`` for each text, in one batch call (no
         offsets where the tokenizer offers that; the batch runs on every core)."""
         fast = self._fast
+        if fast is None and self._auto_chars >= 0:  # engine="auto", not decided yet
+            self._auto_chars, fast = _encodings.hf_auto_step(self, self._digest, texts, "ChatTemplateTokenCounter")
         if fast is not None:
             try:
                 return _encodings.fastokens_counts(fast, texts)

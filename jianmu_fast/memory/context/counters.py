@@ -382,8 +382,16 @@ class HFTokenCounter(CachedChatCounter):
       cannot load the tokenizer (e.g. a ``BertNormalizer``) or fails the load-time check: the
       tokenizer's added tokens in every position, whitespace runs, digits, JSON, scripts and
       emoji encoded by both, every id equal;
-    - ``"auto"`` (default): fastokens when it is installed, loads the tokenizer and passes that
-      check, else tokenizers (silently). ``engine_in_use`` says which.
+    - ``"auto"`` (default): tokenizers until this counter has tokenized
+      ``AUTO_FASTOKENS_CHARS`` (5 million) characters (cache misses; hits cost nothing), then
+      fastokens if it is installed, loads the tokenizer and passes that check (silently
+      tokenizers otherwise). ``engine_in_use`` says which. Short runs (a CLI call, a test, a Ray
+      worker's few batches) never pay the twin's load; a long one pays it once it has paid for
+      itself: on a 13 MB byte-level BPE ``tokenizer.json`` (2-core EPYC) tokenizers takes
+      0.27-0.41 us a character of JSON (batch / one text), fastokens ~0.003, and the twin
+      ~1.0-1.3 s to load and check, so the load breaks even at 2.7-4.1 M characters; switching
+      at 5 M costs at most ~2x what either engine alone would have (the ski-rental bound).
+      A pickled or copied counter starts counting again (its caches start empty too).
 
     >>> import os, jianmu_fast
     >>> path = os.path.join(os.path.dirname(jianmu_fast.__file__), "..", "tests", "data",
@@ -399,6 +407,8 @@ class HFTokenCounter(CachedChatCounter):
     PER_REQUEST = 3
     PER_TOOL = 1
     COUNT_TOOL_CALL_ID = True
+    #: ``engine="auto"`` moves to fastokens once the counter has tokenized this many characters
+    AUTO_FASTOKENS_CHARS = 5_000_000
 
     def __init__(self, tokenizer: Any, *, cache_size: int = DEFAULT_CACHE_SIZE, image_tokens: int = 85,
                  revision: str | None = None, engine: str = "auto") -> None:
@@ -429,8 +439,12 @@ class HFTokenCounter(CachedChatCounter):
                 f"transformers fast tokenizer (with .backend_tokenizer), got {type(tokenizer).__name__}"
             )
         self.engine: str = engine
-        # the fastokens twin of _tok (None: tokenizers), see ``engine``
-        self._fast: Any = _encodings.hf_fastokens(self._tok, engine, self._sha256, "HFTokenCounter")
+        # the fastokens twin of _tok (None: tokenizers), see ``engine``; "auto" loads it lazily
+        self._fast: Any = None
+        # characters tokenized so far (engine="auto"); -1: engine decided
+        self._auto_chars = 0 if engine == "auto" else -1
+        if engine == "fastokens":
+            self._fast = _encodings.hf_fastokens(self._tok, engine, self._sha256, "HFTokenCounter")
 
     def __repr__(self) -> str:
         tail = f", engine={self.engine!r}" if self.engine != "auto" else ""
@@ -438,11 +452,14 @@ class HFTokenCounter(CachedChatCounter):
 
     @property
     def engine_in_use(self) -> str:
-        """``"fastokens"`` when this counter tokenizes with fastokens, else ``"tokenizers"``."""
+        """``"fastokens"`` when this counter tokenizes with fastokens (for ``engine="auto"``:
+        once it has tokenized ``AUTO_FASTOKENS_CHARS`` characters), else ``"tokenizers"``."""
         return "tokenizers" if self._fast is None else "fastokens"
 
     def _encode_counts(self, texts: list[str]) -> list[int]:
         fast = self._fast
+        if fast is None and self._auto_chars >= 0:
+            self._auto_chars, fast = _encodings.hf_auto_step(self, self._sha256, texts, "HFTokenCounter")
         if fast is not None:
             try:
                 return _encodings.fastokens_counts(fast, texts)
