@@ -8,11 +8,12 @@ same names, signatures, results and error messages (proven by tests/test_filter_
 
 from cpython.list cimport PyList_GET_ITEM, PyList_GET_SIZE, PyList_New, PyList_SET_ITEM
 from cpython.tuple cimport PyTuple_GET_SIZE
+from cpython.bytes cimport PyBytes_AS_STRING, PyBytes_FromStringAndSize, PyBytes_GET_SIZE
 from cpython.ref cimport Py_INCREF
 from cpython.object cimport PyObject, PyObject_RichCompareBool, Py_EQ
 from libc.stdint cimport int64_t, int8_t
 from libc.stdlib cimport free, malloc
-from libc.string cimport memcmp
+from libc.string cimport memcmp, memcpy
 
 import weakref
 from hashlib import sha256 as _sha256
@@ -577,6 +578,7 @@ cdef class Records:
     prefix sums of the counts over the counted tail, so a plan is a binary search."""
 
     cdef readonly Py_ssize_t n
+    cdef readonly Py_ssize_t version
     cdef Py_ssize_t cap, ids_cap, n_ids, c0, pin_n, common
     cdef int64_t pin_mask
     cdef bint dirty, ps_ok
@@ -600,6 +602,7 @@ cdef class Records:
         self._msgs = []
         self._intern = {}
         self.n = 0
+        self.version = 0
         self.n_ids = 0
         self.cap = 0
         self.ids_cap = 0
@@ -740,6 +743,7 @@ cdef class Records:
     cdef int _truncate(self, Py_ssize_t k) except -1:
         del self._msgs[k:]
         self.n = k
+        self.version += 1
         self.n_ids = self.off[k]
         if self.pin_n > k:
             self.pin_n = k
@@ -1075,55 +1079,103 @@ cdef class Records:
             PyList_SET_ITEM(parts, i - a, v)
         return b"".join(parts)
 
-    def fold_keys(self, lo, hi, acc, units, level, fold, bytes key, state, dict values):
+    cdef object _piece_key(self, bytes key, dict values, Py_ssize_t a, Py_ssize_t b):
+        """``sha256(key + the values of [a, b)).digest()``, or None when one has none."""
+        cdef Py_ssize_t i, size = PyBytes_GET_SIZE(key), k = b - a
+        cdef PyObject* vp
+        cdef PyObject** got = <PyObject**> malloc((k if k > 0 else 1) * sizeof(PyObject*))
+        cdef char* p
+        if got == NULL:
+            raise MemoryError()
+        try:
+            for i in range(k):  # (borrowed: nothing runs Python code until they are copied)
+                vp = _value_of(values, PyList_GET_ITEM(self._msgs, a + i))
+                if vp == NULL:
+                    return None
+                got[i] = vp
+                size += PyBytes_GET_SIZE(<object>vp)
+            buf = PyBytes_FromStringAndSize(NULL, size)
+            p = PyBytes_AS_STRING(buf)
+            memcpy(p, PyBytes_AS_STRING(key), PyBytes_GET_SIZE(key))
+            p += PyBytes_GET_SIZE(key)
+            for i in range(k):
+                memcpy(p, PyBytes_AS_STRING(<object>got[i]), PyBytes_GET_SIZE(<object>got[i]))
+                p += PyBytes_GET_SIZE(<object>got[i])
+        finally:
+            free(got)
+        return _sha256(buf).digest()
+
+    def fold_keys(self, lo, first, hi, acc, units, level, fold, key, known, dict values):
         """See the twin."""
-        got = self.folds(lo, hi, acc, units, level, fold)
+        if not 0 <= lo <= first <= hi:
+            raise ValueError(f"need 0 <= lo <= first <= hi, got {lo}, {first}, {hi}")
+        if type(key) is not bytes or (known is not None and type(known) is not bytes):
+            bad = key if type(key) is not bytes else known
+            raise TypeError(f"key and known: expected bytes (known: or None), got {type(bad).__name__}")
+        cdef int64_t a[6]
+        self._fold_args(first, hi, acc, units, level, fold, a)
+        got = self._folds(a[0], a[1], a[2], a[3], a[4], a[5])
         if got is None:
             return None
         cdef list points = (<tuple>got)[0]
-        cdef Py_ssize_t n_pts = PyList_GET_SIZE(points), i, j, start = lo, e, n_parts
+        cdef Py_ssize_t n_pts = PyList_GET_SIZE(points), i, start = lo, e, f0 = first
         cdef list ends = PyList_New(0)
-        cdef list parts
         cdef tuple p
-        cdef PyObject* vp
         for i in range(n_pts + 1):
             if i < n_pts:
                 p = <tuple>PyList_GET_ITEM(points, i)
                 e = p[0]
             else:
                 e = hi
-            h = state.copy() if i == 0 and state is not None else _sha256(key)
-            n_parts = e - start
-            parts = PyList_New(n_parts)
-            for j in range(start, e):
-                vp = _value_of(values, PyList_GET_ITEM(self._msgs, j))
-                if vp == NULL:
+            if i == 0 and i < n_pts and known is not None and e == f0:
+                key = known
+            else:
+                key = self._piece_key(<bytes>key, values, start, e)
+                if key is None:
                     return None
-                v = <object>vp
-                Py_INCREF(v)
-                PyList_SET_ITEM(parts, j - start, v)
-            h.update(b"".join(parts))
-            key = h.digest()
             if i < n_pts:
                 ends.append((p[0], p[1], p[2], key))
             else:
                 ends.append((hi, -1, (<tuple>got)[1], key))
             start = e
-        return ends, (<tuple>got)[1], (<tuple>got)[2], h.copy()
+        return ends, (<tuple>got)[1], (<tuple>got)[2]
 
-    def folds(self, lo, hi, acc, units, level, fold):
-        """See the twin."""
-        cdef Py_ssize_t n = self.n, i, a, b
-        cdef int64_t s, u, lv, f, v
-        cdef list points
-        if not 0 <= lo <= hi <= n:
+    cdef int _fold_args(self, lo, hi, acc, units, level, fold, int64_t* out) except -1:
+        """Check ``folds``' arguments (the twin's errors) into ``out = (lo, hi, acc, units,
+        level, fold)``."""
+        cdef Py_ssize_t n = self.n
+        cdef int64_t v
+        cdef int k = 0
+        for x in (lo, hi):
+            try:
+                v = x
+            except OverflowError:
+                v = -1
+            out[k] = v
+            k += 1
+        if not 0 <= out[0] <= out[1] <= n:
             raise ValueError(f"need 0 <= lo <= hi <= {n}, got {lo}, {hi}")
         for name, x in (("acc", acc), ("units", units), ("level", level)):
-            if not 0 <= x <= SAT:
+            try:
+                v = x
+            except OverflowError:
+                v = -1
+            if not 0 <= v <= SAT:
                 raise ValueError(f"{name} must be between 0 and 2**62, got {x}")
-        if not 1 <= fold <= MAX_VALUE:
+            out[k] = v
+            k += 1
+        try:
+            v = fold
+        except OverflowError:
+            v = 0
+        if not 1 <= v <= C_MAX:
             raise ValueError(f"fold must be between 1 and 2**53, got {fold}")
-        a, b, s, u, lv, f = lo, hi, acc, units, level, fold
+        out[5] = v
+        return 0
+
+    cdef object _folds(self, Py_ssize_t a, Py_ssize_t b, int64_t s, int64_t u, int64_t lv, int64_t f):
+        cdef Py_ssize_t i
+        cdef list points
         for i in range(a, b):
             if self.c[i] < 0:
                 return None
@@ -1138,6 +1190,12 @@ cdef class Records:
             if s > SAT:
                 return None
         return points, u, s
+
+    def folds(self, lo, hi, acc, units, level, fold):
+        """See the twin."""
+        cdef int64_t a[6]
+        self._fold_args(lo, hi, acc, units, level, fold, a)
+        return self._folds(a[0], a[1], a[2], a[3], a[4], a[5])
 
 
 # -- a cached counter's counts (jianmu_fast.memory.context._count_cache); see the twin ---------

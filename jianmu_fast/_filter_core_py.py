@@ -465,6 +465,7 @@ class Records:
         self._ids = []
         self._common = 0  # after a failed match: how many leading messages msgs shares
         self._last_lo = 0  # the window start of the last decided plan
+        self._version = 0  # bumped when recorded messages are dropped (truncate)
 
     @property
     def n(self):
@@ -475,6 +476,14 @@ class Records:
     def msgs(self):
         """A copy of the recorded messages."""
         return list(self._msgs)
+
+    @property
+    def version(self):
+        """How many times recorded messages were dropped (``truncate``, a rewind): while it
+        stays the same, the records only grew, so the message at each position below ``n``
+        is the one recorded there (or an equal one, see ``match``). The summarizing budget
+        resumes its rolling summary over the records on that promise, without comparing."""
+        return self._version
 
     @property
     def roles(self):
@@ -541,6 +550,7 @@ class Records:
             raise ValueError(f"k must be between 0 and {len(self._msgs)}, got {k}")
         del self._msgs[k:], self._roles[k:], self._counts[k:], self._rids[k:]
         del self._ids[self._off[k]:], self._off[k + 1:]
+        self._version += 1
 
     def advance(self, msgs, count):
         """Record the list ``msgs``: the records of the longest prefix it shares with the
@@ -711,43 +721,53 @@ class Records:
             parts.append(v)
         return b"".join(parts)
 
-    def fold_keys(self, lo, hi, acc, units, level, fold, key, state, values):
-        """``folds(lo, hi, acc, units, level, fold)`` with the content key of the span up to
+    def fold_keys(self, lo, first, hi, acc, units, level, fold, key, known, values):
+        """``folds(first, hi, acc, units, level, fold)`` with the content key of the span up to
         each point and up to ``hi``: a sha256 chain over the recorded messages' ``values``
-        (``joined``). The piece up to the first point (or ``hi``) continues ``state`` (a
-        sha256 hash object holding the span's hash up to ``lo``; copied, never changed) or,
-        when ``state`` is None, starts as ``sha256(key)``; each next piece starts as
-        ``sha256(the previous key)``. Returns ``([(i, tokens, units, key) for each point] +
-        [(hi, -1, units at hi, key up to hi)], units, acc, the hash object up to hi)``, or
-        ``None`` when ``folds`` or ``joined`` would be None.
+        (``joined``), from the fold point ``lo <= first`` whose key is ``key``: each piece's
+        key is ``sha256(the key before it + the piece's values).digest()``, the first piece
+        ``[lo, first point)`` (or ``[lo, hi)``) after ``key``. ``known``: the key of ``[lo,
+        first)`` when the caller has it (the end key of the span it resumes), used as the key of
+        a point at ``first`` instead of hashing that piece again; ``None``: every key hashed.
+        Returns ``([(i, tokens, units, key) for each point] + [(hi, -1, units at hi, key up to
+        hi)], units, acc)``, or ``None`` when ``folds`` or ``joined`` would be None.
 
         >>> import hashlib
         >>> from jianmu_fast.message import Message, human
         >>> ms = [human("a"), human("b"), human("c")]
         >>> rec = Records(Message)
         >>> rec.extend(ms, [4, 4, 4])
-        >>> ends, units, acc, state = rec.fold_keys(0, 3, 0, 0, 5, 5, b"", None, {id(m): m.content.encode() for m in ms})
+        >>> values = {id(m): m.content.encode() for m in ms}
+        >>> ends, units, acc = rec.fold_keys(0, 0, 3, 0, 0, 5, 5, b"", None, values)
         >>> [e[:3] for e in ends], units, acc
         ([(2, 8, 2), (3, -1, 3)], 3, 12)
         >>> ends[0][3] == hashlib.sha256(b"ab").digest(), ends[1][3] == hashlib.sha256(ends[0][3] + b"c").digest()
         (True, True)
+        >>> rec.fold_keys(0, 2, 3, 8, 2, 5, 5, b"", ends[0][3], values)[0] == ends  # resumed at 2
+        True
         """
-        got = self.folds(lo, hi, acc, units, level, fold)
+        if not 0 <= lo <= first <= hi:
+            raise ValueError(f"need 0 <= lo <= first <= hi, got {lo}, {first}, {hi}")
+        if type(key) is not bytes or (known is not None and type(known) is not bytes):
+            bad = key if type(key) is not bytes else known
+            raise TypeError(f"key and known: expected bytes (known: or None), got {type(bad).__name__}")
+        got = self.folds(first, hi, acc, units, level, fold)
         if got is None:
             return None
         points, units, acc = got
         ends = []
         start = lo
-        for i, (e, before, n_units) in enumerate([*points, (hi, -1, units)]):
-            h = state.copy() if i == 0 and state is not None else hashlib.sha256(key)
-            piece = self.joined(values, start, e)
-            if piece is None:
-                return None
-            h.update(piece)
-            key = h.digest()
+        for e, before, n_units in [*points, (hi, -1, units)]:
+            if known is not None and e == first and before >= 0:
+                key = known
+            else:
+                piece = self.joined(values, start, e)
+                if piece is None:
+                    return None
+                key = hashlib.sha256(key + piece).digest()
             ends.append((e, before, n_units, key))
             start = e
-        return ends, units, acc, h.copy()
+        return ends, units, acc
 
     def folds(self, lo, hi, acc, units, level, fold):
         """Where a span folds, read off the records ``[lo, hi)`` (the summarizing budget's

@@ -390,23 +390,34 @@ def test_rolling_summary_resumed_along_a_growing_history_equals_a_fresh_one():
         assert [m.to_openai() for m in fresh.apply(msgs[:n])] == [m.to_openai() for m in out]
 
 
+@pytest.mark.parametrize("records", [False, True])
 @pytest.mark.parametrize("step", [1, 2, 5])
-def test_rolling_summary_resumed_from_the_previous_span_end_equals_a_fresh_one(step):
-    """The fold scan and the content hash resume at the previous span's end (not only at its
+def test_rolling_summary_resumed_from_the_previous_span_end_equals_a_fresh_one(step, records):
+    """The fold scan and the content keys resume at the previous span's end (not only at its
     last fold point): every span of a growing history gets the summary, the fold points and
-    the content keys that a fresh filter computes for it."""
+    the content keys that a fresh filter computes for it, whether the span extends the last
+    one by comparison (a list of its own) or by the records it is read from (the hot path:
+    the same records, only grown, ``Records.version`` unchanged); a rewound record set starts
+    over and still agrees."""
+    from jianmu_fast import _backend
+
     msgs = _long_history(40)
     kw = dict(summary_max_tokens=200, eviction="chunked", chunk=300)
     grown = SummarizingBudgetFilter(2500, TIKTOKEN, summarize=Recorder(), **kw)
+    rec = _backend.Records(Message) if records else None
+    folds = set()
     for n in range(1, len(msgs) + 1, step):
-        span = msgs[:n]
-        got = grown._summary_text(span)
+        if rec is not None:
+            if n == 61:  # an edit in the middle: the records are rewound (a new version)
+                rec.truncate(30)
+            rec.extend(msgs[rec.n:n], [TIKTOKEN.count_message(m) for m in msgs[rec.n:n]])
+        got = grown._summary_text(msgs, 1, n, rec, None if records else msgs[1:n])
         fresh = SummarizingBudgetFilter(2500, TIKTOKEN, summarize=Recorder(), **kw)
-        assert got == fresh._summary_text(span)
-        assert grown._chain[1] == fresh._chain[1]
-        assert grown._chain[2][:4] == fresh._chain[2][:4]
-        assert grown._chain[2][4].digest() == fresh._chain[2][4].digest()
-    assert len(grown._chain[1]) >= 3  # the history folds several times
+        assert got == fresh._summary_text(msgs[1:n], 0, n - 1)
+        # (span, records, version, start) differ; the fold state and keys are the same
+        assert grown._chain[4:] == fresh._chain[4:]
+        folds.add(grown._chain[4])
+    assert len(folds) >= 3  # the history folds several times
 
 
 def test_async_summarizer_and_model_client_adapter():

@@ -700,9 +700,10 @@ def test_records_joined_equals_on_both_twins_and_the_definition(units, data):
 @settings(deadline=None, max_examples=MAX_EXAMPLES)
 def test_records_fold_keys_equal_on_both_twins_and_the_hash_chain(units, data):
     """``Records.fold_keys`` (the rolling summary's fold points with their content keys) equals
-    on both twins the fold walk plus a sha256 chain over the messages' values: the first piece
-    continues ``state`` (or starts from ``key``), each next one starts from the previous key;
-    None exactly when a count or a value is missing."""
+    on both twins the fold walk from ``first`` plus a sha256 chain over the messages' values
+    from ``lo`` (the first piece after ``key``, each next one after the previous key); a
+    ``known`` key of ``[lo, first)`` is the key of a point at ``first`` (given right, the
+    result is the one without it); None exactly when a count or a value is missing."""
     import hashlib
 
     msgs = _record_messages(units)
@@ -716,31 +717,64 @@ def test_records_fold_keys_equal_on_both_twins_and_the_hash_chain(units, data):
     have = [data.draw(st.integers(0, 9)) > 0 for _ in msgs]
     values = {id(m): data.draw(st.binary(min_size=1, max_size=4)) for m, h in zip(msgs, have) if h}
     lo = data.draw(st.integers(0, n))
-    hi = data.draw(st.integers(lo, n))
+    first = data.draw(st.integers(lo, n))
+    hi = data.draw(st.integers(first, n))
     acc, units_, fold = data.draw(st.integers(0, 60)), data.draw(st.integers(0, 9)), data.draw(st.integers(1, 40))
     level = data.draw(st.integers(0, 80))
     key = data.draw(st.binary(max_size=8))
-    prefix = data.draw(st.one_of(st.none(), st.binary(max_size=8)))
-    state = None if prefix is None else hashlib.sha256(prefix)
-    before = None if state is None else state.digest()
-    got = [r.fold_keys(lo, hi, acc, units_, level, fold, key, state, values) for r in recs]
-    assert state is None or state.digest() == before  # copied, never changed
-    walked = _fold_walk(msgs, counts, lo, hi, acc, units_, level, fold) if min(counts[lo:hi], default=0) >= 0 else None
-    if walked is None or not all(have[lo:hi]):
-        assert got == [None] * len(recs)
-        return
-    points, u, a = walked
+    right = None if not all(have[lo:first]) else hashlib.sha256(key + b"".join(values[id(m)] for m in msgs[lo:first])).digest()
+    known = data.draw(st.sampled_from([None, right, b"K" * 32]))
+    got = [r.fold_keys(lo, first, hi, acc, units_, level, fold, key, known, values) for r in recs]
+    assert all(g == got[0] for g in got)
+    walked = _fold_walk(msgs, counts, first, hi, acc, units_, level, fold) if min(counts[first:hi], default=0) >= 0 else None
+    points, u, a = walked if walked is not None else ([], 0, 0)
     want = []
     start, k = lo, key
-    for i, (e, tokens, n_units) in enumerate([*points, (hi, -1, u)]):
-        h = hashlib.sha256(prefix) if i == 0 and prefix is not None else hashlib.sha256(k)
-        h.update(b"".join(values[id(m)] for m in msgs[start:e]))
-        k = h.digest()
+    for e, tokens, n_units in [*points, (hi, -1, u)]:
+        if known is not None and e == first and tokens >= 0:
+            k = known
+        elif not all(have[start:e]):
+            k = None
+            break
+        else:
+            k = hashlib.sha256(k + b"".join(values[id(m)] for m in msgs[start:e])).digest()
         want.append((e, tokens, n_units, k))
         start = e
-    for g in got:
-        ends, gu, ga, tail = g
-        assert (ends, gu, ga) == (want, u, a) and tail.digest() == want[-1][3]
+    if walked is None or k is None:
+        assert got == [None] * len(recs)
+    else:
+        assert got[0] == (want, u, a)
+        if known is right and right is not None:  # the known key changes nothing
+            assert got[0] == recs[0].fold_keys(lo, first, hi, acc, units_, level, fold, key, None, values)
+    for r in recs:
+        with pytest.raises(ValueError, match=r"need 0 <= lo <= first <= hi, got 1, 0, 0"):
+            r.fold_keys(1, 0, 0, 0, 0, 0, 1, b"", None, values)
+        with pytest.raises(TypeError, match=r"key and known: expected bytes \(known: or None\), got str"):
+            r.fold_keys(0, 0, 0, 0, 0, 0, 1, b"", "k", values)
+
+
+@needs_c
+def test_records_version_counts_the_rewinds_on_both_twins():
+    """``Records.version`` changes exactly when recorded messages are dropped (``truncate``, a
+    rewind in ``advance`` or ``window``), never when records are appended or counted."""
+    from jianmu_fast.message import human, system
+
+    history = [system("s"), human("a"), human("b")]
+    versions = []
+    for core in (core_py, core_c):
+        rec = core.Records(type(history[0]))
+        seen = [rec.version]
+        rec.extend(history, [1, 1, 1])
+        rec.set_counts([1], [2])
+        seen.append(rec.version)
+        assert rec.advance(history + [human("c")], lambda new: [1] * len(new)) == 1
+        seen.append(rec.version)
+        assert rec.advance(history[:2] + [human("x")], lambda new: [1] * len(new)) == 1  # a rewind
+        seen.append(rec.version)
+        rec.truncate(rec.n)
+        seen.append(rec.version)
+        versions.append(seen)
+    assert versions[0] == versions[1] == [0, 0, 0, 1, 2]
 
 
 def test_records_window_survives_a_count_that_shortens_the_list():

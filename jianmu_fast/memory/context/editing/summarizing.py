@@ -113,12 +113,14 @@ class SummarizingBudgetFilter(TokenBudgetFilter):
         self._hot: Optional[tuple[Any, ...]] = None
         self._inner: dict[int, TokenBudgetFilter] = {}
         self._over_ref: Optional[tuple[list[Message], int]] = None
-        self._last_span: Optional[tuple[list[Message], tuple[str, int]]] = None
         #: (span, its summary message, the history copy it was cut from, the cut)
         self._last: Optional[tuple[list[Message], Message, list[Message], int]] = None
-        #: (span, its fold points, its tail: (last fold point, span end, tokens and units from
-        #: the point to the end, the hash of the point's key and the digests up to the end))
-        self._chain: Optional[tuple[list[Message], list[tuple[int, int, int, bytes, str]], Any]] = None
+        #: the rolling summary of the last span (see ``_summary_text``): (the span as a list, or
+        #: None; the records it was read from, their version, the span's start in them; its
+        #: last fold point, the tokens and units before it, its key and summary; the span's
+        #: length, the tokens before its end, the units from the point to its end, its key;
+        #: the result ``(summary, units)``)
+        self._chain: Optional[tuple[Any, ...]] = None
         self._by_content: dict[bytes, str] = {}
         #: each message's content digest by id(message), the message held (``_pins``) so that
         #: its id names it while the entry lives: looked up in C (``map``), no Python per message
@@ -148,6 +150,7 @@ class SummarizingBudgetFilter(TokenBudgetFilter):
     def summary_max_tokens(self, value: int) -> None:
         self._summary_max_tokens = value
         self._hot = None
+        self.__dict__.get("_messages", {}).clear()  # (their text was cut to the old room)
 
     @property
     def keep_tokens(self) -> Optional[int]:
@@ -166,7 +169,7 @@ class SummarizingBudgetFilter(TokenBudgetFilter):
 
     def __getstate__(self) -> dict[str, Any]:
         state = super().__getstate__()
-        for k in ("_inner", "_over_ref", "_last_span", "_last", "_chain", "_by_content", "_messages", "_digests", "_lock",
+        for k in ("_inner", "_over_ref", "_last", "_chain", "_by_content", "_messages", "_digests", "_lock",
                   "_hot", "_pins"):
             state.pop(k, None)
         return state
@@ -225,14 +228,22 @@ class SummarizingBudgetFilter(TokenBudgetFilter):
         except Exception as exc:  # a budget stage never lets an untrimmed prompt through
             raise TrimmingError(f"{type(self).__name__}: could not trim the prompt ({type(exc).__name__}: {exc})") from exc
 
-    def _trim_many(self, prompts: list[list[Message]], tools_schema: Any, sanitize: bool) -> list[Any]:
-        out: list[Any] = []
+    def _trim_many(self, prompts: list[Any], tools_schema: Any, sanitize: bool) -> tuple[list[Any], Any]:
+        """``_trim`` for each prompt, as ``TokenBudgetFilter._trim_many`` returns them: ``(outputs,
+        clean)``, an output being the exception its prompt raised (``clean`` False then), and
+        ``clean`` None without ``sanitize``."""
+        outs: list[Any] = []
+        clean: list[bool] = []
         for p in prompts:
             try:
-                out.append(self._trim(p, tools_schema, sanitize))
+                out, ok = self._trim(p, tools_schema, sanitize)
             except Exception as exc:
-                out.append(exc)
-        return out
+                outs.append(exc)
+                clean.append(False)
+            else:
+                outs.append(out)
+                clean.append(ok)
+        return outs, (clean if sanitize else None)
 
     def _summarized(self, messages: Sequence[Any], tools_schema: Any, sanitize: bool) -> tuple[list[Message], bool]:
         msgs = messages if type(messages) is list else list(messages)
@@ -262,18 +273,21 @@ class SummarizingBudgetFilter(TokenBudgetFilter):
             return whole
         cut = len(msgs) - (len(kept) - n_pinned)
         last = self._last
-        if grown and last is not None and last[2] is self._over_ref[0] and last[3] == cut:
+        ref = self._over_ref
+        assert ref is not None  # (set by _over when it finds the prompt over the budget)
+        if grown and last is not None and last[2] is ref[0] and last[3] == cut:
             summary = last[1]  # the same history, grown, and the cut did not move: the same summary
         else:
             span = msgs[n_pinned:cut]
             if last is not None and len(last[0]) == len(span) and last[0] == span:
                 summary = last[1]
             else:
-                got = self._summary_text(span, inner._rec if self._additive else None, n_pinned) if span else None
+                rec = inner._rec if self._additive else None
+                got = self._summary_text(msgs, n_pinned, cut, rec, span) if span else None
                 if got is None:
                     return self._plain._trim(msgs, tools_schema, sanitize)
                 summary = self._summary_message(got[0], len(span), got[1])
-            self._last = (span, summary, self._over_ref[0], cut)
+            self._last = (span, summary, ref[0], cut)
         kept.insert(n_pinned, summary)  # (the inner filter's output is a new list: ours to grow)
         out = kept
         if not self._additive and int(self.counter.count_messages(out)) + self._plain.tools_cost(tools_schema) > self.max_tokens:
@@ -291,12 +305,11 @@ class SummarizingBudgetFilter(TokenBudgetFilter):
         cut)``. The output is ``kept`` with the summary of ``msgs[n_pinned:cut]`` put in, as
         ``_summarized`` would make it; if ``summarize`` fails, the plain budget's."""
         kept, clean, n_pinned, cut = got
-        span = msgs[n_pinned:cut]
-        text = self._summary_text(span, hot[1], n_pinned) if span else None
+        text = self._summary_text(msgs, n_pinned, cut, hot[1]) if cut > n_pinned else None
         if text is None:
             self._hot = None
             return self._plain._trim(msgs, tools_schema, sanitize)
-        summary = self._summary_message(text[0], len(span), text[1])
+        summary = self._summary_message(text[0], cut - n_pinned, text[1])
         kept.insert(n_pinned, summary)
         self._hot = (*hot[:6], (summary, n_pinned, cut))
         return kept, clean
@@ -356,128 +369,101 @@ class SummarizingBudgetFilter(TokenBudgetFilter):
             got = [d if d is not None else self._digest(m) for d, m in zip(got, part)]
         return b"".join(got)  # type: ignore[arg-type]
 
-    def _folds(self, span: list[Message], start: int = 0, cum0: int = 0,
-               resume: Optional[tuple[int, int, int]] = None, rec: Any = None,
-               offset: int = 0) -> tuple[list[tuple[int, int, int]], int, int]:
-        """Where the rolling summary of ``span`` folds after ``start`` (a fold point, ``cum0``
-        tokens after the span's start): the first unit start at or past each multiple of
-        ``fold`` tokens (cumulative from the span's start), then the span's end; each with the
-        tokens and the units before it from ``start`` (``-1`` tokens for the end). One pass
-        over ``span[start:]`` with the counter's cached counts, or over ``span[m:]`` with
-        ``resume=(m, tokens, units)``: the pass's values at ``m``, where a shorter span with
-        no fold point after ``start`` ended. ``rec``: records whose ``[offset, offset +
-        len(span))`` are ``span``'s (the inner budget's), read in one compiled pass
-        (``Records.folds``) when they hold every count. Returns the folds, the units and the
-        tokens before the span's end."""
-        if resume is not None:
-            first, acc, units = resume
-        else:
-            first, acc, units = start, cum0, 0
-        fold = self._fold
-        level = (cum0 // fold + 1) * fold  # the next multiple of fold a unit start may reach
-        if rec is not None:
-            got = rec.folds(offset + first, offset + len(span), acc, units, level, fold)
-            if got is not None:
-                points, units, acc = got
-                ends = [(i - offset, a, u) for i, a, u in points] if offset else points
-                ends.append((len(span), -1, units))
-                return ends, units, acc
-        part = span[first:]
-        fast = self._plain._list_counts
-        if fast is not None:
-            counts = fast(part)
-        elif self._additive:
-            counts = [self.counter.count_message(m) for m in part]
-        else:
-            counts = checked_counts(self.counter, part).tolist()
-        ends = []
-        for j, m in enumerate(part):
-            if m.role != "tool":
-                if acc >= level:
-                    ends.append((first + j, acc, units))
-                    level = (acc // fold + 1) * fold
-                units += 1
-            acc += counts[j]
-        ends.append((len(span), -1, units))
-        return ends, units, acc
+    def _summary_text(self, msgs: list[Message], a: int, b: int, rec: Any = None,
+                      span: Optional[list[Message]] = None) -> Optional[tuple[str, int]]:
+        """The summary of the span ``msgs[a:b]`` and its number of units, a pure function of its
+        content: a fold over the pieces between its fold points (the first unit start at or
+        past each multiple of ``fold`` tokens from the span's start; each step
+        ``summarize([summary so far, *piece])``), every step cached by the content key of the
+        span up to it (a sha256 chain over the messages' digests, see ``Records.fold_keys``).
+        With chunked eviction the cut moves to those fold points, so a move costs one call.
 
-    def _summary_text(self, span: list[Message], rec: Any = None, offset: int = 0) -> Optional[tuple[str, int]]:
-        """The summary of ``span`` and its number of units, a pure function of its content: a
-        fold over the pieces between ``_folds`` (each step ``summarize([summary so far,
-        *piece])``), every step cached by the content of the span up to it. With chunked
-        eviction the cut moves to those fold points, so a move costs one call. A span that
-        extends the previous one resumes at the previous span's last fold point (the fold
-        points of a span are those of every longer span), so a move also costs only its new
-        messages' bookkeeping. ``span`` is the caller's own list (kept, never changed); ``rec``
-        and ``offset`` as for ``_folds``."""
-        last = self._last_span
-        if last is not None and len(span) == len(last[0]) and span == last[0]:
-            return last[1]
-        text: Optional[str] = None
-        key = b""
-        lo = cum = units0 = 0
-        points: list[tuple[int, int, int, bytes, str]] = []  # (fold point, tokens, units before it, key, summary)
+        A span that extends the previous one resumes at the previous span's end (the fold points
+        of a span are those of every longer span, and the key of its last piece continues from
+        the last fold point's): a move costs only its new messages. ``rec``: records that hold
+        ``msgs[:b]`` at the same positions (the inner budget's); while they only grew (the same
+        object and ``version``, the span at the same start) the span extends the previous one
+        without a comparison, and the fold scan and the keys are one compiled call over them.
+        ``span``: the caller's own copy of ``msgs[a:b]`` (kept, never changed), compared with
+        the previous span when the records cannot tell."""
+        n = b - a
         chain = self._chain
-        tail = None
-        if chain is not None and _backend.extends(chain[0], span):
-            points = list(chain[1])
-            if points:
-                lo, cum, units0, key, text = points[-1]
-            tail = chain[2]
-            if tail is not None and (tail[0] != lo or not lo <= tail[1] <= len(span)):
-                tail = None  # pragma: no cover - the tail is always the last point's
-        resume = tail[1:4] if tail is not None else None
-        by_content = self._by_content
+        resumed = False
+        if chain is not None:
+            span0, rec0, version, a0, lo, cum, units0, key, text, end, acc, units, known, out = chain
+            if end <= n and ((rec is not None and rec0 is rec and version == rec.version and a0 == a) or
+                             (span0 is not None and span is not None and _backend.extends(span0, span))):
+                if end == n:
+                    return out  # type: ignore[no-any-return]
+                resumed = True
+        if not resumed:
+            lo = cum = units0 = end = acc = units = 0
+            key, text, known = b"", None, None
+        fold = self._fold
+        level = (cum // fold + 1) * fold
         keyed = None
         if rec is not None:  # the common case: one compiled pass (fold points, their keys)
-            first, acc, units = resume if resume is not None else (lo, cum, 0)
-            fold = self._fold
-            keyed = rec.fold_keys(offset + first, offset + len(span), acc, units, (cum // fold + 1) * fold, fold,
-                                  key, tail[4] if tail is not None else None, self._digests)
+            keyed = rec.fold_keys(a + lo, a + end, b, acc, units, level, fold, key, known, self._digests)
         if keyed is None:
-            ends, units, acc = self._folds(span, lo, cum, resume, rec, offset)
-            keyed, state = self._keys(span, ends, lo, key, tail)
-            offset = 0  # (span positions)
-        else:
-            keyed, units, acc, state = keyed  # (record positions: offset + span positions)
-        for hi, before, n_units, key in keyed:
-            hi -= offset
-            got = by_content.get(key)
+            keyed = self._fold_keys(msgs, a + lo, a + end, b, acc, units, level, key, known, rec)
+        ends, units, acc = keyed
+        by_content = self._by_content
+        point_units = 0
+        for hi, before, n_units, k in ends:
+            got = by_content.get(k)
             if got is None:
-                piece = span[lo:hi]
+                piece = msgs[a + lo:hi]
                 got = self._call(piece if text is None else [system(SUMMARY_HEADER + text), *piece])
                 if got is None:
                     return None
                 if len(by_content) >= 1024:
                     by_content.pop(next(iter(by_content)))
-                by_content[key] = got
-            if before >= 0:
-                text, lo = got, hi
-                points.append((hi, before, units0 + n_units, key, got))
+                by_content[k] = got
+            if before >= 0:  # a fold point: the next piece folds into its summary
+                text, lo, cum, key, point_units = got, hi - a, before, k, n_units
             else:
-                text = got
-        new_tail = (lo, len(span), acc, units - (keyed[-2][2] if len(keyed) > 1 else 0), state)
-        self._chain = (span, points, new_tail)
-        out = (text or "", units0 + units)
-        self._last_span = (span, out)
+                known = k
+                out = (got, units0 + units)
+        self._chain = (span, rec, rec.version if rec is not None else -1, a, lo, cum, units0 + point_units, key, text,
+                       n, acc, units - point_units, known, out)
         return out
 
-    def _keys(self, span: list[Message], ends: list[tuple[int, int, int]], lo: int, key: bytes,
-              tail: Any) -> tuple[list[tuple[int, int, int, bytes]], Any]:
-        """``Records.fold_keys``' ends and hash state for ``_folds``' ``ends`` of ``span`` (from
-        the fold point ``lo`` with key ``key``, or from ``tail``'s hash state), digests
-        computed here."""
-        keyed = []
-        start = tail[1] if tail is not None else lo
-        h = None
-        for i, (hi, before, n_units) in enumerate(ends):
-            h = tail[4].copy() if i == 0 and tail is not None else hashlib.sha256(key)
-            if hi > start:
-                h.update(self._digests_of(span[start:hi]))
-            key = h.digest()
-            keyed.append((hi, before, n_units, key))
-            start = hi
-        return keyed, (h.copy() if h is not None else None)
+    def _fold_keys(self, msgs: list[Message], lo: int, first: int, hi: int, acc: int, units: int, level: int,
+                   key: bytes, known: Optional[bytes], rec: Any) -> tuple[list[tuple[int, int, int, bytes]], int, int]:
+        """``Records.fold_keys`` over ``msgs`` itself (no records, or some of the span's counts or
+        digests not there): the fold points read off ``rec`` when it has the counts, else
+        walked with the counter's cached counts; digests computed here."""
+        fold = self._fold
+        got = rec.folds(first, hi, acc, units, level, fold) if rec is not None else None
+        if got is None:
+            part = msgs[first:hi]
+            fast = self._plain._list_counts
+            if fast is not None:
+                counts = fast(part)
+            elif self._additive:
+                counts = [self.counter.count_message(m) for m in part]
+            else:
+                counts = checked_counts(self.counter, part).tolist()
+            points = []
+            for j, m in enumerate(part):
+                if m.role != "tool":
+                    if acc >= level:
+                        points.append((first + j, acc, units))
+                        level = (acc // fold + 1) * fold
+                    units += 1
+                acc += counts[j]
+        else:
+            points, units, acc = got
+        ends = []
+        start = lo
+        for e, before, n_units in [*points, (hi, -1, units)]:
+            if known is not None and e == first and before >= 0:
+                key = known
+            else:
+                key = hashlib.sha256(key + self._digests_of(msgs[start:e])).digest()
+            ends.append((e, before, n_units, key))
+            start = e
+        return ends, units, acc
 
     def _call(self, messages: list[Message]) -> Optional[str]:
         self.calls += 1
