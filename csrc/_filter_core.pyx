@@ -8,6 +8,7 @@ same names, signatures, results and error messages (proven by tests/test_filter_
 
 from cpython.list cimport PyList_GET_ITEM, PyList_GET_SIZE, PyList_New, PyList_SET_ITEM
 from cpython.tuple cimport PyTuple_GET_SIZE
+from cpython.unicode cimport PyUnicode_GET_LENGTH
 from cpython.bytes cimport PyBytes_AS_STRING, PyBytes_FromStringAndSize, PyBytes_GET_SIZE
 from cpython.ref cimport Py_INCREF
 from cpython.object cimport PyObject, PyObject_RichCompareBool, Py_EQ
@@ -560,6 +561,19 @@ cdef PyObject* _value_of(dict values, PyObject* m) except? NULL:
     return v
 
 
+cdef bint _unequal(object x, object y) noexcept:
+    """True when ``x`` and ``y`` cannot be equal Messages: their ``content`` are different
+    strs (checked before the costlier ``==``); see the twin."""
+    try:
+        cx = x.content
+        cy = y.content
+    except Exception:
+        return False
+    if type(cx) is not str or type(cy) is not str:
+        return False
+    return not (PyUnicode_GET_LENGTH(cx) == PyUnicode_GET_LENGTH(cy) and cx == cy)
+
+
 cdef inline Py_ssize_t _lower_bound(const int64_t* ps, Py_ssize_t lo, Py_ssize_t hi, int64_t t) noexcept nogil:
     """The first ``i`` in ``[lo, hi]`` with ``ps[i] >= t`` (``ps`` non-decreasing, ``ps[hi] >= t``)."""
     cdef Py_ssize_t mid
@@ -591,6 +605,7 @@ cdef class Records:
     cdef int64_t* ids
     cdef int64_t* ps
     cdef list _msgs
+    cdef list _patch
     cdef dict _intern
     cdef object _type
 
@@ -702,31 +717,105 @@ cdef class Records:
 
     # -- growth -----------------------------------------------------------------------------
 
+    cdef bint _patchable(self, object m, Py_ssize_t i) noexcept:
+        """Whether ``m`` can take record ``i`` with only its count changed; see the twin."""
+        cdef Py_ssize_t j, a, nc
+        try:
+            if type(m) is not self._type:
+                return False
+            code = ROLE_CODES.get(m.role)
+            if code is None or <int>code != self.r[i]:
+                return False
+            if code == 3:
+                key = m.tool_call_id
+                return (self._intern.get(key, -2) if key else -1) == self.rid[i]
+            a = self.off[i]
+            nc = self.off[i + 1] - a
+            calls = m.tool_calls if code == 2 else None
+            if not calls:
+                return nc == 0
+            if len(calls) != nc:
+                return False
+            j = 0
+            for call in calls:
+                key = call.get("id")
+                if (self._intern.get(key, -2) if key else -1) != self.ids[a + j]:
+                    return False
+                j += 1
+            return True
+        except Exception:
+            return False
+
     cdef Py_ssize_t _match(self, list msgs) except -2:
-        cdef Py_ssize_t n = self.n, m = PyList_GET_SIZE(msgs), i, lim
+        cdef Py_ssize_t n = self.n, m = PyList_GET_SIZE(msgs), i, lim, limit
         cdef PyObject* a
         cdef PyObject* b
+        cdef list patch = None
+        cdef bint eq
+        self._patch = None
         if m >= n and (n == 0 or memcmp((<PyListObject*>msgs).ob_item, (<PyListObject*>self._msgs).ob_item,
                                         n * sizeof(PyObject*)) == 0):
             return m - n  # the same objects: one vectorized comparison
         lim = m if m < n else n
+        limit = 32 + n // 8
         for i in range(lim):
             a = PyList_GET_ITEM(msgs, i)
             b = PyList_GET_ITEM(self._msgs, i)
             if a != b:
                 x = <object>a
                 y = <object>b
-                if not PyObject_RichCompareBool(x, y, Py_EQ):
-                    self.common = i
-                    return -1
-                if PyList_GET_SIZE(msgs) < m:  # the comparison changed the list
-                    self.common = 0
-                    return -1
-                self._msgs[i] = x
+                eq = False
+                if not _unequal(x, y):
+                    eq = PyObject_RichCompareBool(x, y, Py_EQ)
+                    if PyList_GET_SIZE(msgs) < m:  # the comparison changed the list
+                        self.common = 0
+                        return -1
+                if eq:
+                    self._msgs[i] = x
+                    continue
+                if patch is None:
+                    patch = []
+                if PyList_GET_SIZE(patch) < limit and self._patchable(x, i):
+                    patch.append(i)
+                    continue
+                self.common = <Py_ssize_t>patch[0] if PyList_GET_SIZE(patch) else i
+                return -1
         if m < n:
-            self.common = m
+            self.common = <Py_ssize_t>patch[0] if patch else m
             return -1
+        if patch:
+            self._patch = patch
         return m - n
+
+    cdef int _apply_patch(self, list msgs, count) except -1:
+        """Give the records ``_match`` found patchable their new messages and counts."""
+        cdef list idx = self._patch
+        cdef Py_ssize_t k = PyList_GET_SIZE(idx), j, i
+        cdef int64_t v
+        self._patch = None
+        new = [msgs[<Py_ssize_t>i_] for i_ in idx]
+        counts = count(new)
+        if counts is None:
+            counts = [-1] * k
+        if len(counts) != k:
+            raise ValueError(f"counts has {len(counts)} entries, new has {k}")
+        vals = []
+        for j in range(k):
+            x = counts[j]
+            try:
+                v = x
+            except OverflowError:
+                v = C_MAX + 1
+            if v < -1 or v > C_MAX:
+                raise ValueError(f"counts[{idx[j]}] must be -1 (not counted) or between 0 and 2**53, got {x}")
+            vals.append(v)
+        for j in range(k):
+            i = idx[j]
+            self._msgs[i] = new[j]
+            self.c[i] = <int64_t>vals[j]
+        self.version += 1
+        self.dirty = True
+        return 0
 
     def match(self, list msgs):
         """See the twin."""
@@ -765,6 +854,8 @@ cdef class Records:
                 return -1
             k = PyList_GET_SIZE(msgs) - self.n
             skip = self.last_lo - self.n if self.last_lo - self.n < k else k
+        elif self._patch is not None:
+            self._apply_patch(msgs, count)
         if k <= 0:
             return k
         new = msgs[self.n:]
@@ -1009,6 +1100,10 @@ cdef class Records:
                 return None
             k = PyList_GET_SIZE(msgs) - self.n
             skip = self.last_lo - self.n if self.last_lo - self.n < k else k
+        elif self._patch is not None:
+            if extra:  # (a message changed: the caller's summary may be of it)
+                return None
+            self._apply_patch(msgs, count)
         if k > 0:
             new = msgs[self.n:]
             for i in range(k):

@@ -412,6 +412,17 @@ def sanitize_windows(rows, offsets, roles, call_off, call_ids, result_ids, n_pin
     return out
 
 
+def _unequal(x, y):
+    """True when ``x`` and ``y`` cannot be equal Messages: their ``content`` are different strs
+    (a Message equals another only with the same content), so ``Records.match`` skips the
+    costlier ``==``. Treating them as unequal is always safe: the records are redone."""
+    try:
+        cx, cy = x.content, y.content
+    except Exception:
+        return False
+    return type(cx) is str and type(cy) is str and cx != cy
+
+
 class Records:
     """The records of one prompt that grows in place (the agent loop): per message its role
     code, its count (``-1`` until counted), the interned ids of its calls (``call_off`` /
@@ -424,7 +435,10 @@ class Records:
     editing does) keeps the records of that common prefix and re-appends the rest
     (``truncate`` then ``extend``), so an edit costs the messages after it. ``plan`` and
     ``sanitize`` equal ``plan_window`` and ``sanitize_window`` over ``roles``, ``counts``,
-    ``call_off``, ``call_ids`` and ``result_ids``; the compiled twin keeps prefix sums of
+    ``call_off``, ``call_ids`` and ``result_ids``. A prompt that differs from the records
+    only at a few positions whose new messages keep their records' roles and ids (a clearing
+    step's cleared results) is patched in place: those records take the new messages and
+    counts, nothing is re-appended. The compiled twin keeps prefix sums of
     the counted tail, extended with each record, so that ``plan`` is a binary search
     (O(log n) plus the messages of one unit) instead of a walk over the kept messages.
     ``message_type`` is the type every appended message must have (``advance`` returns
@@ -448,8 +462,11 @@ class Records:
     (0, 1, 2, 4)
     >>> rec.advance(history, len), rec.advance(history[1:], len), rec.advance(history + [{}], len)
     (0, -1, -2)
-    >>> history[1] = human("edited")  # an edit after the system prompt: its record is kept;
-    >>> # the edited one lies before the last plan's window (it starts at 2): left uncounted
+    >>> history[1] = human("edited")  # the same role (and ids): the record takes it, recounted
+    >>> rec.advance(history, lambda new: [7] * len(new)), rec.counts.tolist(), rec.n, rec.version
+    (0, [5, 7, 4, 9], 4, 1)
+    >>> history[1] = ai("edited")  # another role: the records from there on are redone; the
+    >>> # edited one lies before the last plan's window (it starts at 2): left uncounted
     >>> rec.advance(history, lambda new: [4, 9]), rec.counts.tolist(), rec.n
     (3, [5, -1, 4, 9], 4)
     """
@@ -465,7 +482,8 @@ class Records:
         self._ids = []
         self._common = 0  # after a failed match: how many leading messages msgs shares
         self._last_lo = 0  # the window start of the last decided plan
-        self._version = 0  # bumped when recorded messages are dropped (truncate)
+        self._version = 0  # bumped when recorded messages are dropped or patched
+        self._patch = None  # positions match found patchable (see _apply_patch)
 
     @property
     def n(self):
@@ -479,10 +497,11 @@ class Records:
 
     @property
     def version(self):
-        """How many times recorded messages were dropped (``truncate``, a rewind): while it
-        stays the same, the records only grew, so the message at each position below ``n``
-        is the one recorded there (or an equal one, see ``match``). The summarizing budget
-        resumes its rolling summary over the records on that promise, without comparing."""
+        """How many times recorded messages were dropped (``truncate``, a rewind) or patched
+        (``_apply_patch``): while it stays the same, the records only grew, so the message at
+        each position below ``n`` is the one recorded there (or an equal one, see ``match``).
+        The summarizing budget resumes its rolling summary over the records on that promise,
+        without comparing."""
         return self._version
 
     @property
@@ -515,23 +534,90 @@ class Records:
 
     def match(self, msgs):
         """``len(msgs) - n`` when the list ``msgs`` starts with the recorded messages, each the
-        same object or an equal one (which then replaces the recorded one), else ``-1``."""
+        same object or an equal one (which then replaces the recorded one), or differs from
+        them only at a few positions whose new message can take the record with only its
+        count changed (``_patchable``: the same type, role and ids, as a cleared tool result
+        or a message edited in place; at most ``32 + n // 8`` of them, listed for ``advance``
+        and ``window`` to apply, see ``_apply_patch``), else ``-1``. (A message whose
+        ``content`` is a str other than the recorded one's is not compared: ``_unequal``.)"""
+        self._patch = None
         n = len(self._msgs)
         m = len(msgs)
+        patch = []
+        limit = 32 + n // 8
         for i in range(min(m, n)):
             a, b = msgs[i], self._msgs[i]
             if a is not b:
-                if not (a == b):
-                    self._common = i
-                    return -1
-                if len(msgs) < m:  # the comparison changed the list
-                    self._common = 0
-                    return -1
-                self._msgs[i] = a
+                eq = False
+                if not _unequal(a, b):
+                    eq = a == b
+                    if len(msgs) < m:  # the comparison changed the list
+                        self._common = 0
+                        return -1
+                if eq:
+                    self._msgs[i] = a
+                    continue
+                if len(patch) < limit and self._patchable(a, i):
+                    patch.append(i)
+                    continue
+                self._common = patch[0] if patch else i
+                return -1
         if m < n:
-            self._common = m
+            self._common = patch[0] if patch else m
             return -1
+        if patch:
+            self._patch = patch
         return m - n
+
+    def _patchable(self, m, i):
+        """Whether the message ``m`` can take record ``i`` with only its count changed: a
+        ``message_type`` with record ``i``'s role and ids (the id it answers, or its calls'
+        ids in order); False when reading them fails."""
+        try:
+            if type(m) is not self._type:
+                return False
+            code = ROLE_CODES.get(m.role)
+            if code is None or code != self._roles[i]:
+                return False
+            if code == TOOL:
+                key = m.tool_call_id
+                return (self._intern.get(key, -2) if key else -1) == self._rids[i]
+            a = self._off[i]
+            nc = self._off[i + 1] - a
+            calls = m.tool_calls if code == ASSISTANT else None
+            if not calls:
+                return nc == 0
+            if len(calls) != nc:
+                return False
+            for j, call in enumerate(calls):
+                key = call.get("id")
+                if (self._intern.get(key, -2) if key else -1) != self._ids[a + j]:
+                    return False
+            return True
+        except Exception:
+            return False
+
+    def _apply_patch(self, msgs, count):
+        """Give the records ``match`` found patchable their new messages and the counts
+        ``count(new)`` returns (``None``: not counted; roles and ids stay); a new ``version``:
+        messages changed."""
+        idx = self._patch
+        self._patch = None
+        new = [msgs[i] for i in idx]
+        counts = count(new)
+        if counts is None:  # (not counted, as ``extend`` takes it)
+            counts = [-1] * len(idx)
+        if len(counts) != len(idx):
+            raise ValueError(f"counts has {len(counts)} entries, new has {len(idx)}")
+        vals = []
+        for j, x in enumerate(counts):
+            if not -1 <= x <= MAX_VALUE:
+                raise ValueError(f"counts[{idx[j]}] must be -1 (not counted) or between 0 and 2**53, got {x}")
+            vals.append(int(x))
+        for i, m, v in zip(idx, new, vals):
+            self._msgs[i] = m
+            self._counts[i] = v
+        self._version += 1
 
     def _rewind(self):
         """After a failed ``match``: keep the records of the messages the list shares with
@@ -570,6 +656,8 @@ class Records:
                 return -1
             k = len(msgs) - len(self._msgs)
             skip = min(k, self._last_lo - len(self._msgs))
+        elif self._patch:
+            self._apply_patch(msgs, count)
         if k == 0:
             return 0
         new = msgs[len(self._msgs):]
@@ -670,7 +758,7 @@ class Records:
             if type(insert) is not tuple or len(insert) != 3:
                 raise ValueError(f"insert must be (message, at, lo), got {insert!r}")
             message, at, want_lo = insert[0], operator.index(insert[1]), operator.index(insert[2])
-            if self.match(msgs) < 0:
+            if self.match(msgs) < 0 or self._patch:  # (a changed message: the summary may be of it)
                 return None
         if self.advance(msgs, count) < 0:
             return None

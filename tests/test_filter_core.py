@@ -500,7 +500,7 @@ def test_records_plan_on_long_histories_with_counted_tails(n, budget, data):
 
 
 def test_records_match_identity_equality_and_errors():
-    from jianmu_fast.message import Message, human, system
+    from jianmu_fast.message import Message, ai, human, system
 
     for core in _cores():
         a, b = system("s"), human("q")
@@ -508,7 +508,9 @@ def test_records_match_identity_equality_and_errors():
         assert rec.advance([a, b], lambda new: [1] * len(new)) == 2
         twin = b.model_copy()  # equal, not the same object: matches and replaces the recorded one
         assert rec.match([a, twin, human("r")]) == 1 and rec.msgs[1] is twin
-        assert rec.match([a]) == -1 and rec.match([a, human("other")]) == -1
+        assert rec.match([a]) == -1 and rec.match([a, ai("other")]) == -1
+        # another user message in its place: the record takes it with a new count (advance)
+        assert rec.match([a, human("other")]) == 0 and rec.msgs[1] is twin
         assert rec.advance([a, twin, {"role": "user", "content": "x"}], len) == -2 and rec.n == 2
         with pytest.raises(ValueError, match=r"counts\[2\] must be -1 \(not counted\) or between 0 and 2\*\*53, got 9007199254740993"):
             rec.extend([human("x")], [2**53 + 1])
@@ -530,7 +532,7 @@ def test_records_match_identity_equality_and_errors():
 def test_records_window_is_advance_plan_and_slice_on_both_twins(steps, data):
     """``window`` (the agent loop's turn in one call) equals advance + plan + sanitize +
     the output slice on both twins, or says None exactly when the general path must decide."""
-    from jianmu_fast.message import human
+    from jianmu_fast.message import tool
 
     recs = _record_cores()
     refs = _record_cores()
@@ -554,7 +556,8 @@ def test_records_window_is_advance_plan_and_slice_on_both_twins(steps, data):
                 else:
                     clean = sanitize and ref.sanitize(k, lo, hi) == 0
                     assert got[0] == (history[:k] + history[lo:hi], clean)
-    assert [r.window(history[1:] + [human("x")], len, 5, (1, True, 0, False), False) for r in recs if r.n] == \
+    stranger = tool("x", tool_call_id="nobody's")  # no record can take it: shares no prefix
+    assert [r.window([stranger] + history, len, 5, (1, True, 0, False), False) for r in recs if r.n] == \
         [None] * sum(1 for r in recs if r.n)
     for r in recs:
         with pytest.raises(ValueError, match=r"settings must be \(pinned_mask, from_start, chunk, pinned_free\)"):
@@ -589,7 +592,7 @@ def test_records_window_with_insert_on_both_twins(steps, data):
         budget = data.draw(st.integers(0, 200))
         sanitize = data.draw(st.booleans())
         before = [(r.n, r.msgs) for r in recs]
-        extends = recs[0].match(history) >= 0
+        extends = recs[0].match(history) >= 0 and history[:recs[0].n] == recs[0].msgs  # (no patch pending)
         status, k, lo, hi = 1, 0, 0, 0
         if extends:
             assert all(ref.advance(history, count) >= 0 for ref in refs)
@@ -906,7 +909,8 @@ def test_records_after_an_edit_equal_fresh_records_on_both_twins(steps, data):
 
 
 def test_records_edit_keeps_the_common_prefix_and_bounds_the_id_table():
-    """An edit re-appends only what follows it (the count callback sees those messages);
+    """An edit that keeps the record's role and ids (a cleared result) is patched in place (the
+    count callback sees that message only); another re-appends only what follows it;
     ``truncate`` checks its argument; a table of ids grown past twice the ids in use plus
     64 makes the records decline (-1: the caller starts over with fresh records)."""
     from jianmu_fast.message import Message, ai, human, system, tool
@@ -920,10 +924,14 @@ def test_records_edit_keeps_the_common_prefix_and_bounds_the_id_table():
         seen = []
         counting = lambda new: (seen.append(list(new)), [3] * len(new))[1]  # noqa: E731
         assert rec.advance(history, counting) == 5
-        history[3] = tool("[cleared]", tool_call_id="c0")
-        assert rec.advance(history, counting) == 2 and seen[-1] == history[3:]
+        history[3] = tool("[cleared]", tool_call_id="c0")  # the same role and id: patched in place
+        version = rec.version
+        assert rec.advance(history, counting) == 0 and seen[-1] == [history[3]] and rec.msgs[3] is history[3]
+        assert rec.version == version + 1
+        history[4] = ai("z")  # another role: the records from there on are redone
+        assert rec.advance(history, counting) == 1 and seen[-1] == history[4:]
         assert rec.result_ids.tolist() == [-1, -1, -1, 0, -1] and rec.interned == 1
-        assert rec.advance(history[:2], counting) == 0 and rec.n == 2 and len(seen) == 2
+        assert rec.advance(history[:2], counting) == 0 and rec.n == 2 and len(seen) == 3
         assert rec.call_off.tolist() == [0, 0, 0] and rec.call_ids.tolist() == []
         with pytest.raises(ValueError, match=r"k must be between 0 and 2, got 3"):
             rec.truncate(3)
@@ -936,3 +944,61 @@ def test_records_edit_keeps_the_common_prefix_and_bounds_the_id_table():
                 rec = core.Records(Message)
                 rec.extend(convo, [1] * 4)
             assert rec.n == 4 and rec.interned <= 2 * (3 + 4) + 64 + 3
+
+
+@given(units=st.lists(sanitize_units, min_size=1, max_size=4), data=st.data())
+@settings(deadline=None, max_examples=max(60, MAX_EXAMPLES // 3))
+def test_records_patched_in_place_plan_as_fresh_records_on_both_twins(units, data):
+    """A clearing step: several messages replaced at once by copies with the same role and
+    ids (other content, another count). ``window`` patches those records in place (only
+    they are counted again; ``version`` moves on) and decides as fresh records of the edited
+    prompt do, on both twins; more changes than ``32 + n // 8`` or one that changes a role or
+    an id redo the records from the first change instead, with the same outcome."""
+    cost = {}
+
+    def count(new):
+        return [cost.setdefault(id(m), (len(str(m.content)) * 7 + len(m.role)) % 41) for m in new]
+
+    history: list = []
+    keep = []
+    for u in units:
+        history = history + _record_messages(u)
+    if not history:
+        return
+    recs = _record_cores()
+    settings_ = (data.draw(st.integers(0, 15)), True, data.draw(st.sampled_from([0, 0, 7])), False)
+    budget = data.draw(st.integers(0, 200))
+    for r in recs:
+        r.window(history, count, budget, settings_, True)
+    for _ in range(3):
+        where = data.draw(st.lists(st.integers(0, len(history) - 1), max_size=len(history), unique=True))
+        edited = list(history)
+        for i in where:
+            m = edited[i]
+            if data.draw(st.integers(0, 9)) == 0:  # now and then a new role: not patchable
+                edited[i] = m.model_copy(update={"role": "user", "tool_calls": None, "tool_call_id": None})
+            else:
+                edited[i] = m.model_copy(update={"content": f"[cleared {data.draw(st.integers(0, 9))}]"})
+        keep.append(history)
+        history = edited
+        versions = [r.version for r in recs]
+        got = [r.window(history, count, budget, settings_, True) for r in recs]
+        assert all(g == got[0] for g in got)
+        fresh = _record_cores()[0]
+        want = fresh.window(history, count, budget, settings_, True)
+        assert got[0] is None or got[0] == want
+        if got[0] is None:  # the general path's turn brings them up to date (or starts anew)
+            if [r.advance(history, count) for r in recs][0] == -1:
+                recs = _record_cores()
+                versions = [-1] * len(recs)
+                for r in recs:
+                    r.extend(history, count(history))
+        elif where and all(history[i].role == keep[-1][i].role for i in where):
+            assert got[0] == want  # every change patched: the compiled turn decided
+        assert all(r.msgs == history and all(a is b for a, b in zip(r.msgs, history)) for r in recs)
+        assert all(c == cost[id(m)] for r in recs for c, m in zip(r.counts.tolist(), history) if c >= 0)
+        if any(history[i] != keep[-1][i] for i in where):
+            assert all(r.version > v for r, v in zip(recs, versions))
+        for r in recs:  # (ids compared up to their numbering)
+            assert r.roles.tolist() == fresh.roles.tolist()
+            assert (r.result_ids >= 0).tolist() == (fresh.result_ids >= 0).tolist()

@@ -23,8 +23,10 @@ distinct text tokenized once), finds the window by binary search over prefix sum
 counts, and builds the output list: a turn costs its new messages plus O(log n). A prompt
 that shares only a prefix with the last one (a message edited, inserted or deleted in the
 middle: context editing clearing old tool results) keeps the records of that prefix and
-re-records the messages after it. Other prompts are recorded anew, and only the tail of the
-history that can possibly be kept is counted.
+re-records the messages after it, unless the changed messages keep their roles and ids (a
+clearing step's placeholders): then only those records take the new messages and counts, in
+the same compiled call. Other prompts are recorded anew, and only the tail of the history
+that can possibly be kept is counted.
 
 Ranges (validated here, ``ValueError`` naming the argument): ``max_messages``, ``max_tokens``
 and ``chunk`` are at most ``2**53`` (``MAX_VALUE``), and so is every count a counter returns;
