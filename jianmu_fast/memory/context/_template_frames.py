@@ -1,0 +1,279 @@
+"""Render-free messages for ``ChatTemplateTokenCounter``: a template's text around verbatim fields.
+
+A chat template usually prints a message's ``content`` (and ``name``, ``tool_call_id``) as it
+is, between text that depends only on the rest of the conversation. A *frame* is a
+conversation with those top-level string fields of its real messages left out (their
+roles, other fields and the stand-ins around them kept). The frame is rendered twice, with
+each field replaced by a *probe*: a ``str`` subclass that records every operation the template
+performs on it -- truth tests, comparisons, ``in``, method calls (``strip``, ``split``,
+``startswith``...), slicing, length, hashing, iteration, formatting -- and keeps concatenation
+results under watch too. Two probe families that differ in every respect a template could
+read (length, words, case, first and last characters; quotes, backslashes, newlines, ``<``,
+``&`` and braces that ``tojson`` and escaping would change) must give renderings that are the
+same text around the probes, each probe printed verbatim (its tag never appears otherwise,
+so a probe printed through ``tojson``, ``escape``, ``lower``... is caught), and the same
+record of operations, made only of truth tests and predicates (``==``, ``!=``, ``in``,
+``startswith``, ``endswith`` with plain arguments). Then the frame is kept as text pieces
+and field slots, and any conversation of that frame renders as the pieces joined around its
+own field values -- once the recorded predicates, replayed on those values, give the
+recorded answers (the template then takes the very same path). Anything else (a template
+that strips, splits, measures, escapes or serializes a field, compares two fields, or reads
+it any other way) is marked "render" for that frame, and such conversations are rendered.
+
+>>> f = Frames(lambda dicts: "".join(f"<{d['role']}>{d['content']}</>" for d in dicts))
+>>> f.render([{"role": "user", "content": "hi"}]), f.render([{"role": "user", "content": "yo"}])
+('<user>hi</>', '<user>yo</>')
+>>> f.stats()  # the frame learned (two probe renderings), then both assembled
+{'frames': 1, 'fast': 2, 'rendered': 0}
+>>> g = Frames(lambda dicts: "".join(d["content"].strip() for d in dicts))  # reads the content
+>>> g.render([{"role": "user", "content": " hi "}]), g.stats()
+('hi', {'frames': 1, 'fast': 0, 'rendered': 1})
+"""
+
+from __future__ import annotations
+
+import re
+import threading
+from typing import Any, Callable, Optional, Sequence
+
+__all__ = ["Frames", "Probe"]
+
+#: truth tests and predicates whose answer, replayed on the real value, decides the same path
+_PREDICATES = frozenset({"__bool__", "__eq__", "__ne__", "__contains__", "startswith", "endswith"})
+#: str methods a probe passes through unrecorded: conversion to text keeps the probe itself
+_PASS = frozenset({
+    "__new__", "__init__", "__getattribute__", "__getattr__", "__setattr__", "__delattr__", "__class__",
+    "__init_subclass__", "__subclasshook__", "__dir__", "__doc__", "__sizeof__", "__str__", "__repr__",
+    "__format__", "__add__", "__radd__", "__getnewargs__", "__reduce__", "__reduce_ex__", "__getstate__",
+})
+_REJECT = ("reject",)
+
+
+class Probe(str):
+    """A string that records what a template does with it into ``log`` (``slot`` is its
+    field's index; -1: a concatenation that holds a probe, on which any reading is recorded)."""
+
+    _log: list
+    _slot: int
+
+    def __new__(cls, value: str, log: list, slot: int) -> "Probe":
+        obj = str.__new__(cls, value)
+        obj._log = log
+        obj._slot = slot
+        return obj
+
+    def __str__(self) -> str:  # ``{{ x }}`` and ``x|string`` keep the probe under watch
+        return self
+
+    def __repr__(self) -> str:
+        self._log.append(_REJECT)
+        return str.__repr__(self)
+
+    def __format__(self, spec: str) -> str:
+        if spec:
+            self._log.append(_REJECT)
+            return str.__format__(str.__str__(self), spec)
+        return self
+
+    def __add__(self, other: Any) -> Any:
+        res = str.__add__(str.__str__(self), other)
+        return Probe(res, self._log, -1)
+
+    def __radd__(self, other: Any) -> Any:
+        if not isinstance(other, str):
+            return NotImplemented
+        return Probe(str.__add__(str(other) if type(other) is not str else other, str.__str__(self)), self._log, -1)
+
+    def __bool__(self) -> bool:
+        res = len(str.__str__(self)) > 0
+        self._record("__bool__", (), res)
+        return res
+
+    def __hash__(self) -> int:
+        self._log.append(_REJECT)
+        return str.__hash__(self)
+
+    def _record(self, name: str, args: tuple, res: Any) -> None:
+        if self._slot < 0 or name not in _PREDICATES or not all(_plain(a) for a in args):
+            self._log.append(_REJECT)
+        else:
+            self._log.append((self._slot, name, args, res))
+
+
+def _plain(a: Any) -> bool:
+    if type(a) is str:
+        return True
+    return type(a) is tuple and all(type(x) is str for x in a)
+
+
+def _wrap(name: str) -> Callable[..., Any]:
+    base = getattr(str, name)
+
+    def method(self: Probe, *args: Any, **kwargs: Any) -> Any:
+        res = base(str.__str__(self), *args, **kwargs)
+        if kwargs:
+            self._log.append(_REJECT)
+        else:
+            self._record(name, args, res)
+        return res
+
+    method.__name__ = name
+    return method
+
+
+for _name in dir(str):
+    if _name in _PASS or _name in Probe.__dict__ or not callable(getattr(str, _name)):
+        continue
+    setattr(Probe, _name, _wrap(_name))
+# reflected operators str lacks, so that ``x % probe`` and the like are recorded too
+for _name in ("__rmod__", "__rmul__"):
+    setattr(Probe, _name, lambda self, other, _n=_name: (self._log.append(_REJECT), NotImplemented)[1])
+
+
+def _probe_values(slot: int) -> tuple[str, str, str]:
+    """The two probe values of field ``slot`` and its tag (case-insensitive, escape-proof)."""
+    tag = f"QZJ{slot}XV"
+    a = f" \n\"'\\<&{{{tag}}}>\t "
+    b = f"{tag.lower()}Wb two three 4\\\"\n<x/>&;}}"
+    return a, b, tag
+
+
+class Frames:
+    """Renders conversations (lists of template dicts) by ``render_fn``, or from cached frames.
+
+    ``render_fn(dicts) -> str`` renders a conversation (raising whatever the template raises).
+    ``fields``: the top-level string fields a frame leaves out. ``cache_size`` bounds the frames;
+    ``table``, a dict to keep them in (shared by renderers that render alike).
+    """
+
+    def __init__(self, render_fn: Callable[[list[dict[str, Any]]], str],
+                 fields: Sequence[str] = ("content", "name", "tool_call_id"), cache_size: int = 4096,
+                 table: Optional[dict[Any, Any]] = None) -> None:
+        self._render_fn = render_fn
+        self._fields = tuple(fields)
+        self.cache_size = cache_size
+        # frame key -> (pieces, slots, ops) or None ("render"); ``table`` shares it between
+        # the renderers of one template (and its variables) in a process
+        self._frames: dict[Any, Any] = {} if table is None else table
+        self._lock = threading.Lock()
+        self._fast = 0
+        self._rendered = 0
+
+    def stats(self) -> dict[str, int]:
+        """Frames known, conversations assembled without rendering, conversations rendered."""
+        return {"frames": len(self._frames), "fast": self._fast, "rendered": self._rendered}
+
+    def frame_of(self, d: dict[str, Any]) -> tuple[Any, tuple[str, ...]]:
+        """``(frame part of d, its field values)``: the fields holding a ``str`` left out."""
+        values = []
+        shape = []
+        for k, v in d.items():
+            if type(v) is str and k in self._fields:
+                values.append(v)
+                shape.append((k, None))
+            else:
+                shape.append((k, _freeze(v)))
+        return tuple(shape), tuple(values)
+
+    def render(self, dicts: list[dict[str, Any]], parts: Optional[Sequence[Any]] = None) -> str:
+        """``render_fn(dicts)``, assembled from the frame of ``dicts`` where that is exact.
+        ``parts``: per dict, ``frame_of(d)``, or ``(anything hashable, ())`` for a dict whose
+        fields are fixed (not probed: stand-ins); default ``frame_of`` of every dict."""
+        if parts is None:
+            parts = [self.frame_of(d) for d in dicts]
+        values: list[str] = []
+        for _, v in parts:
+            values.extend(v)
+        if not values:
+            self._rendered += 1
+            return self._render_fn(dicts)
+        try:
+            key: Any = tuple(shape for shape, _ in parts)
+            entry = self._frames.get(key, False)
+        except TypeError:  # a field value that cannot be a key: render
+            self._rendered += 1
+            return self._render_fn(dicts)
+        if entry is False:
+            entry = self._learn(dicts, [bool(v) for _, v in parts])
+            with self._lock:
+                if len(self._frames) >= self.cache_size:
+                    for old in list(self._frames)[: self.cache_size // 4]:
+                        self._frames.pop(old, None)
+                self._frames[key] = entry
+        if entry is not None:
+            pieces, slots, ops = entry
+            for slot, name, args, res in ops:
+                v = values[slot]
+                if (len(v) > 0 if name == "__bool__" else getattr(str, name)(v, *args)) != res:
+                    break
+            else:
+                self._fast += 1
+                out = [pieces[0]]
+                for slot, piece in zip(slots, pieces[1:]):
+                    out.append(values[slot])
+                    out.append(piece)
+                return "".join(out)
+        self._rendered += 1
+        return self._render_fn(dicts)
+
+    def _learn(self, dicts: list[dict[str, Any]], probe: list[bool]) -> Any:
+        """``(pieces, slots, ops)`` of the frame of ``dicts`` (fields probed in the dicts
+        ``probe`` marks), or ``None`` (render it)."""
+        runs = []
+        n_slots = 0
+        for family in (0, 1):
+            log: list = []
+            probed = []
+            slot = 0
+            for d, yes in zip(dicts, probe):
+                if not yes:
+                    probed.append(d)
+                    continue
+                p = dict(d)
+                for k, v in d.items():
+                    if type(v) is str and k in self._fields:
+                        p[k] = Probe(_probe_values(slot)[family], log, slot)
+                        slot += 1
+                probed.append(p)
+            n_slots = slot
+            try:
+                text = str.__str__(self._render_fn(probed))
+            except Exception:
+                return None  # the real conversation's own outcome comes from rendering it
+            if _REJECT in log:
+                return None
+            runs.append((text, log))
+        (text_a, ops_a), (text_b, ops_b) = runs
+        if ops_a != ops_b:
+            return None
+        values_a = [_probe_values(s)[0] for s in range(n_slots)]
+        values_b = [_probe_values(s)[1] for s in range(n_slots)]
+        lower_a = text_a.lower()
+        for s in range(n_slots):  # every appearance of a probe's tag is the probe, verbatim
+            tag = _probe_values(s)[2].lower()
+            if lower_a.count(tag) != text_a.count(values_a[s]):
+                return None
+        pattern = re.compile("|".join(re.escape(v) for v in values_a))
+        pieces: list[str] = []
+        slots: list[int] = []
+        pos = 0
+        for m in pattern.finditer(text_a):
+            pieces.append(text_a[pos:m.start()])
+            slots.append(values_a.index(m.group()))
+            pos = m.end()
+        pieces.append(text_a[pos:])
+        rebuilt = [pieces[0]]
+        for slot, piece in zip(slots, pieces[1:]):
+            rebuilt.append(values_b[slot])
+            rebuilt.append(piece)
+        if "".join(rebuilt) != text_b:  # the text around the probes does not depend on them
+            return None
+        return pieces, slots, ops_a
+
+
+def _freeze(v: Any) -> Any:
+    if isinstance(v, dict):
+        return ("d", tuple((k, _freeze(x)) for k, x in v.items()))
+    if isinstance(v, (list, tuple)):
+        return ("l", tuple(_freeze(x) for x in v))
+    return (type(v).__name__, v)
