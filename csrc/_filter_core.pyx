@@ -764,18 +764,19 @@ cdef class Records:
             if a != b:
                 x = <object>a
                 y = <object>b
-                eq = False
-                if not _unequal(x, y):
-                    eq = PyObject_RichCompareBool(x, y, Py_EQ)
-                    if PyList_GET_SIZE(msgs) < m:  # the comparison changed the list
-                        self.common = 0
-                        return -1
+                eq = not _unequal(x, y) and PyObject_RichCompareBool(x, y, Py_EQ)
+                if PyList_GET_SIZE(msgs) < m:  # the comparison changed the list
+                    self.common = 0
+                    return -1
                 if eq:
                     self._msgs[i] = x
                     continue
                 if patch is None:
                     patch = []
                 if PyList_GET_SIZE(patch) < limit and self._patchable(x, i):
+                    if PyList_GET_SIZE(msgs) < m:
+                        self.common = 0
+                        return -1
                     patch.append(i)
                     continue
                 self.common = <Py_ssize_t>patch[0] if PyList_GET_SIZE(patch) else i

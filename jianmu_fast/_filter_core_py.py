@@ -548,16 +548,17 @@ class Records:
         for i in range(min(m, n)):
             a, b = msgs[i], self._msgs[i]
             if a is not b:
-                eq = False
-                if not _unequal(a, b):
-                    eq = a == b
-                    if len(msgs) < m:  # the comparison changed the list
-                        self._common = 0
-                        return -1
+                eq = not _unequal(a, b) and a == b
+                if len(msgs) < m:  # the comparison changed the list
+                    self._common = 0
+                    return -1
                 if eq:
                     self._msgs[i] = a
                     continue
                 if len(patch) < limit and self._patchable(a, i):
+                    if len(msgs) < m:
+                        self._common = 0
+                        return -1
                     patch.append(i)
                     continue
                 self._common = patch[0] if patch else i

@@ -1002,3 +1002,35 @@ def test_records_patched_in_place_plan_as_fresh_records_on_both_twins(units, dat
         for r in recs:  # (ids compared up to their numbering)
             assert r.roles.tolist() == fresh.roles.tolist()
             assert (r.result_ids >= 0).tolist() == (fresh.result_ids >= 0).tolist()
+
+
+def test_records_match_survives_a_list_changed_while_comparing():
+    """Reading a message's ``content`` (``_unequal``) or its role and ids (``_patchable``) may
+    run code that shortens the list being matched: on both twins the match then says -1
+    with nothing shared (never a read past the list's end)."""
+
+    class Sly:
+        role = "user"
+        tool_call_id = None
+        tool_calls = None
+
+        def __init__(self, victim, where):
+            self.victim, self.where = victim, where
+
+        def __getattribute__(self, name):
+            if name in ("content", "role"):
+                victim = object.__getattribute__(self, "victim")
+                if victim:
+                    del victim[object.__getattribute__(self, "where"):]
+            return object.__getattribute__(self, name)
+
+    for core in _cores():
+        for at in (0, 1):
+            rec = core.Records(object)
+            plain = [Sly(None, 0) for _ in range(6)]
+            rec.extend(plain, [1] * 6)
+            msgs = list(plain)
+            msgs[at] = Sly(msgs, 1)
+            assert rec.match(msgs) == -1 and len(msgs) == 1
+            # what is left: a stranger at 0 (nothing shared), or the first recorded message
+            assert rec.advance(msgs, len) == (-1 if at == 0 else 0) and rec.n == (6 if at == 0 else 1)
