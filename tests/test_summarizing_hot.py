@@ -249,3 +249,27 @@ def test_changing_a_setting_forgets_the_remembered_turn(setting):
         _same_as_fresh(f, msgs[:end], None, True)
     g = pickle.loads(pickle.dumps(f))
     assert getattr(g, setting) == getattr(f, setting) and g._hot is None
+
+
+@pytest.mark.parametrize("seed", [5, 11])
+def test_behind_stepped_clearing_the_hot_summary_equals_a_fresh_one(seed):
+    """Behind a stepped ``ClearToolResultsFilter`` (each step rewrites results in the middle:
+    the inner budget's records take the cleared copies in place, a new ``Records.version``),
+    every turn equals a fresh filter's; a moved cut between steps resumes the rolling summary
+    off the inner records (no copy of the dropped span), and a step starts it over."""
+    from jianmu_fast.memory.context import ClearToolResultsFilter
+
+    msgs = _loop(seed, 70, size=15)
+    clear = ClearToolResultsFilter(2600, COUNTER, keep=2, clear_at_least=600)
+    f = SummarizingBudgetFilter(3000, COUNTER, summarize=summarize, summary_max_tokens=300, eviction="chunked", chunk=600)
+    src: list[Message] = []
+    resumed = 0
+    for end in _ends(msgs):
+        src.extend(msgs[len(src):end])
+        prompt = clear._hot_apply(src, None)
+        chain = f._chain
+        out = _same_as_fresh(f, prompt, None, True)
+        if out and f._hot is not None and f._chain is not chain and f._chain[0] is None:
+            assert f._chain[1] is f._hot[1]  # read off the inner records, which it keeps
+            resumed += 1
+    assert resumed > 3 and any(m.content == "[cleared]" for m in prompt)
