@@ -273,3 +273,64 @@ def test_behind_stepped_clearing_the_hot_summary_equals_a_fresh_one(seed):
             assert f._chain[1] is f._hot[1]  # read off the inner records, which it keeps
             resumed += 1
     assert resumed > 3 and any(m.content == "[cleared]" for m in prompt)
+
+
+# -- the per-message content digest (what the summary cache keys a span by) ---------------------------
+
+CALL = {"id": "c1", "type": "function", "function": {"name": "calc", "arguments": "{\"x\": 1}"}}
+
+
+def _variants() -> list[Message]:
+    """Messages that each differ from the first in exactly one sent field (or its shape)."""
+    return [
+        Message(role="tool", content="abc", tool_call_id="c1"),
+        Message(role="user", content="abc", tool_call_id="c1"),  # role
+        Message(role="tool", content="abd", tool_call_id="c1"),  # content
+        Message(role="tool", content="abc", tool_call_id="c2"),  # tool_call_id
+        Message(role="tool", content="abc"),  # tool_call_id missing
+        Message(role="tool", content="abc", tool_call_id="c1", name="calc"),  # name
+        Message(role="tool", content="abc", tool_call_id="c1", name=""),  # empty name is not no name
+        Message(role="tool", content=[{"type": "text", "text": "abc"}], tool_call_id="c1"),  # str vs blocks
+        Message(role="tool", content="", tool_call_id="c1"),  # empty text is not no content
+        Message(role="tool", content=None, tool_call_id="c1"),
+        Message(role="tool", content="abc", tool_call_id="c1", tool_calls=[CALL]),  # tool_calls
+        Message(role="tool", content="abc", tool_call_id="c1", tool_calls=[]),
+        Message(role="tool", content="abc", tool_call_id="c1", extra={"refusal": "no"}),  # extra
+        # shifting text between adjacent fields never collides (length prefixes)
+        Message(role="tool", content="c1abc", tool_call_id=""),
+        Message(role="tool", content="abc", tool_call_id="c1", name="N"),
+        Message(role="tool", content="\ud800abc", tool_call_id="c1"),  # a lone surrogate hashes (surrogatepass)
+    ]
+
+
+def test_message_digest_differs_in_any_one_field():
+    from jianmu_fast.memory.context.editing.summarizing import message_digest
+    ms = _variants()
+    digests = [message_digest(m) for m in ms]
+    assert all(len(d) == 32 for d in digests)
+    assert len(set(digests)) == len(ms), [m.to_openai() for m, d in zip(ms, digests) if digests.count(d) > 1]
+
+
+def test_message_digest_equal_messages_equal_digests():
+    from jianmu_fast.memory.context.editing.summarizing import message_digest
+    for m in _variants():
+        again = Message.model_validate(m.model_dump())  # an equal message, a new object and id
+        assert again is not m and message_digest(again) == message_digest(m)
+        # metadata and the local id are never sent: they do not change the digest
+        assert message_digest(m.model_copy(update={"metadata": {"k": 1}, "id": "x" * 32})) == message_digest(m)
+    # the text fast path and the general encoding agree (a str subclass takes the general one)
+    class Text(str):
+        pass
+    assert message_digest(human(Text("hi"))) == message_digest(human("hi"))
+    blocks = [{"type": "text", "text": "a", "z": 1, "b": [1, 2]}]
+    assert message_digest(human(blocks)) == message_digest(human([dict(reversed(list(blocks[0].items())))]))
+
+
+@FAST
+@given(st.lists(st.tuples(st.sampled_from(["user", "assistant", "tool"]), st.text(max_size=6),
+                          st.one_of(st.none(), st.text(max_size=3)), st.one_of(st.none(), st.text(max_size=3))),
+                min_size=2, max_size=2))
+def test_message_digest_injective(pair):
+    from jianmu_fast.memory.context.editing.summarizing import message_digest
+    a, b = (Message(role=r, content=c, name=n, tool_call_id=t) for r, c, n, t in pair)
+    assert (message_digest(a) == message_digest(b)) == (a.to_openai() == b.to_openai())

@@ -27,6 +27,50 @@ SUMMARY_HEADER = "Summary of the earlier conversation:\n"
 _DIGESTS = 4096  # messages whose content digest is kept (and the message with it)
 
 
+_DIGEST_TAG = b"jianmu-message-digest/2\0"
+
+
+def _field(v: Any) -> bytes:
+    """One field of :func:`message_digest`: a tag (``N`` none, ``S`` text, ``J`` JSON), then
+    the payload's length (8 bytes) and the payload."""
+    if v is None:
+        return b"N"
+    if isinstance(v, str):
+        b = v.encode("utf-8", "surrogatepass")
+        return b"S" + len(b).to_bytes(8, "little") + b
+    b = json.dumps(v, sort_keys=True, ensure_ascii=False, default=repr).encode("utf-8", "surrogatepass")
+    return b"J" + len(b).to_bytes(8, "little") + b
+
+
+_ROLE_FIELDS = {r: _field(r) for r in ("system", "user", "assistant", "tool")}
+
+
+def message_digest(m: Message) -> bytes:
+    """The 32-byte content digest of ``m`` (what the summary cache keys a span by): sha256 over
+    a prefix-free encoding of what ``to_openai`` sends (role, name, tool_call_id, content,
+    tool_calls, extra; never ``id`` or ``metadata``), each field tagged and length-prefixed, so
+    two messages that send different things never share a digest by construction. Text is
+    hashed as UTF-8 bytes (no JSON of the message); blocks, tool calls and ``extra`` as sorted
+    JSON of just that field. In-process only: nothing stores it.
+
+    >>> from jianmu_fast.message import human, tool
+    >>> message_digest(human("a")) == message_digest(human("a")), len(message_digest(human("a")))
+    (True, 32)
+    >>> message_digest(human("a")) == message_digest(human([{"type": "text", "text": "a"}]))
+    False
+    >>> message_digest(tool("a", tool_call_id="c1")) == message_digest(tool("a", tool_call_id="c2"))
+    False
+    """
+    c, role, name, call_id = m.content, m.role, m.name, m.tool_call_id
+    if type(c) is str and m.tool_calls is None and not m.extra:  # the common case: text (inlined _field)
+        b = c.encode("utf-8", "surrogatepass")
+        return hashlib.sha256(b"".join((
+            _DIGEST_TAG, _ROLE_FIELDS.get(role) or _field(role), b"N" if name is None else _field(name),
+            b"N" if call_id is None else _field(call_id), b"S", len(b).to_bytes(8, "little"), b, b"NN"))).digest()
+    return hashlib.sha256(b"".join((_DIGEST_TAG, _field(role), _field(name), _field(call_id), _field(c),
+                                    _field(m.tool_calls), _field(m.extra or None)))).digest()
+
+
 class SummarizingBudgetFilter(TokenBudgetFilter):
     """A token budget that, instead of only dropping the oldest units, puts one summary of
     them right after the pinned prefix.
@@ -352,8 +396,7 @@ class SummarizingBudgetFilter(TokenBudgetFilter):
     def _digest(self, m: Message) -> bytes:
         d = self._digests.get(id(m))
         if d is None:
-            d = hashlib.sha256(json.dumps(m.to_openai(), sort_keys=True, ensure_ascii=False,
-                                          default=repr).encode("utf-8")).digest()
+            d = message_digest(m)
             digests, pins = self._digests, self._pins
             digests[id(m)] = d
             pins[id(m)] = m
