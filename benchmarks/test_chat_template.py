@@ -17,9 +17,10 @@ has only seen the history before the round, as an agent process would). Peers, s
   slower).
 
 Both counters take ``engine=`` ("tokenizers": HuggingFace ``tokenizers``; "fastokens": the
-same ``tokenizer.json`` in fastokens; "auto", the default: fastokens when installed and checked).
-Ratios are like for like (the same engine on both counters), per engine; the default pair is
-the "auto" one. ``full_render`` tokenizes the rendering with ``tokenizers`` (what transformers
+same ``tokenizer.json`` in fastokens; "auto", the default: tokenizers until the counter has
+tokenized ``AUTO_FASTOKENS_CHARS`` characters, then fastokens when installed and checked, so a
+benchmark round's fresh counter stays on tokenizers). Ratios are like for like (the same engine
+on both counters), per engine; the default pair is the "auto" one. ``full_render`` tokenizes the rendering with ``tokenizers`` (what transformers
 does); ``full_render_fastokens`` with fastokens (the rendering then dominates).
 
 Every family gets the same seeded conversation, as its template accepts it: Hermes requires a

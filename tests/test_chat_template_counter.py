@@ -507,30 +507,3 @@ def test_message_keys_name_their_dicts_exactly(families):
     assert c._dicts_of([c._entry(m, i)[0] for i, m in enumerate(ms)]) == [message_to_template_dict(m) for m in ms]
     assert c.render(ms) == want and c.count_messages(ms) == n == fam.reference(ms)
 
-
-_EXHAUSTIVE: dict[tuple[str, str], ChatTemplateTokenCounter] = {}
-
-
-@settings(max_examples=150, deadline=None, suppress_health_check=list(HealthCheck))
-@given(ms=conversations(), cut=st.tuples(st.integers(0, 30), st.integers(0, 30)), name=st.sampled_from(FAMILIES))
-def test_pattern_bounds_equal_the_exhaustive_bounds(families, ms, cut, name):
-    """``count_array``'s per-unit bounds from one rendering between the true neighbours plus
-    the role pattern's slack (or, for text looked ahead for, every successor with the
-    canonical neighbour before) equal those of rendering each unit next to every neighbour
-    it may have, on any slice (the filters count a turn's new messages: slices that start
-    anywhere, tool results included)."""
-    fam = families[name]
-    if isinstance(fam.reference(ms), Exception):
-        return
-    key = (name, fam.engine)
-    if key not in _EXHAUSTIVE:
-        _EXHAUSTIVE[key] = ref = fam.fresh()
-        ref._BOUND_BY_PATTERN = False
-    ref = _EXHAUSTIVE[key]
-    a, b = sorted(cut)
-    part = ms[a:b + 1]
-    if not part:
-        return
-    fam.counter.count_array(ms[:a])  # the assistant messages that made the calls are known
-    ref.count_array(ms[:a])
-    assert fam.counter.count_array(part).tolist() == ref.count_array(part).tolist()

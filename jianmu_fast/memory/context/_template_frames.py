@@ -32,6 +32,7 @@ it any other way) is marked "render" for that frame, and such conversations are 
 
 from __future__ import annotations
 
+import json
 import re
 import threading
 from typing import Any, Callable, Optional, Sequence
@@ -132,9 +133,9 @@ for _name in ("__rmod__", "__rmul__"):
 
 def _probe_values(slot: int) -> tuple[str, str, str]:
     """The two probe values of field ``slot`` and its tag (case-insensitive, escape-proof)."""
-    tag = f"QZJ{slot}XV"
-    a = f" \n\"'\\<&{{{tag}}}>\t "
-    b = f"{tag.lower()}Wb two three 4\\\"\n<x/>&;}}"
+    tag = f"QZJ{slot}VQ"
+    a = f" \n\"'\\<&{{{tag}}}>\u00e9\u6570\t "
+    b = f"{tag.lower()}Wb two three 4\\\"\n<b/>&;}}\u00fc"
     return a, b, tag
 
 
@@ -168,7 +169,7 @@ class Frames:
         values = []
         shape = []
         for k, v in d.items():
-            if type(v) is str and k in self._fields:
+            if type(v) is str and v and k in self._fields:
                 values.append(v)
                 shape.append((k, None))
             else:
@@ -208,11 +209,7 @@ class Frames:
                     break
             else:
                 self._fast += 1
-                out = [pieces[0]]
-                for slot, piece in zip(slots, pieces[1:]):
-                    out.append(values[slot])
-                    out.append(piece)
-                return "".join(out)
+                return _assemble(pieces, slots, values)
         self._rendered += 1
         return self._render_fn(dicts)
 
@@ -231,7 +228,7 @@ class Frames:
                     continue
                 p = dict(d)
                 for k, v in d.items():
-                    if type(v) is str and k in self._fields:
+                    if type(v) is str and v and k in self._fields:
                         p[k] = Probe(_probe_values(slot)[family], log, slot)
                         slot += 1
                 probed.append(p)
@@ -246,29 +243,42 @@ class Frames:
         (text_a, ops_a), (text_b, ops_b) = runs
         if ops_a != ops_b:
             return None
-        values_a = [_probe_values(s)[0] for s in range(n_slots)]
-        values_b = [_probe_values(s)[1] for s in range(n_slots)]
+        # each probe appears verbatim (slot s) or as the inside of its JSON string (slot
+        # -1 - s: what ``tojson`` prints for a field, ensure_ascii off, as transformers' does)
+        forms = {}
+        for s in range(n_slots):
+            a = _probe_values(s)[0]
+            forms[a] = s
+            forms[_json_inside(a)] = -1 - s
         lower_a = text_a.lower()
-        for s in range(n_slots):  # every appearance of a probe's tag is the probe, verbatim
-            tag = _probe_values(s)[2].lower()
-            if lower_a.count(tag) != text_a.count(values_a[s]):
-                return None
-        pattern = re.compile("|".join(re.escape(v) for v in values_a))
+        pattern = re.compile("|".join(re.escape(v) for v in sorted(forms, key=len, reverse=True)))
         pieces: list[str] = []
         slots: list[int] = []
         pos = 0
         for m in pattern.finditer(text_a):
             pieces.append(text_a[pos:m.start()])
-            slots.append(values_a.index(m.group()))
+            slots.append(forms[m.group()])
             pos = m.end()
         pieces.append(text_a[pos:])
-        rebuilt = [pieces[0]]
-        for slot, piece in zip(slots, pieces[1:]):
-            rebuilt.append(values_b[slot])
-            rebuilt.append(piece)
-        if "".join(rebuilt) != text_b:  # the text around the probes does not depend on them
+        for s in range(n_slots):  # every appearance of a probe's tag is one of those
+            if lower_a.count(_probe_values(s)[2].lower()) != slots.count(s) + slots.count(-1 - s):
+                return None
+        values_b = [_probe_values(s)[1] for s in range(n_slots)]
+        if _assemble(pieces, slots, values_b) != text_b:  # the text around the probes is theirs alone
             return None
         return pieces, slots, ops_a
+
+
+def _json_inside(v: str) -> str:
+    return json.dumps(v, ensure_ascii=False)[1:-1]
+
+
+def _assemble(pieces: list[str], slots: list[int], values: Sequence[str]) -> str:
+    out = [pieces[0]]
+    for slot, piece in zip(slots, pieces[1:]):
+        out.append(values[slot] if slot >= 0 else _json_inside(values[-1 - slot]))
+        out.append(piece)
+    return "".join(out)
 
 
 def _freeze(v: Any) -> Any:

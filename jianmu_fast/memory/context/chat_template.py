@@ -32,7 +32,12 @@ takes the difference in tokens; the end of the request (generation prompt, block
 closes at the end) is calibrated once per last role. Unit counts are cached, and so are the
 token counts of the text between the tokenizer's added tokens (encoded apart where that is
 exact: no Metaspace/Prepend step, no whitespace-stripping added token), so a hot-loop turn
-renders and tokenizes only its new units. A unit whose count does not depend on its
+renders and tokenizes only its new units -- and most often does not even render them: a
+conversation whose *frame* (everything but its real messages' ``content``, ``name`` and
+``tool_call_id`` strings) was seen before is assembled from the template's text around those
+fields, learned once with probe strings that record what the template does with them (see
+``_template_frames``: only where it prints them verbatim or as ``tojson`` strings, and its
+truth tests and predicates give the same answers). A unit whose count does not depend on its
 neighbours (probed once per role pattern with stand-ins) is rendered with the smallest
 context, shared by every place it appears. The cost of a unit is spread over its messages by
 prefixes (message ``j`` costs ``tokens(unit[:j+1]) - tokens(unit[:j])``), so counts of earlier
@@ -460,37 +465,10 @@ class _Refused(Exception):
     pass
 
 
-#: ``ChatTemplateTokenCounter._slacks`` shared per (tokenizer sha256, template, special tokens,
-#: template variables): role pattern -> stand-in unit costs between every pair of neighbours
-_PATTERN_TABLES: dict[tuple[Any, ...], dict[Any, dict[tuple[str, str], list[int]]]] = {}
-#: ``Frames`` tables shared the same way (a frame's text is the template's alone)
+#: ``Frames`` tables shared per (tokenizer sha256, template, special tokens, template
+#: variables) in a process (a frame's text is the template's alone)
 _FRAME_TABLES: dict[tuple[Any, ...], dict[Any, Any]] = {}
 _TABLES_LOCK = threading.Lock()
-
-
-def _canonical_unit(pat: Sequence[tuple[Any, ...]]) -> list[dict[str, Any]]:
-    """A stand-in unit with the role pattern ``pat`` (``ChatTemplateTokenCounter._pattern``):
-    the same roles, call counts, reasoning and text features, short contents."""
-    out = []
-    for n, (role, calls, reasoning, call_text, think_text) in enumerate(pat):
-        d: dict[str, Any] = {"role": role, "content": f"y{n}"}
-        if think_text:
-            d["content"] = f"<think>\nt\n</think>\n\ny{n}"
-        elif calls:
-            d["content"] = "Checking." if call_text else ""
-        if calls:
-            d["tool_calls"] = [
-                {"id": f"k{k}", "type": "function", "function": {"name": "g", "arguments": {"a": k}}}
-                for k in range(calls)
-            ]
-        if role == "tool":
-            d["tool_call_id"] = f"k{n - 1}"
-            d["name"] = "g"
-        if reasoning:
-            d["thinking"] = "r"
-            d["reasoning_content"] = "r"
-        out.append(d)
-    return out
 
 
 class ChatTemplateTokenCounter:
@@ -524,7 +502,7 @@ class ChatTemplateTokenCounter:
     cache_size: int
     #: new units' renderings between stand-ins are assembled from cached frames where the
     #: template prints the messages' fields verbatim (see ``_template_frames``)
-    _RENDER_FREE = False
+    _RENDER_FREE = True
     #: ``engine="auto"`` moves to fastokens once the counter has tokenized this many characters
     #: (renderings' pieces not cached yet), as ``HFTokenCounter.AUTO_FASTOKENS_CHARS``
     AUTO_FASTOKENS_CHARS = 5_000_000
@@ -612,10 +590,9 @@ class ChatTemplateTokenCounter:
         # cost does not depend on their neighbours: the hot loop's one lookup per unit
         self._local_units: dict[tuple[str, ...], list[int]] = {}
         self._local: dict[Any, bool] = {}  # role pattern -> neighbour-independent?
-        # role pattern -> _pattern_table; shared by the counters of one tokenizer file, template,
-        # special tokens and template variables in this process (a stand-in unit's costs are
-        # theirs alone), so a counter built per task or worker does not cost the patterns again
-        self._slacks: dict[Any, dict[tuple[str, str], list[int]]] = {}
+        # frames are shared by the counters of one tokenizer file, template, special tokens and
+        # template variables in this process, so a counter built per task or worker does not
+        # learn them again
         if digest is not None:
             try:
                 shared = (digest, template, json.dumps(special, sort_keys=True),
@@ -624,7 +601,6 @@ class ChatTemplateTokenCounter:
                 shared = None
             if shared is not None:
                 with _TABLES_LOCK:
-                    self._slacks = _PATTERN_TABLES.setdefault(shared, {})
                     self._frames._frames = _FRAME_TABLES.setdefault(shared, {})
         self._looks: dict[str, bool] = {}  # message key -> _lookahead (once _sensitive is known)
         self._calls: dict[str, str] = {}  # tool-call id -> key of the assistant message that made it
@@ -1014,28 +990,14 @@ class ChatTemplateTokenCounter:
                     del self._local_units[k]
             self._local_units[keys] = costs
 
-    #: bound a unit by its cost between its true neighbours plus its role pattern's slack
-    #: (``_pattern_slack``), not by rendering it next to every neighbour (see ``_upper_costs``)
-    _BOUND_BY_PATTERN = True
-
     def _upper_costs(self, keys: tuple[str, ...], dicts: Sequence[dict[str, Any]], preds: list[str],
                      succs: list[str], exact: tuple[str, str], caller: Optional[str] = None) -> list[int]:
         """The most each message of a unit costs over the neighbours ``preds`` x ``succs``;
-        the ``exact`` pair must render (a refusal there is the conversation's own).
-
-        Rendering the unit next to every neighbour costs up to 20 renderings of each prefix
-        of the unit (2-3 ms a turn on DeepSeek-V3 and gpt-oss, more than one full rendering of
-        the prompt), so with ``_BOUND_BY_PATTERN`` it takes what the counter already trusts for
-        neighbour-independent units (a role pattern's dependence on its neighbours, probed with
-        stand-in messages, is the real unit's): a unit without text the template looks ahead
-        for is rendered once between its true neighbours, plus its pattern's slack (what the
-        stand-in unit of the same pattern costs at most over every neighbour pair, beyond its
-        cost between the same true neighbours; computed once per pattern). A unit with such
-        text (reasoning; gpt-oss's text beside calls) is rendered before every successor it
-        may have (or none), as what it costs there depends on its text (kept or stripped), but
-        after its true neighbour only where its stand-in costs the same after every one
-        (gpt-oss; not Qwen3, whose stripping depends on where the last user query is). A
-        property test checks these bounds equal the exhaustive ones."""
+        the ``exact`` pair must render (a refusal there is the conversation's own). Each pair
+        is the real unit's own rendering (mostly assembled from frames, not rendered): a
+        stand-in unit's dependence on its neighbours is not the real one's (DeepSeek-V3 prints
+        indentation before an assistant's text after some neighbours only, which merges with
+        the text's first token or not)."""
         reasoning = any(self._lookahead(d) for d in dicts)
         local = self._is_local(dicts)
         if reasoning:  # kept after the last user query (nothing closes the unit), or stripped
@@ -1050,13 +1012,6 @@ class ChatTemplateTokenCounter:
             if caller is None and dicts[0]["role"] != "tool":
                 self._remember_local(keys, best)
             return best
-        if self._BOUND_BY_PATTERN:
-            if not reasoning:
-                slack = self._pattern_slack(dicts, preds, succs, exact)
-                if slack is not None:
-                    return [a + b for a, b in zip(best, slack)]
-            elif self._pred_independent(dicts, preds, succs):
-                preds = [exact[0]]  # only what follows matters (the text kept or stripped)
         for pred in preds:
             for succ in succs:
                 if (pred, succ) == exact or (pred == "first" and succ == "system"):
@@ -1067,55 +1022,6 @@ class ChatTemplateTokenCounter:
                     continue
                 best = [max(a, b) for a, b in zip(best, c)]
         return best
-
-    def _pattern_slack(self, dicts: Sequence[dict[str, Any]], preds: list[str], succs: list[str],
-                       exact: tuple[str, str]) -> Optional[list[int]]:
-        """Per message of a unit with ``dicts``' role pattern: the most its stand-in unit costs
-        over the neighbours ``preds`` x ``succs`` minus its cost between the ``exact`` pair
-        (``None`` if the template refuses the stand-in unit there). The stand-in unit is costed
-        once per pattern between every pair of neighbours (``_pattern_table``)."""
-        table = self._pattern_table(dicts)
-        base = table.get((exact[0], "user" if exact[1] == "end" else exact[1]))
-        if base is None:
-            return None
-        slack = [0] * len(base)
-        for pred in preds:
-            for succ in succs:
-                c = table.get((pred, "user" if succ == "end" else succ))
-                if c is not None:
-                    slack = [max(s, x - y) for s, x, y in zip(slack, c, base)]
-        return slack
-
-    def _pattern_table(self, dicts: Sequence[dict[str, Any]], open_end: bool = False) -> dict[tuple[str, str], list[int]]:
-        """The stand-in unit of ``dicts``' role pattern costed between every pair of stand-in
-        neighbours it may have (the pairs the template refuses left out), once per pattern;
-        with ``open_end``, also with nothing after it (``"open"``)."""
-        pat = self._pattern(dicts)
-        table = self._slacks.get((pat, open_end))
-        if table is None:
-            ckeys = tuple(json.dumps(d) for d in _canonical_unit(pat))
-            table = {}
-            for pred in _PRE:
-                for succ in ("user", "assistant", "system", "open") if open_end else ("user", "assistant", "system"):
-                    if pred == "first" and succ == "system":
-                        continue
-                    try:
-                        table[(pred, succ)] = self._unit_cost(ckeys, pred, succ)
-                    except _Refused:
-                        continue
-            with self._lock:
-                self._slacks[(pat, open_end)] = table
-        return table
-
-    def _pred_independent(self, dicts: Sequence[dict[str, Any]], preds: list[str], succs: list[str]) -> bool:
-        """Whether the stand-in unit of ``dicts``' role pattern costs the same after each of
-        ``preds`` (those the template renders), before each of ``succs``."""
-        table = self._pattern_table(dicts, open_end="open" in succs)
-        for succ in succs:
-            seen = {tuple(c) for pred in preds if (c := table.get((pred, "user" if succ == "end" else succ))) is not None}
-            if len(seen) > 1:
-                return False
-        return True
 
     # -- the public API ---------------------------------------------------------------------------
 

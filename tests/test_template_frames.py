@@ -1,0 +1,157 @@
+"""Render-free frames (``_template_frames``): a conversation assembled from a cached frame is
+the very text the template renders, for every bundled template and for templates that read
+their messages' fields; a template that transforms or measures a field is never assembled."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import os
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from jianmu_fast.memory.context import ChatTemplateTokenCounter
+from jianmu_fast.memory.context._template_frames import Frames, Probe
+from jianmu_fast.message import Message
+
+_HERE = os.path.join(os.path.dirname(__file__), "data", "chat_templates")
+_spec = importlib.util.spec_from_file_location("_ct_data", os.path.join(_HERE, "make_tokenizer.py"))
+mk = importlib.util.module_from_spec(_spec)
+_spec.loader.exec_module(mk)  # type: ignore[union-attr]
+
+
+@pytest.fixture(scope="module")
+def counters(tmp_path_factory):
+    return {f: ChatTemplateTokenCounter(mk.model_dir(f, str(tmp_path_factory.mktemp(f))), engine="tokenizers")
+            for f in mk.FAMILIES}
+
+
+@pytest.fixture(scope="module")
+def tok(counters):
+    return counters["qwen3"]._tok
+
+
+_text = st.one_of(
+    st.text(max_size=30),
+    st.sampled_from(["", " ", "x", "  padded  ", "a\nb", '"q" \\ <b>&', "</think>", "<think>\nhm\n</think>\n\nok",
+                     "<|im_start|>", "<tool_response>", "<|channel|>final<|message|>", "数据 é 🙂", "X" * 40]),
+)
+
+
+@st.composite
+def dialogues(draw):
+    out = []
+    if draw(st.booleans()):
+        out.append({"role": "system", "content": draw(_text)})
+    n = 0
+    for _ in range(draw(st.integers(1, 3))):
+        out.append({"role": "user", "content": draw(_text)})
+        if draw(st.booleans()):
+            n += 1
+            out.append({"role": "assistant", "content": draw(_text), "tool_calls": [
+                {"id": f"c{n}", "type": "function", "function": {"name": "get", "arguments": {"q": draw(_text)}}}]})
+            out.append({"role": "tool", "content": draw(_text), "tool_call_id": f"c{n}", "name": "get"})
+        if draw(st.booleans()):
+            out.append({"role": "assistant", "content": draw(_text)})
+    return out
+
+
+@settings(max_examples=300, deadline=None, suppress_health_check=list(HealthCheck))
+@given(ms=dialogues(), name=st.sampled_from(mk.FAMILIES))
+def test_frames_give_the_rendered_text_on_every_bundled_template(counters, ms, name):
+    """Any conversation: the frame-assembled text equals the template's rendering (or the
+    template's refusal), with every real message's fields probed."""
+    c = counters[name]
+    frames = Frames(c._render_plain)
+    try:
+        want = c._render_plain(ms)
+    except Exception as exc:
+        with pytest.raises(type(exc)):
+            frames.render(ms)
+        return
+    assert frames.render(ms) == want
+    assert frames.render(ms) == want  # now from the learned frame, when it was kept
+
+
+_TEMPLATES = {
+    # the answer of a predicate is replayed on each content: assembled only when it agrees
+    "in": "{% for m in messages %}{% if 'x' in m.content %}X{% endif %}<{{ m.role }}>{{ m.content }}\n{% endfor %}",
+    "startswith": "{% for m in messages %}{% if m.content.startswith('<t') %}T{% endif %}[{{ m.content }}]{% endfor %}",
+    "truth": "{% for m in messages %}{% if m.content %}({{ m.content }}){% else %}-{% endif %}{% endfor %}",
+    "tojson": "{% for m in messages %}{{ {'role': m.role, 'content': m.content} | tojson }}\n{% endfor %}",
+    # a field transformed or measured: never assembled
+    "trim": "{% for m in messages %}<{{ m.role }}>{{ m.content | trim }}\n{% endfor %}",
+    "tojson_ascii": "{% for m in messages %}{{ m.content | tojson(ensure_ascii=True) }}{% endfor %}",
+    "length": "{% for m in messages %}{{ m.content | length }}:{{ m.content }}{% endfor %}",
+    "slice": "{% for m in messages %}{{ m.content[:5] }}{% endfor %}",
+    "split": "{% for m in messages %}{{ m.content.split('</think>')[-1] }}{% endfor %}",
+    "upper": "{% for m in messages %}{{ m.content | upper }}{% endfor %}",
+    "concat_trim": "{% for m in messages %}{{ ('<' + m.content) | trim }}{% endfor %}",
+    "join_trim": "{% for m in messages %}{{ (m.role ~ m.content) | trim }}{% endfor %}",
+    "replace": "{% for m in messages %}{{ m.content | replace('<', '[') }}{% endfor %}",
+    "escape": "{% for m in messages %}{{ m.content | e }}{% endfor %}",
+    "compare_two": "{% for m in messages %}{% if m.content == messages[0].content %}same{% endif %}{{ m.content }}{% endfor %}",
+    "wordcount": "{% for m in messages %}{{ m.content | wordcount }}{{ m.content }}{% endfor %}",
+    "in_dict": "{% for m in messages %}{% if m.content in {'a': 1} %}A{% endif %}{{ m.content }}{% endfor %}",
+}
+_NEVER = {"trim", "join_trim", "tojson_ascii", "length", "slice", "split", "upper", "concat_trim", "replace", "escape",
+          "compare_two", "wordcount", "in_dict"}
+
+
+@pytest.mark.parametrize("name", sorted(_TEMPLATES))
+def test_templates_that_read_a_field(tok, name):
+    """Counts equal the rendering's on contents that do and do not change the template's
+    path; a template that transforms or measures a field is never assembled from a frame."""
+    c = ChatTemplateTokenCounter(tok, _TEMPLATES[name], engine="tokenizers")
+    ref = ChatTemplateTokenCounter(tok, _TEMPLATES[name], engine="tokenizers")
+    ref._RENDER_FREE = False
+    contents = ["hello", "x marks", "<think>ok", "  spaced  ", "", 'q"uo\\te\n<b>&', "数据 é", "a b c d e f"]
+    for first in ("hi", "x"):
+        for content in contents:
+            ms = [Message(role="user", content=first), Message(role="assistant", content=content),
+                  Message(role="user", content=content + " again")]
+            assert c.count_array(ms).tolist() == ref.count_array(ms).tolist(), (name, content)
+            assert c.count_messages(ms) == ref.count_messages(ms) == ref.count_request(ms), (name, content)
+    stats = c._frames.stats()
+    if name in _NEVER:
+        assert stats["fast"] == 0, stats
+    else:
+        assert stats["fast"] > 0, stats
+
+
+def test_a_predicate_answer_that_differs_renders():
+    f = Frames(lambda ds: "".join(("X" if "x" in d["content"] else "") + d["content"] for d in ds))
+    assert f.render([{"role": "user", "content": "abc"}]) == "abc"
+    assert f.render([{"role": "user", "content": "xyz"}]) == "Xxyz"  # 'x' in: answer differs -> rendered
+    assert f.render([{"role": "user", "content": "def"}]) == "def"
+    assert f.stats() == {"frames": 1, "fast": 2, "rendered": 1}
+
+
+def test_probe_records_reads():
+    log: list = []
+    p = Probe("ab", log, 0)
+    assert str(p) is p and isinstance(f"{p}", Probe) and log == []  # printing is not reading
+    assert ("a" in p) and p.startswith("a") and p
+    assert log == [(0, "__contains__", ("a",), True), (0, "startswith", ("a",), True), (0, "__bool__", (), True)]
+    assert isinstance("<" + p, Probe) and isinstance(p + ">", Probe)
+    len(p)
+    assert log[-1] == ("reject",)
+
+
+def test_counter_counts_equal_with_and_without_frames(counters):
+    """The hot loop's counts, frames on and off, equal (and equal full renderings)."""
+    for name, c in counters.items():
+        off = ChatTemplateTokenCounter(c.path, engine="tokenizers")
+        off._RENDER_FREE = False
+        ms = [Message(role="system", content="Be brief."), Message(role="user", content="Weather in Paris?")]
+        for i in range(6):
+            args = json.dumps({"city": f"Paris {i}"})
+            ms.append(Message(role="assistant", content=None, tool_calls=[
+                {"id": f"c{i}", "type": "function", "function": {"name": "get_weather", "arguments": args}}]))
+            ms.append(Message(role="tool", content=f'{{"t": "{20 + i}°C"}}\n', tool_call_id=f"c{i}", name="get_weather"))
+            ms.append(Message(role="assistant", content=f"It is {20 + i}°C <b>."))
+            ms.append(Message(role="user", content=f"And now {i}?"))
+            assert c.count_array(ms).tolist() == off.count_array(ms).tolist(), name
+            assert c.count_messages(ms) == off.count_messages(ms) == off.count_request(ms), name
