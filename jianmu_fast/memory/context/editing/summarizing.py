@@ -349,13 +349,44 @@ class SummarizingBudgetFilter(TokenBudgetFilter):
         cut)``. The output is ``kept`` with the summary of ``msgs[n_pinned:cut]`` put in, as
         ``_summarized`` would make it; if ``summarize`` fails, the plain budget's."""
         kept, clean, n_pinned, cut = got
-        text = self._summary_text(msgs, n_pinned, cut, hot[1]) if cut > n_pinned else None
-        if text is None:
-            self._hot = None
-            return self._plain._trim(msgs, tools_schema, sanitize)
-        summary = self._summary_message(text[0], cut - n_pinned, text[1])
+        rec = hot[1]
+        chain = self._chain
+        out = None
+        # the common case, inlined (``_summary_text``'s resumed path): the span extends the last
+        # one over the same records (same object, version and start) and every step's summary
+        # is cached; the fold scan and the keys are one compiled call
+        if chain is not None and chain[1] is rec and chain[3] == n_pinned and chain[2] == rec.version \
+                and chain[9] < cut - n_pinned:
+            _, _, version, a, lo, cum, units0, key, text, end, acc, units, known, _ = chain
+            fold = self._fold
+            keyed = rec.fold_keys(a + lo, a + end, cut, acc, units, (cum // fold + 1) * fold, fold, key, known,
+                                  self._digests)
+            if keyed is not None:
+                ends, units, acc = keyed
+                get = self._by_content.get
+                point_units = 0
+                for hi, before, n_units, k in ends:
+                    got_text = get(k)
+                    if got_text is None:  # a step to summarize: the general path calls summarize
+                        break
+                    if before >= 0:
+                        text, lo, cum, key, point_units = got_text, hi - a, before, k, n_units
+                    else:
+                        known = k
+                        out = (got_text, units0 + units)
+                else:
+                    self._chain = (None, rec, version, a, lo, cum, units0 + point_units, key, text, cut - a, acc,
+                                   units - point_units, known, out)
+        if out is None:
+            out = self._summary_text(msgs, n_pinned, cut, rec) if cut > n_pinned else None
+            if out is None:
+                self._hot = None
+                return self._plain._trim(msgs, tools_schema, sanitize)
+        summary = self._messages.get((cut - n_pinned, out[1], out[0]))
+        if summary is None:
+            summary = self._summary_message(out[0], cut - n_pinned, out[1])
         kept.insert(n_pinned, summary)
-        self._hot = (*hot[:6], (summary, n_pinned, cut))
+        self._hot = (hot[0], rec, hot[2], hot[3], hot[4], hot[5], (summary, n_pinned, cut))
         return kept, clean
 
     def _keep_hot(self, inner: TokenBudgetFilter, msgs: list[Message], tools_schema: Any, summary: Optional[Message],
