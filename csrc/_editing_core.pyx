@@ -7,9 +7,11 @@ pure-Python twin ``jianmu_fast/_editing_core_py.py``; both have the same names, 
 results and error messages (proven by tests/test_context_editing_core.py).
 """
 
+cimport cython
 from cpython cimport array as carray
 from cpython.list cimport PyList_Append, PyList_GET_ITEM, PyList_GET_SIZE
 from cpython.long cimport PyLong_FromVoidPtr
+from cpython.pythread cimport PyThread_get_thread_ident
 from cpython.ref cimport PyObject
 from cpython.weakref cimport PyWeakref_GetObject
 from libc.stdint cimport int64_t, int8_t
@@ -17,7 +19,7 @@ from libc.stdlib cimport free, malloc
 
 import array
 
-__all__ = ["MAX_VALUE", "STATE_LEN", "TURN_MAX", "clearing_turn", "extend_capped", "extends", "plan_clearing"]
+__all__ = ["ClearingTurn", "MAX_VALUE", "STATE_LEN", "TURN_MAX", "clearing_turn", "extend_capped", "extends", "plan_clearing"]
 
 MAX_VALUE = 1 << 53
 STATE_LEN = 7
@@ -362,3 +364,160 @@ def clearing_turn(src, ref, out, counts, kinds, savings, results, result_kinds, 
     st[4] = pending
     st[6] = n_results
     return 0
+
+
+@cython.auto_pickle(False)
+cdef class ClearingTurn:
+    """``ClearToolResultsFilter``'s hot turn as one compiled call; see ``_editing_core_py``."""
+    cdef readonly object flt
+    cdef readonly bint armed
+    cdef object src, message_cls, counter
+    cdef list ref, out, results, result_kinds
+    cdef carray.array counts, kinds, savings, state
+    cdef int64_t placeholder_cost, trigger, step, keep
+    cdef unsigned long owner
+
+    def __init__(self, flt, message_cls):
+        self.flt = flt
+        self.message_cls = message_cls
+        self.armed = 0
+
+    def arm(self, src, ref, out, counts, kinds, savings, results, result_kinds, state, counter, settings):
+        """Hold the records of the filter's last turn (``clearing_turn``'s arguments), for calls
+        from this thread with ``src``."""
+        if (type(src) is not list or type(ref) is not list or type(out) is not list or type(results) is not list
+                or type(result_kinds) is not list):
+            raise TypeError("src, ref, out, results and result_kinds must be lists")
+        _is_array(counts, "counts", b'q')
+        _is_array(kinds, "kinds", b'b')
+        _is_array(savings, "savings", b'q')
+        _is_array(state, "state", b'q')
+        self.placeholder_cost, self.trigger, self.step, self.keep = settings
+        self.src, self.ref, self.out, self.results, self.result_kinds = src, ref, out, results, result_kinds
+        self.counts, self.kinds, self.savings, self.state = counts, kinds, savings, state
+        self.counter = counter
+        self.owner = PyThread_get_thread_ident()
+        self.armed = 1
+
+    def disarm(self):
+        """Hold nothing: every call is the filter's ``_hot_apply``."""
+        self.armed = 0
+        self.src = self.ref = self.out = self.results = self.result_kinds = None
+        self.counts = self.kinds = self.savings = self.state = None
+        self.counter = None
+
+    def __call__(self, src, tools_schema=None):
+        """The filter's ``_hot_apply(src, tools_schema)``."""
+        if (self.armed and src is self.src and (tools_schema is None or not tools_schema)
+                and PyThread_get_thread_ident() == self.owner and self._turn() == 0):
+            return self.out
+        return self.flt._hot_apply(src, tools_schema)
+
+    cdef int _turn(self) except -2:
+        """``clearing_turn`` over the held records, all or nothing: 0 when it recorded the new
+        messages (no step, no room to compute), -1 with nothing changed otherwise. It runs no
+        Python code (exact types only, dict look-ups by int and exact str keys, no tracked
+        allocation), so no other thread runs while it does."""
+        cdef int64_t new_counts[C_TURN_MAX]
+        cdef int8_t new_kinds[C_TURN_MAX]
+        cdef int64_t new_savings[C_TURN_MAX]
+        cdef int64_t c, t, saving, total, cleared, limit, pending, n_results, x
+        cdef int64_t *st
+        cdef Py_ssize_t k, n, i, j, n_pinned
+        cdef int8_t kind
+        cdef object m, e, role, content, tv, cv, msgs_cache, texts, mcls
+        cdef list src = <list>self.src, ref = self.ref, out = self.out
+        k = PyList_GET_SIZE(ref)
+        n = PyList_GET_SIZE(src)
+        if k == 0 or n < k or n - k > C_TURN_MAX:
+            return -1
+        if ( PyList_GET_SIZE(out) != k or len(self.counts) != k
+                or len(self.kinds) != k or len(self.savings) != k or len(self.state) != STATE_LEN):
+            return -1
+        st = <int64_t *>self.state.data.as_longlongs
+        if st[0] != k:
+            return -1
+        msgs_cache = self.counter._msgs
+        texts = self.counter._texts
+        if type(msgs_cache) is not dict or type(texts) is not dict:
+            return -1
+        mcls = self.message_cls
+        n_pinned = <Py_ssize_t>st[5]
+        for i in range(k, n):
+            j = i - k
+            m = <object>PyList_GET_ITEM(src, i)
+            if type(m) is not mcls:
+                return -1
+            e = (<dict>msgs_cache).get(PyLong_FromVoidPtr(<void *>m))  # id(m)
+            if e is None or type(e) is not tuple or <object>PyWeakref_GetObject((<tuple>e)[0]) is not m:
+                return -1
+            cv = (<tuple>e)[1]
+            if type(cv) is not int:
+                return -1
+            c = cv
+            if c < 0 or c > C_MAX:
+                return -1
+            role = m.role
+            if type(role) is not str:
+                return -1
+            saving = 0
+            if role == _TOOL:
+                content = m.content
+                if type(content) is not str:
+                    return -1
+                tv = (<dict>texts).get(content)
+                if type(tv) is not int:
+                    return -1
+                t = tv
+                saving = t - self.placeholder_cost
+                if saving < 0:
+                    saving = 0
+                if saving > c:
+                    saving = c
+                kind = 2
+            elif role == _ASSISTANT:
+                kind = 4
+            elif role == _SYSTEM and i == n_pinned:
+                return -1
+            else:
+                kind = 0
+            new_counts[j] = c
+            new_kinds[j] = kind
+            new_savings[j] = saving
+        total, cleared, limit, pending, n_results = st[1], st[2], st[3], st[4], st[6]
+        for j in range(n - k):
+            total += new_counts[j]
+            if total > C_SUM:
+                return -1
+            kind = new_kinds[j]
+            if kind == 2:
+                n_results += 1
+            x = total - self.trigger
+            if self.step == 0:
+                if x > 0 and n_results - self.keep > cleared:
+                    return -1
+                continue
+            if x > limit:
+                pending = 1
+            if pending and kind != 4:
+                return -1
+        carray.resize_smart(self.counts, n)
+        carray.resize_smart(self.kinds, n)
+        carray.resize_smart(self.savings, n)
+        for j in range(n - k):
+            self.counts.data.as_longlongs[k + j] = new_counts[j]
+            self.kinds.data.as_schars[k + j] = new_kinds[j]
+            self.savings.data.as_longlongs[k + j] = new_savings[j]
+            if new_kinds[j] == 2:
+                PyList_Append(self.results, k + j)
+                PyList_Append(self.result_kinds, 2)
+        for i in range(k, n):
+            m = <object>PyList_GET_ITEM(src, i)
+            PyList_Append(ref, m)
+            PyList_Append(out, m)
+        st = <int64_t *>self.state.data.as_longlongs
+        st[0] = n
+        st[1] = total
+        st[4] = pending
+        st[6] = n_results
+        return 0

@@ -2,7 +2,9 @@
 
 from typing import Any, Optional
 
-__all__ = ["MAX_VALUE", "STATE_LEN", "TURN_MAX", "clearing_turn", "extend_capped", "extends", "plan_clearing"]
+from typing_extensions import disjoint_base
+
+__all__ = ["ClearingTurn", "MAX_VALUE", "STATE_LEN", "TURN_MAX", "clearing_turn", "extend_capped", "extends", "plan_clearing"]
 
 MAX_VALUE: int
 STATE_LEN: int
@@ -15,3 +17,16 @@ def extend_capped(src: list[Any], ref: list[Any], out: list[Any], cache: dict[in
 def clearing_turn(src: list[Any], ref: list[Any], out: list[Any], counts: Any, kinds: Any, savings: Any,
                   results: list[int], result_kinds: list[int], state: Any, counter: Any,
                   settings: tuple[int, int, int, int]) -> int: ...
+
+@disjoint_base
+class ClearingTurn:
+    @property
+    def flt(self) -> Any: ...
+    @property
+    def armed(self) -> bool: ...
+    def __init__(self, flt: Any, message_cls: type) -> None: ...
+    def arm(self, src: list[Any], ref: list[Any], out: list[Any], counts: Any, kinds: Any, savings: Any,
+            results: list[int], result_kinds: list[int], state: Any, counter: Any,
+            settings: tuple[int, int, int, int]) -> None: ...
+    def disarm(self) -> None: ...
+    def __call__(self, src: list[Any], tools_schema: Any = None) -> list[Any]: ...

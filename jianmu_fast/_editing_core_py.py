@@ -63,8 +63,9 @@ the counts must stay at most ``2**62``, so the compiled sums never overflow).
 from __future__ import annotations
 
 import array
+import threading
 
-__all__ = ["MAX_VALUE", "STATE_LEN", "TURN_MAX", "clearing_turn", "extend_capped", "extends", "plan_clearing"]
+__all__ = ["ClearingTurn", "MAX_VALUE", "STATE_LEN", "TURN_MAX", "clearing_turn", "extend_capped", "extends", "plan_clearing"]
 
 MAX_VALUE = 1 << 53
 MAX_SUM = 1 << 62
@@ -393,3 +394,151 @@ def clearing_turn(src, ref, out, counts, kinds, savings, results, result_kinds, 
         return 1
     state[0], state[1], state[4], state[6] = n, total, pending, n_results
     return 0
+
+
+class ClearingTurn:
+    """``ClearToolResultsFilter``'s hot turn as one call (the builder calls it in place of the
+    filter's ``_hot_apply``): ``turn(src, tools_schema)`` returns what
+    ``flt._hot_apply(src, tools_schema)`` returns.
+
+    ``arm(src, ref, out, counts, kinds, savings, results, result_kinds, state, counter,
+    settings)`` (``clearing_turn``'s arguments, which the filter's locked path sets after a
+    turn) makes it hold the filter's records for the next call from this thread with the same
+    ``src``; ``disarm()`` (the filter's locked path, at its start, and any change of a setting)
+    makes it hold nothing. An armed call from the arming thread, with ``src`` and no tools,
+    whose new messages ``clearing_turn`` would record with ``0`` does just that and returns
+    ``out``; every other call (including one that would need the full scan: ``clearing_turn``'s
+    ``1``) changes nothing and is ``flt._hot_apply(src, tools_schema)``.
+
+    The compiled twin runs no Python code in that turn (exact types only: a ``message_cls``
+    instance, ``str`` roles and contents, ``int`` counts and dict look-ups by ``int`` and
+    ``str`` keys), so no other thread runs while it does and it takes no lock; this one takes
+    ``flt._lock`` (without waiting: busy, it is ``_hot_apply``).
+
+    >>> from jianmu_fast.memory.context import ClearToolResultsFilter, TiktokenTokenCounter
+    >>> from jianmu_fast.message import human
+    >>> f = ClearToolResultsFilter(1000, TiktokenTokenCounter("o200k_base"), keep=1)
+    >>> turn, src = f._hot_turn, [human("hello")]
+    >>> out = turn(src)                       # the filter's locked path, which arms the turn
+    >>> turn.armed, out == src
+    (True, True)
+    >>> src.append(human("hi")); f.counter.count_message(src[-1]) > 0
+    True
+    >>> turn(src) is out, out == src        # one call: records appended, out extended
+    (True, True)
+    """
+
+    def __init__(self, flt, message_cls):
+        self.flt = flt
+        self.message_cls = message_cls
+        self.armed = False
+        self._held = None
+
+    def arm(self, src, ref, out, counts, kinds, savings, results, result_kinds, state, counter, settings):
+        """Hold the records of the filter's last turn, for calls from this thread with ``src``."""
+        if (type(src) is not list or type(ref) is not list or type(out) is not list or type(results) is not list
+                or type(result_kinds) is not list):
+            raise TypeError("src, ref, out, results and result_kinds must be lists")
+        _array(counts, "counts", "q")
+        _array(kinds, "kinds", "b")
+        _array(savings, "savings", "q")
+        _array(state, "state", "q")
+        placeholder_cost, trigger, step, keep = settings
+        self._held = (src, ref, out, counts, kinds, savings, results, result_kinds, state, counter,
+                      (int(placeholder_cost), int(trigger), int(step), int(keep)), threading.get_ident())
+        self.armed = True
+
+    def disarm(self):
+        """Hold nothing: every call is the filter's ``_hot_apply``."""
+        self.armed = False
+        self._held = None
+
+    def __call__(self, src, tools_schema=None):
+        """The filter's ``_hot_apply(src, tools_schema)``."""
+        held = self._held
+        if (self.armed and held is not None and src is held[0] and (tools_schema is None or not tools_schema)
+                and threading.get_ident() == held[11]):
+            lock = self.flt._lock
+            if lock.acquire(False):
+                try:
+                    if self._held is held and self._turn(held) == 0:
+                        return held[2]
+                finally:
+                    lock.release()
+        return self.flt._hot_apply(src, tools_schema)
+
+    def _turn(self, held):
+        """``clearing_turn`` over the held records, all or nothing: ``0`` when it recorded the new
+        messages, ``-1`` with nothing changed otherwise."""
+        src, ref, out, counts, kinds, savings, results, result_kinds, state, counter, settings, _ = held
+        placeholder_cost, trigger, step, keep = settings
+        k, n = len(ref), len(src)
+        if k == 0 or n < k or n - k > TURN_MAX:
+            return -1
+        if (len(out) != k or len(counts) != k or len(kinds) != k or len(savings) != k
+                or len(state) != STATE_LEN or state[0] != k):
+            return -1
+        msgs_cache, texts = counter._msgs, counter._texts
+        if type(msgs_cache) is not dict or type(texts) is not dict:
+            return -1
+        n_pinned = state[5]
+        new = src[k:n]
+        new_counts, new_kinds, new_savings = [], [], []
+        for i, m in enumerate(new, k):
+            if type(m) is not self.message_cls:
+                return -1
+            e = msgs_cache.get(id(m))
+            if e is None or type(e) is not tuple or e[0]() is not m:
+                return -1
+            c = e[1]
+            if type(c) is not int or c < 0 or c > MAX_VALUE:
+                return -1
+            role = m.role
+            if type(role) is not str:
+                return -1
+            saving = 0
+            if role == "tool":
+                content = m.content
+                if type(content) is not str:
+                    return -1
+                t = texts.get(content)
+                if type(t) is not int:
+                    return -1
+                saving = min(max(0, t - placeholder_cost), c)
+                kind = 2
+            elif role == "assistant":
+                kind = 4
+            elif role == "system" and i == n_pinned:
+                return -1
+            else:
+                kind = 0
+            new_counts.append(c)
+            new_kinds.append(kind)
+            new_savings.append(saving)
+        total, cleared, limit, pending, n_results = state[1], state[2], state[3], state[4], state[6]
+        for c, kind in zip(new_counts, new_kinds):
+            total += c
+            if total > MAX_SUM:
+                return -1
+            if kind == 2:
+                n_results += 1
+            x = total - trigger
+            if step == 0:
+                if x > 0 and n_results - keep > cleared:
+                    return -1
+                continue
+            if x > limit:
+                pending = 1
+            if pending and kind != 4:
+                return -1
+        counts.extend(new_counts)
+        kinds.extend(new_kinds)
+        savings.extend(new_savings)
+        for j, kind in enumerate(new_kinds):
+            if kind == 2:
+                results.append(k + j)
+                result_kinds.append(2)
+        ref.extend(new)
+        out.extend(new)
+        state[0], state[1], state[4], state[6] = n, total, pending, n_results
+        return 0

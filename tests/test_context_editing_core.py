@@ -269,3 +269,96 @@ def test_per_turn_routines_name_bad_arguments():
     assert inspect.signature(core.clearing_turn) == inspect.signature(py.clearing_turn)
     assert inspect.signature(core.extend_capped) == inspect.signature(py.extend_capped)
     assert core.TURN_MAX == py.TURN_MAX
+
+
+# -- the builder's hot call (``ClearingTurn``): one compiled call on the agent loop's turn -----------
+
+@settings(max_examples=200, deadline=None)
+@given(messages(n_max=40), st.data(), st.sampled_from([0, 200, 2000, 20000]), st.sampled_from([0, 1, 300, 2000]),
+       st.integers(0, 4))
+def test_clearing_turn_object_twin_equals_compiled_and_the_general_path(hist, data, trigger, step, keep):
+    """Two filters, one called through the compiled ``ClearingTurn``, one through the twin, over
+    the same growing list: the same outputs (and records) as a fresh filter's ``apply`` of each
+    prefix, the output list the same object while no step is taken."""
+    from jianmu_fast.message import Message
+
+    filters = []
+    for mod in (core, py):
+        f = ClearToolResultsFilter(trigger, COUNTER, keep=keep, clear_at_least=step)
+        object.__setattr__(f, "_hot_turn", mod.ClearingTurn(f, Message))
+        filters.append(f)
+    srcs: list[list] = [[], []]
+    outs: list = [None, None]
+    n = 0
+    while n < len(hist):
+        n = data.draw(st.integers(n + 1, min(len(hist), n + 5)), label="end")
+        want = ClearToolResultsFilter(trigger, COUNTER, keep=keep, clear_at_least=step).apply(hist[:n])
+        got = []
+        for j, f in enumerate(filters):
+            srcs[j].extend(hist[len(srcs[j]):n])
+            armed = f._hot_turn.armed
+            prev_len = len(outs[j]) if outs[j] is not None else -1
+            out = f._hot_turn(srcs[j], None)
+            assert out == want
+            if armed and out is not outs[j]:  # a new list: a step was taken (or the cut moved)
+                pass
+            elif armed:
+                assert len(out) >= prev_len
+            outs[j] = out
+            got.append([list(x) for x in _records(f)])
+        assert got[0] == got[1]
+        assert filters[0]._hot_turn.armed == filters[1]._hot_turn.armed
+
+
+def test_clearing_turn_object_falls_back_off_its_thread_and_after_a_direct_call():
+    """A call from another thread than the one that armed it, with tools, with another list, or
+    after ``apply`` (which disarms it) is the filter's ``_hot_apply``; a change of a setting
+    disarms it."""
+    import threading
+
+    from jianmu_fast.message import ai, human, tool
+
+    hist = [human("q")]
+    for i in range(30):
+        hist += [ai(None, tool_calls=[{"id": f"c{i}", "type": "function", "function": {"name": "f", "arguments": "{}"}}]),
+                 tool("result " * 80, tool_call_id=f"c{i}"), ai("ok")]
+    for m in hist:
+        COUNTER.count_message(m)
+        if m.role == "tool":
+            COUNTER.count_text(m.content)
+    f = ClearToolResultsFilter(1500, COUNTER, keep=2, clear_at_least=300)
+    calls = []
+    real = f._hot_apply
+
+    def counted(src, tools_schema=None):
+        calls.append(len(src))
+        return real(src, tools_schema)
+
+    object.__setattr__(f, "_hot_apply", counted)
+    turn, src = f._hot_turn, hist[:4]
+    assert turn(src) == ClearToolResultsFilter(1500, COUNTER, keep=2, clear_at_least=300).apply(src)
+    assert turn.armed and calls == [4]
+    src.append(hist[4])
+    turn(src)
+    assert calls == [4]  # the compiled (or twin) turn: no _hot_apply
+    src.append(hist[5])
+    box = []
+    th = threading.Thread(target=lambda: box.append(turn(src)))
+    th.start()
+    th.join()
+    assert calls == [4, 6] and box[0] == ClearToolResultsFilter(1500, COUNTER, keep=2, clear_at_least=300).apply(src)
+    src.append(hist[6])
+    turn(src)  # armed by the other thread: falls back, and is armed for this one again
+    assert calls == [4, 6, 7]
+    f.apply(src)
+    assert not turn.armed
+    src.append(hist[7])
+    turn(src)
+    assert calls[-1] == 8 and turn.armed
+    f.keep = 3
+    assert not turn.armed
+    src.append(hist[8])
+    assert turn(src) == ClearToolResultsFilter(1500, COUNTER, keep=3, clear_at_least=300).apply(src)
+    assert calls[-1] == 9
+    assert turn(src, [{"type": "function", "function": {"name": "f", "parameters": {}}}]) is not None
+    assert calls[-1] == 9 and len(calls) == 6

@@ -174,6 +174,14 @@ def _hot_filter_kind(flt: Any) -> int:
     return 2 if cls is summarizing else 0
 
 
+def _hot_call(flt: Any) -> Any:
+    """What the builder calls for a kind 1 stage: ``flt._hot_turn`` when it has one (an
+    object whose call is ``flt._hot_apply``'s, the same for the stage's life), else the bound
+    ``flt._hot_apply``."""
+    turn = vars(flt).get("_hot_turn")
+    return turn if turn is not None and getattr(turn, "flt", None) is flt else flt._hot_apply
+
+
 def _derive_hot(providers: list[Any], filters: list[Any]) -> Optional["_Hot"]:
     """The hot plan of these stages, or None (see ``_Hot``)."""
     history_cls = _history_provider_cls()
@@ -216,8 +224,11 @@ class _Hot:
         self.kinds = kinds
         if trims_last:
             self.dicts.append((vars(filters[-1]), "_trim"))
-        #: ``(index, filter, kind)`` of every filter, in order (what ``_filter_hot`` walks)
-        self.steps = tuple((i, f, k) for i, (f, k) in enumerate(zip(filters, kinds)))
+        #: ``(index, filter, kind, call)`` of every filter, in order (what ``_filter_hot`` walks);
+        #: ``call`` is what a kind 1 stage is called through: its ``_hot_turn`` (the clearing's
+        #: compiled turn, which is its ``_hot_apply`` with no Python frame on the agent loop's
+        #: turn) or its ``_hot_apply``
+        self.steps = tuple((i, f, k, _hot_call(f) if k == 1 else None) for i, (f, k) in enumerate(zip(filters, kinds)))
 
 
 class _Turn:
@@ -550,10 +561,10 @@ class ContextBuilder:
         own = True  # ``messages`` is the builder's prompt or a stage's own list: never handed out
         last = hot.last
         trim_last = last is not None and self.sanitize
-        for i, flt, kind in hot.steps:
+        for i, flt, kind, call in hot.steps:
             if kind == 1:
                 try:
-                    messages = flt._hot_apply(messages, tools_schema)
+                    messages = call(messages, tools_schema)
                     own = True
                 except JianmuError:
                     raise

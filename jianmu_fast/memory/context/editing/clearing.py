@@ -146,6 +146,9 @@ class ClearToolResultsFilter:
             raise TypeError(f"counter {self.counter!r}: count_messages([]) must be an int between 0 and 2**53, got {request!r}")
         self._request = int(request)  # the request's fixed cost
         self._placeholder_cost = int(self.counter.count_text(self.placeholder)) if self._additive else 0
+        if "_hot_turn" not in self.__dict__:
+            # the builder's hot call (see _arm): one per filter, never replaced (a plan holds it)
+            self._hot_turn = _backend.ClearingTurn(self, Message)
         self._rec = _ClearRecords(-1)
         self._turn_args: Optional[tuple[Any, ...]] = None  # see _arm
         # the compiled turn (``clearing_turn``) reads the counter's caches
@@ -163,7 +166,7 @@ class ClearToolResultsFilter:
 
     def __getstate__(self) -> dict[str, Any]:
         state = self.__dict__.copy()
-        for k in ("_rec", "_cleared_cache", "_inputs_cache", "_lock", "_turn_args"):
+        for k in ("_rec", "_cleared_cache", "_inputs_cache", "_lock", "_turn_args", "_hot_turn"):
             state.pop(k, None)
         return state
 
@@ -391,27 +394,22 @@ class ClearToolResultsFilter:
         new messages' records and the scan's decision are one compiled call
         (``clearing_turn``), which leaves only a step or a move of the chunked cut to the full
         scan; a call that finds the stage busy gets ``apply``'s copy."""
-        args = self._turn_args
-        if args is not None and src is args[0] and not tools_schema and self._lock.acquire(False):
-            try:  # the agent loop's turn: one compiled call, the full scan only for a step or a move
-                got = _clearing_turn(*args)
-                if got == 0:
-                    return args[2]
-                if got > 0:
-                    self._plan(self._rec)
-                    if self._turn_args is not args:  # a step made a new output list
-                        self._arm(src)
-                    return self._rec.out
-            except JianmuError:
-                raise
-            except Exception as exc:
-                self._failed(exc)
-            finally:
-                self._lock.release()
         lock = self._lock
         if not lock.acquire(False):
             return self.apply(src, tools_schema=tools_schema)
         try:
+            self._hot_turn.disarm()  # (re-armed by _arm below)
+            args = self._turn_args
+            if args is not None and src is args[0] and not tools_schema:
+                # the agent loop's turn: one compiled call, the full scan only for a step or a move
+                got = _clearing_turn(*args)
+                if got == 0:
+                    self._arm(src)
+                    return args[2]
+                if got > 0:
+                    self._plan(self._rec)
+                    self._arm(src)
+                    return self._rec.out
             self._turn_args = None
             rec = self._update(src, tools_schema)
             if not tools_schema:
@@ -433,16 +431,22 @@ class ClearToolResultsFilter:
         rec = self._rec
         if self._cached and not self.exclude_tools and not self.clear_tool_inputs and rec.base == self._request:
             rec.shared = True
-            self._turn_args = (src, rec.messages, rec.out, rec.counts, rec.kinds, rec.savings, rec.results,
-                               rec.result_kinds, rec.state, self.counter,
-                               (self._placeholder_cost, self.trigger_tokens, self.clear_at_least, self.keep))
+            args = (src, rec.messages, rec.out, rec.counts, rec.kinds, rec.savings, rec.results,
+                    rec.result_kinds, rec.state, self.counter,
+                    (self._placeholder_cost, self.trigger_tokens, self.clear_at_least, self.keep))
+            self._turn_args = args
+            self._hot_turn.arm(*args)
         else:
             self._turn_args = None
 
     def __setattr__(self, name: str, value: Any) -> None:
         object.__setattr__(self, name, value)
-        if name in _ARMED_BY or name == "_rec":  # the compiled turn's arguments are read again
-            object.__setattr__(self, "_turn_args", None)
+        if name == "_turn_args" and value is None:
+            turn = self.__dict__.get("_hot_turn")
+            if turn is not None:
+                turn.disarm()
+        elif name in _ARMED_BY or name == "_rec":  # the compiled turn's arguments are read again
+            self._turn_args = None
         elif "_rec" in self.__dict__ and (name in _SETTINGS or name in _DERIVED_FROM):
             # a setting changed after records were made (records made without calls and owners by
             # the compiled turn included): the next call starts anew, on either path
