@@ -1203,6 +1203,45 @@ cdef class Records:
 
     def fold_keys(self, lo, first, hi, acc, units, level, fold, key, known, dict values):
         """See the twin."""
+        return self._fold_keys(lo, first, hi, acc, units, level, fold, key, known, values)
+
+    def fold_step(self, chain, a, b, fold, dict values, dict by_content):
+        """See the twin."""
+        if type(chain) is not tuple or PyTuple_GET_SIZE(chain) != 14:
+            raise TypeError(f"chain: expected a 14-tuple, got {type(chain).__name__}")
+        if type(fold) is not int or not 1 <= fold <= C_MAX:
+            raise ValueError(f"fold must be between 1 and 2**53, got {fold}")
+        cdef tuple c = <tuple>chain
+        if c[1] is not self or c[3] != a or c[2] != self.version or not c[9] < b - a:
+            return None
+        version, lo, cum, units0, key, text, end, acc, units, known = c[2], c[4], c[5], c[6], c[7], c[8], c[9], c[10], c[11], c[12]
+        got = self._fold_keys(a + lo, a + end, b, acc, units, (cum // fold + 1) * fold, fold, key, known, values)
+        if got is None:
+            return None
+        cdef list ends = (<tuple>got)[0]
+        units = (<tuple>got)[1]
+        acc = (<tuple>got)[2]
+        point_units = 0
+        out = None
+        cdef tuple e
+        cdef PyObject* tp
+        for item in ends:
+            e = <tuple>item
+            tp = PyDict_GetItemWithError(by_content, e[3])
+            if tp == NULL:
+                return None
+            t = <object>tp
+            if t is None:
+                return None
+            if e[1] >= 0:
+                text, lo, cum, key, point_units = t, e[0] - a, e[1], e[3], e[2]
+            else:
+                known = e[3]
+                out = (t, units0 + units)
+        return (None, self, version, a, lo, cum, units0 + point_units, key, text, b - a, acc, units - point_units,
+                known, out)
+
+    cdef object _fold_keys(self, lo, first, hi, acc, units, level, fold, key, known, dict values):
         if not 0 <= lo <= first <= hi:
             raise ValueError(f"need 0 <= lo <= first <= hi, got {lo}, {first}, {hi}")
         if type(key) is not bytes or (known is not None and type(known) is not bytes):

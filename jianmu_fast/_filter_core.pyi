@@ -70,6 +70,10 @@ class Records:
     def folds(
         self, lo: int, hi: int, acc: int, units: int, level: int, fold: int
     ) -> Optional[tuple[list[tuple[int, int, int]], int, int]]: ...
+    def fold_step(
+        self, chain: tuple[Any, ...], a: int, b: int, fold: int, values: dict[int, bytes],
+        by_content: dict[bytes, str],
+    ) -> Optional[tuple[Any, ...]]: ...
 
 def select_window(
     counts: npt.NDArray[np.int64],  # const int64_t[::1]

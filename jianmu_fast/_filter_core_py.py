@@ -858,6 +858,59 @@ class Records:
             start = e
         return ends, units, acc
 
+    def fold_step(self, chain, a, b, fold, values, by_content):
+        """The summarizing budget's rolling summary resumed over these records, when every step
+        is cached (its moved cut's common case, one call): ``chain`` is the summarizer's 14-tuple
+        ``(span, records, version, a, lo, cum, units0, key, text, end, acc, units, known, out)``
+        (see ``SummarizingBudgetFilter._summary_text``). When it was made over these records
+        (``records`` is ``self`` at this ``version``, its span starting at ``a``) and the span
+        ``[a, b)`` is longer than its ``end``, the fold points and keys past its last fold point
+        are ``fold_keys(a + lo, a + end, b, acc, units, (cum // fold + 1) * fold, fold, key,
+        known, values)``, and each key's summary is looked up in ``by_content``: the chain of
+        ``[a, b)`` (``span`` None, ``out`` its ``(summary, units)``), or None when the chain does
+        not apply, ``fold_keys`` is None or a summary is not cached (the caller's general path).
+        ``fold``: an int in ``[1, 2**53]``.
+
+        >>> from jianmu_fast.message import Message, human
+        >>> ms = [human("a"), human("b"), human("c")]
+        >>> rec = Records(Message)
+        >>> rec.extend(ms, [4, 4, 4])
+        >>> values = {id(m): m.content.encode() for m in ms}
+        >>> ends, units, acc = rec.fold_keys(0, 0, 2, 0, 0, 5, 5, b"", None, values)
+        >>> chain = (None, rec, rec.version, 0, 0, 0, 0, b"", None, 2, acc, units, ends[-1][3], ("ab", 2))
+        >>> got = rec.fold_keys(0, 2, 3, acc, units, 5, 5, b"", ends[-1][3], values)[0]
+        >>> by_content = {got[0][3]: "ab", got[1][3]: "abc"}
+        >>> new = rec.fold_step(chain, 0, 3, 5, values, by_content)
+        >>> new[4:7], new[7] == ends[-1][3], new[8:10], new[13]
+        ((2, 8, 2), True, ('ab', 3), ('abc', 3))
+        >>> rec.fold_step(chain, 0, 3, 5, values, {}) is None, rec.fold_step(chain, 0, 2, 5, values, by_content)
+        (True, None)
+        """
+        if type(chain) is not tuple or len(chain) != 14:
+            raise TypeError(f"chain: expected a 14-tuple, got {type(chain).__name__}")
+        if type(fold) is not int or not 1 <= fold <= 2**53:
+            raise ValueError(f"fold must be between 1 and 2**53, got {fold}")
+        if chain[1] is not self or chain[3] != a or chain[2] != self.version or not chain[9] < b - a:
+            return None
+        _, _, version, _, lo, cum, units0, key, text, end, acc, units, known, _ = chain
+        got = self.fold_keys(a + lo, a + end, b, acc, units, (cum // fold + 1) * fold, fold, key, known, values)
+        if got is None:
+            return None
+        ends, units, acc = got
+        point_units = 0
+        out = None
+        for hi, before, n_units, k in ends:
+            t = by_content.get(k)
+            if t is None:
+                return None
+            if before >= 0:
+                text, lo, cum, key, point_units = t, hi - a, before, k, n_units
+            else:
+                known = k
+                out = (t, units0 + units)
+        return (None, self, version, a, lo, cum, units0 + point_units, key, text, b - a, acc, units - point_units,
+                known, out)
+
     def folds(self, lo, hi, acc, units, level, fold):
         """Where a span folds, read off the records ``[lo, hi)`` (the summarizing budget's
         rolling summary): walking from ``lo`` with ``acc`` tokens and ``units`` units before

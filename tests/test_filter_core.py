@@ -65,7 +65,7 @@ def test_twins_share_signatures(name):
 
 @needs_c
 @pytest.mark.parametrize("name", ["match", "advance", "extend", "set_counts", "plan", "sanitize", "window", "folds",
-                                  "joined", "fold_keys"])
+                                  "joined", "fold_keys", "fold_step"])
 def test_records_twins_share_method_signatures(name):
     assert inspect.signature(getattr(core_c.Records, name)) == inspect.signature(getattr(core_py.Records, name))
 
@@ -754,6 +754,68 @@ def test_records_fold_keys_equal_on_both_twins_and_the_hash_chain(units, data):
             r.fold_keys(1, 0, 0, 0, 0, 0, 1, b"", None, values)
         with pytest.raises(TypeError, match=r"key and known: expected bytes \(known: or None\), got str"):
             r.fold_keys(0, 0, 0, 0, 0, 0, 1, b"", "k", values)
+
+
+@given(units=sanitize_units, data=st.data())
+@settings(deadline=None, max_examples=MAX_EXAMPLES)
+def test_records_fold_step_equals_on_both_twins_and_the_fold_keys_walk(units, data):
+    """``Records.fold_step`` (the summarizer's cached rolling step in one call) equals on both
+    twins the walk it stands for: ``fold_keys`` from the chain's last fold point, each key
+    looked up in ``by_content``, the new chain; None when the chain is another records', another
+    version's or another start's, when the span does not grow past its end, when a count or a
+    value is missing or a step's summary is not cached."""
+    msgs = _record_messages(units)
+    n = len(msgs)
+    counts = data.draw(st.lists(st.integers(0, 30), min_size=n, max_size=n))
+    if n and data.draw(st.integers(0, 5)) == 0:
+        counts[data.draw(st.integers(0, n - 1))] = -1
+    recs = _record_cores()
+    for r in recs:
+        r.extend(msgs, counts)
+    values = {id(m): data.draw(st.binary(min_size=1, max_size=4)) for m in msgs if data.draw(st.integers(0, 40)) > 0}
+    a = data.draw(st.integers(0, n))
+    end = data.draw(st.integers(0, n - a))
+    fold = data.draw(st.integers(1, 40))
+    b = data.draw(st.integers(min(n, a + end + 1), n)) if data.draw(st.integers(0, 5)) else data.draw(st.integers(a, n))
+    # the chain of [a, a + end) as the summarizer leaves it (its last fold point, the key there)
+    first = recs[0].fold_keys(a, a, a + end, 0, 0, fold, fold, b"", None, values)
+    if first is None:
+        lo, cum, units0, key, text, acc, units_, known = 0, 0, 0, b"", None, 0, 0, None
+    else:
+        ends, units_, acc = first
+        lo, cum, units0, key, text, known = 0, 0, 0, b"", None, ends[-1][3]
+        for e, before, n_units, k in ends[:-1]:
+            lo, cum, units0, key, text = e - a, before, n_units, k, f"s{e}"
+        units_ -= units0
+    out = ("old", 1)
+    by_content: dict[bytes, str] = {}
+    walked = recs[0].fold_keys(a + lo, a + end, b, acc, units_, (cum // fold + 1) * fold, fold, key, known, values) \
+        if end < b - a else None
+    for e, before, n_units, k in (walked[0] if walked is not None else []):
+        if data.draw(st.integers(0, 11)):
+            by_content[k] = f"t{e}"
+    version = data.draw(st.sampled_from([None, -1]))
+    for r in recs:
+        chain = (None, r, r.version if version is None else version, a, lo, cum, units0, key, text, end, acc, units_,
+                 known, out)
+        got = r.fold_step(chain, a, b, fold, values, by_content)
+        want = None
+        if version is None and walked is not None and all(k in by_content for *_, k in walked[0]):
+            ends, u, acc2 = walked
+            lo2, cum2, key2, text2, pu = lo, cum, key, text, 0
+            for e, before, n_units, k in ends[:-1]:
+                lo2, cum2, key2, text2, pu = e - a, before, k, by_content[k], n_units
+            want = (None, r, r.version, a, lo2, cum2, units0 + pu, key2, text2, b - a, acc2, u - pu, ends[-1][3],
+                    (by_content[ends[-1][3]], units0 + u))
+        assert got == want
+        other = recs[0] if r is not recs[0] else recs[-1]
+        if other is not r:  # another records' chain never applies
+            assert r.fold_step((None, other, *chain[2:]), a, b, fold, values, by_content) is None
+        assert r.fold_step(chain, a + 1, b + 1, fold, values, by_content) is None
+        with pytest.raises(TypeError, match=r"chain: expected a 14-tuple, got list"):
+            r.fold_step(list(chain), a, b, fold, values, by_content)
+        with pytest.raises(ValueError, match=r"fold must be between 1 and 2\*\*53, got 0"):
+            r.fold_step(chain, a, b, 0, values, by_content)
 
 
 @needs_c

@@ -144,7 +144,7 @@ class SummarizingBudgetFilter(TokenBudgetFilter):
         self._plain = TokenBudgetFilter(max_tokens, self.counter, pinned_roles=self.pinned_roles,
                                         eviction=eviction, chunk=chunk)
         self._cutter = Cutter(self.counter)
-        self._fold = chunk if eviction == "chunked" and chunk else max(1, self.max_tokens // 4)
+        self._fold = int(chunk if eviction == "chunked" and chunk else max(1, self.max_tokens // 4))
         # the library's counters count a request as PER_REQUEST plus each message's count, so
         # kept (within max_tokens - summary_max_tokens) plus the capped summary is within budget
         self._additive = type(self.counter).__name__ in TRUSTED
@@ -352,31 +352,14 @@ class SummarizingBudgetFilter(TokenBudgetFilter):
         rec = hot[1]
         chain = self._chain
         out = None
-        # the common case, inlined (``_summary_text``'s resumed path): the span extends the last
-        # one over the same records (same object, version and start) and every step's summary
-        # is cached; the fold scan and the keys are one compiled call
-        if chain is not None and chain[1] is rec and chain[3] == n_pinned and chain[2] == rec.version \
-                and chain[9] < cut - n_pinned:
-            _, _, version, a, lo, cum, units0, key, text, end, acc, units, known, _ = chain
-            fold = self._fold
-            keyed = rec.fold_keys(a + lo, a + end, cut, acc, units, (cum // fold + 1) * fold, fold, key, known,
-                                  self._digests)
-            if keyed is not None:
-                ends, units, acc = keyed
-                get = self._by_content.get
-                point_units = 0
-                for hi, before, n_units, k in ends:
-                    got_text = get(k)
-                    if got_text is None:  # a step to summarize: the general path calls summarize
-                        break
-                    if before >= 0:
-                        text, lo, cum, key, point_units = got_text, hi - a, before, k, n_units
-                    else:
-                        known = k
-                        out = (got_text, units0 + units)
-                else:
-                    self._chain = (None, rec, version, a, lo, cum, units0 + point_units, key, text, cut - a, acc,
-                                   units - point_units, known, out)
+        # the common case, one compiled call (``_summary_text``'s resumed path, ``Records.fold_step``):
+        # the span extends the last one over the same records (same object, version and start)
+        # and every step's summary is cached
+        if chain is not None and cut > n_pinned:
+            step = rec.fold_step(chain, n_pinned, cut, self._fold, self._digests, self._by_content)
+            if step is not None:
+                self._chain = step
+                out = step[13]
         if out is None:
             out = self._summary_text(msgs, n_pinned, cut, rec) if cut > n_pinned else None
             if out is None:
