@@ -36,7 +36,7 @@ cdef int _check(str name, int64_t value) except -1:
     return 0
 
 
-cdef int64_t _room(const int64_t[::1] counts, const int8_t[::1] kinds, const int64_t[::1] savings,
+cdef int64_t _room(const int64_t *counts, const int8_t *kinds, const int64_t *savings,
                    Py_ssize_t n_pinned, Py_ssize_t end, int64_t cleared, int64_t x, int64_t step) noexcept nogil:
     """Room of the chunked cut over ``[:end]`` with the first ``cleared`` results cleared."""
     cdef int64_t target, acc, r, c
@@ -62,7 +62,7 @@ cdef int64_t _room(const int64_t[::1] counts, const int8_t[::1] kinds, const int
     return 0
 
 
-cdef int64_t *_positions(const int8_t[::1] kinds, Py_ssize_t n) noexcept nogil:
+cdef int64_t *_positions(const int8_t *kinds, Py_ssize_t n) noexcept nogil:
     """The indices of the tool results (kinds 1 and 2), or NULL when out of memory."""
     cdef int64_t *positions = <int64_t *>malloc((n if n > 0 else 1) * sizeof(int64_t))
     cdef Py_ssize_t i, r = 0
@@ -74,15 +74,83 @@ cdef int64_t *_positions(const int8_t[::1] kinds, Py_ssize_t n) noexcept nogil:
     return positions
 
 
+cdef int _scan(const int64_t *counts, const int8_t *kinds, const int64_t *savings, Py_ssize_t n, Py_ssize_t done,
+               int64_t trigger, int64_t step, int64_t keep, int64_t *sc) noexcept nogil:
+    """``plan_clearing``'s scan of ``[done:n]`` over checked records; ``sc`` holds ``total,
+    cleared, limit, pending, n_pinned, n_results`` (in and out). -1 when out of memory (``sc``
+    then unchanged), else 0."""
+    cdef Py_ssize_t i
+    cdef int64_t k, total, cleared, limit, pending, n_pinned, n_results, need, eligible, x
+    cdef int64_t best_k, best_saved, saved, r, r0, room
+    cdef int64_t *positions = NULL  # the tool results' indices, found when a step is considered
+    total, cleared, limit, pending, n_pinned, n_results = sc[0], sc[1], sc[2], sc[3], sc[4], sc[5]
+    need = step if step > 0 else 1
+    for i in range(done, n):
+        total += counts[i]
+        k = kinds[i]
+        if k == 1 or k == 2:
+            n_results += 1
+        eligible = n_results - keep
+        x = total - trigger
+        if step == 0:
+            if x > 0 and eligible > cleared:
+                if positions == NULL:
+                    positions = _positions(kinds, n)
+                    if positions == NULL:
+                        return -1
+                best_k = -1
+                best_saved = 0
+                saved = 0
+                for r in range(cleared, eligible):
+                    saved += savings[positions[r]]
+                    if saved >= need:
+                        best_k = r + 1
+                        best_saved = saved
+                if best_k >= 0:
+                    total -= best_saved
+                    cleared = best_k
+            continue
+        if k == 3:
+            continue
+        if x > limit:
+            pending = 1
+        if not pending or k == 4:
+            continue
+        if eligible > cleared:
+            if positions == NULL:
+                positions = _positions(kinds, n)
+                if positions == NULL:
+                    return -1
+            r0 = _room(counts, kinds, savings, n_pinned, i + 1, cleared, x, step)
+            best_k = -1
+            best_saved = -1
+            saved = 0
+            for r in range(cleared, eligible):
+                saved += savings[positions[r]]
+                if saved > best_saved and (saved >= need or (r + 1 == eligible and saved > 0)):
+                    room = _room(counts, kinds, savings, n_pinned, i + 1, r + 1, x - saved, step)
+                    if 10 * room >= 9 * r0:
+                        best_k = r + 1
+                        best_saved = saved
+            if best_k >= 0:
+                total -= best_saved
+                cleared = best_k
+                x = total - trigger
+        limit = x + _room(counts, kinds, savings, n_pinned, i + 1, cleared, x, step)
+        pending = 0
+    free(positions)
+    sc[0], sc[1], sc[2], sc[3], sc[4], sc[5] = total, cleared, limit, pending, n_pinned, n_results
+    return 0
+
+
 def plan_clearing(const int64_t[::1] counts, const int8_t[::1] kinds, const int64_t[::1] savings,
                   int64_t base, int64_t trigger, int64_t step, int64_t keep, int64_t[::1] state=None):
     """Which tool results to clear: ``(cleared, total)``; see ``_editing_core_py``."""
     cdef Py_ssize_t n = counts.shape[0]
     cdef Py_ssize_t i, done
     cdef int64_t k, s, total, check, cleared, limit, pending, n_pinned, n_results, need, eligible, x
-    cdef int64_t best_k, best_saved, saved, r, r0, room
-    cdef int64_t *positions
-    cdef bint failed = 0
+    cdef int64_t sc[6]
+    cdef int failed = 0
     if kinds.shape[0] != n or savings.shape[0] != n:
         raise ValueError(
             f"counts, kinds and savings must have the same length, got {n}, {kinds.shape[0]}, {savings.shape[0]}")
@@ -120,69 +188,13 @@ def plan_clearing(const int64_t[::1] counts, const int8_t[::1] kinds, const int6
         if s < 0 or s > counts[i] or (k != 2 and s != 0):
             raise ValueError(
                 f"savings[{i}] must be between 0 and counts[{i}], and 0 unless kinds[{i}] == 2, got {s}")
-    positions = NULL  # the tool results' indices, found when a step is considered
-    try:
+    sc[0], sc[1], sc[2], sc[3], sc[4], sc[5] = total, cleared, limit, pending, n_pinned, n_results
+    if n > 0:
         with nogil:
-            need = step if step > 0 else 1
-            for i in range(done, n):
-                total += counts[i]
-                k = kinds[i]
-                if k == 1 or k == 2:
-                    n_results += 1
-                eligible = n_results - keep
-                x = total - trigger
-                if step == 0:
-                    if x > 0 and eligible > cleared:
-                        if positions == NULL:
-                            positions = _positions(kinds, n)
-                            if positions == NULL:
-                                failed = 1
-                                break
-                        best_k = -1
-                        best_saved = 0
-                        saved = 0
-                        for r in range(cleared, eligible):
-                            saved += savings[positions[r]]
-                            if saved >= need:
-                                best_k = r + 1
-                                best_saved = saved
-                        if best_k >= 0:
-                            total -= best_saved
-                            cleared = best_k
-                    continue
-                if k == 3:
-                    continue
-                if x > limit:
-                    pending = 1
-                if not pending or k == 4:
-                    continue
-                if eligible > cleared:
-                    if positions == NULL:
-                        positions = _positions(kinds, n)
-                        if positions == NULL:
-                            failed = 1
-                            break
-                    r0 = _room(counts, kinds, savings, n_pinned, i + 1, cleared, x, step)
-                    best_k = -1
-                    best_saved = -1
-                    saved = 0
-                    for r in range(cleared, eligible):
-                        saved += savings[positions[r]]
-                        if saved > best_saved and (saved >= need or (r + 1 == eligible and saved > 0)):
-                            room = _room(counts, kinds, savings, n_pinned, i + 1, r + 1, x - saved, step)
-                            if 10 * room >= 9 * r0:
-                                best_k = r + 1
-                                best_saved = saved
-                    if best_k >= 0:
-                        total -= best_saved
-                        cleared = best_k
-                        x = total - trigger
-                limit = x + _room(counts, kinds, savings, n_pinned, i + 1, cleared, x, step)
-                pending = 0
+            failed = _scan(&counts[0], &kinds[0], &savings[0], n, done, trigger, step, keep, sc)
         if failed:
             raise MemoryError()
-    finally:
-        free(positions)
+    total, cleared, limit, pending, n_pinned, n_results = sc[0], sc[1], sc[2], sc[3], sc[4], sc[5]
     if state is not None:
         state[0] = n
         state[1] = total
@@ -414,13 +426,16 @@ cdef class ClearingTurn:
         return self.flt._hot_apply(src, tools_schema)
 
     cdef int _turn(self) except -2:
-        """``clearing_turn`` over the held records, all or nothing: 0 when it recorded the new
-        messages (no step, no room to compute), -1 with nothing changed otherwise. It runs no
+        """The new messages' records (``clearing_turn``'s) and ``plan_clearing``'s resumed scan
+        over the held records: 0 when they were recorded and scanned with no step taken (the
+        output is the held ``out``, extended), 1 when a step was taken (the filter's
+        ``_hot_apply`` places the cleared copies), -1 with nothing changed otherwise. It runs no
         Python code (exact types only, dict look-ups by int and exact str keys, no tracked
         allocation), so no other thread runs while it does."""
         cdef int64_t new_counts[C_TURN_MAX]
         cdef int8_t new_kinds[C_TURN_MAX]
         cdef int64_t new_savings[C_TURN_MAX]
+        cdef int64_t sc[6]
         cdef int64_t c, t, saving, total, cleared, limit, pending, n_results, x
         cdef int64_t *st
         cdef Py_ssize_t k, n, i, j, n_pinned
@@ -484,23 +499,11 @@ cdef class ClearingTurn:
             new_counts[j] = c
             new_kinds[j] = kind
             new_savings[j] = saving
-        total, cleared, limit, pending, n_results = st[1], st[2], st[3], st[4], st[6]
+        total = st[1]
         for j in range(n - k):
             total += new_counts[j]
             if total > C_SUM:
-                return -1
-            kind = new_kinds[j]
-            if kind == 2:
-                n_results += 1
-            x = total - self.trigger
-            if self.step == 0:
-                if x > 0 and n_results - self.keep > cleared:
-                    return -1
-                continue
-            if x > limit:
-                pending = 1
-            if pending and kind != 4:
-                return -1
+                return -1  # (plan_clearing raises the error)
         carray.resize_smart(self.counts, n)
         carray.resize_smart(self.kinds, n)
         carray.resize_smart(self.savings, n)
@@ -515,9 +518,14 @@ cdef class ClearingTurn:
             m = <object>PyList_GET_ITEM(src, i)
             PyList_Append(ref, m)
             PyList_Append(out, m)
+        # the scan of the new messages (plan_clearing's, resumed): a move of the cut included
         st = <int64_t *>self.state.data.as_longlongs
+        cleared = st[2]
+        sc[0], sc[1], sc[2], sc[3], sc[4], sc[5] = st[1], st[2], st[3], st[4], st[5], st[6]
+        if _scan(<const int64_t *>self.counts.data.as_longlongs, <const int8_t *>self.kinds.data.as_schars,
+                 <const int64_t *>self.savings.data.as_longlongs, n, k,
+                 self.trigger, self.step, self.keep, sc) != 0:
+            return 1  # (out of memory: the state is left for plan_clearing)
         st[0] = n
-        st[1] = total
-        st[4] = pending
-        st[6] = n_results
-        return 0
+        st[1], st[2], st[3], st[4], st[5], st[6] = sc[0], sc[1], sc[2], sc[3], sc[4], sc[5]
+        return 1 if sc[1] != cleared else 0

@@ -406,14 +406,19 @@ class ClearingTurn:
     turn) makes it hold the filter's records for the next call from this thread with the same
     ``src``; ``disarm()`` (the filter's locked path, at its start, and any change of a setting)
     makes it hold nothing. An armed call from the arming thread, with ``src`` and no tools,
-    whose new messages ``clearing_turn`` would record with ``0`` does just that and returns
-    ``out``; every other call (including one that would need the full scan: ``clearing_turn``'s
-    ``1``) changes nothing and is ``flt._hot_apply(src, tools_schema)``.
+    whose new messages ``clearing_turn`` would record (not ``-1``) records them, scans them and
+    returns ``out`` when no step was taken; every other call is ``flt._hot_apply(src,
+    tools_schema)`` (after the records and the scan, for a step).
 
     The compiled twin runs no Python code in that turn (exact types only: a ``message_cls``
     instance, ``str`` roles and contents, ``int`` counts and dict look-ups by ``int`` and
     ``str`` keys), so no other thread runs while it does and it takes no lock; this one takes
     ``flt._lock`` (without waiting: busy, it is ``_hot_apply``).
+
+    The turn's records are ``clearing_turn``'s, and its decision ``plan_clearing``'s scan
+    resumed over them (a move of the chunked cut included); a step (``state[2]``, the results
+    cleared, grew) leaves the cleared copies to ``flt._hot_apply``, which finds the records
+    scanned and the state ahead of its output.
 
     >>> from jianmu_fast.memory.context import ClearToolResultsFilter, TiktokenTokenCounter
     >>> from jianmu_fast.message import human
@@ -468,8 +473,10 @@ class ClearingTurn:
         return self.flt._hot_apply(src, tools_schema)
 
     def _turn(self, held):
-        """``clearing_turn`` over the held records, all or nothing: ``0`` when it recorded the new
-        messages, ``-1`` with nothing changed otherwise."""
+        """The new messages' records (``clearing_turn``'s) and ``plan_clearing``'s resumed scan
+        over the held records: ``0`` when they were recorded and scanned with no step taken,
+        ``1`` when a step was taken (the filter's ``_hot_apply`` places the cleared copies),
+        ``-1`` with nothing changed otherwise."""
         src, ref, out, counts, kinds, savings, results, result_kinds, state, counter, settings, _ = held
         placeholder_cost, trigger, step, keep = settings
         k, n = len(ref), len(src)
@@ -515,22 +522,8 @@ class ClearingTurn:
             new_counts.append(c)
             new_kinds.append(kind)
             new_savings.append(saving)
-        total, cleared, limit, pending, n_results = state[1], state[2], state[3], state[4], state[6]
-        for c, kind in zip(new_counts, new_kinds):
-            total += c
-            if total > MAX_SUM:
-                return -1
-            if kind == 2:
-                n_results += 1
-            x = total - trigger
-            if step == 0:
-                if x > 0 and n_results - keep > cleared:
-                    return -1
-                continue
-            if x > limit:
-                pending = 1
-            if pending and kind != 4:
-                return -1
+        if state[1] + sum(new_counts) > MAX_SUM:
+            return -1  # (plan_clearing raises the error)
         counts.extend(new_counts)
         kinds.extend(new_kinds)
         savings.extend(new_savings)
@@ -540,5 +533,7 @@ class ClearingTurn:
                 result_kinds.append(2)
         ref.extend(new)
         out.extend(new)
-        state[0], state[1], state[4], state[6] = n, total, pending, n_results
-        return 0
+        cleared = state[2]
+        # the scan of the new messages (plan_clearing's, resumed): a move of the cut included
+        plan_clearing(counts, kinds, savings, 0, trigger, step, keep, state)
+        return 1 if state[2] != cleared else 0

@@ -308,6 +308,8 @@ class ClearToolResultsFilter:
             rec = self._rec = _ClearRecords(base)
             k = 0
         if n == k:
+            if rec.state[0] != n or rec.state[2] != rec.cleared:
+                self._plan(rec)  # (records a compiled turn made: their scan or their step's copies)
             return rec
         new = msgs[k:]
         self._append(rec, msgs, k, new)
@@ -403,11 +405,12 @@ class ClearToolResultsFilter:
             if args is not None and src is args[0] and not tools_schema:
                 # the agent loop's turn: one compiled call, the full scan only for a step or a move
                 got = _clearing_turn(*args)
-                if got == 0:
+                rec = self._rec
+                if got == 0 and rec.state[2] == rec.cleared:
                     self._arm(src)
                     return args[2]
-                if got > 0:
-                    self._plan(self._rec)
+                if got >= 0:  # (a step the compiled turn (_hot_turn) scanned: its cleared copies)
+                    self._plan(rec)
                     self._arm(src)
                     return self._rec.out
             self._turn_args = None
