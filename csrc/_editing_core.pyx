@@ -19,7 +19,7 @@ from libc.stdlib cimport free, malloc
 
 import array
 
-__all__ = ["ClearingTurn", "MAX_VALUE", "STATE_LEN", "TURN_MAX", "clearing_turn", "extend_capped", "extends", "plan_clearing"]
+__all__ = ["ClearingTurn", "MAX_VALUE", "STATE_LEN", "TURN_MAX", "clearing_turn", "extend_capped", "extends", "place_cleared", "plan_clearing"]
 
 MAX_VALUE = 1 << 53
 STATE_LEN = 7
@@ -412,11 +412,16 @@ cdef class ClearingTurn:
         self.armed = 1
 
     def disarm(self):
-        """Hold nothing: every call is the filter's ``_hot_apply``."""
+        """Every call is the filter's ``_hot_apply`` (until ``arm`` or ``rearm``)."""
         self.armed = 0
-        self.src = self.ref = self.out = self.results = self.result_kinds = None
-        self.counts = self.kinds = self.savings = self.state = None
-        self.counter = None
+
+    def rearm(self):
+        """Armed again with what the last ``arm`` held, for calls from this thread (the filter's
+        locked path, when its records are those it armed with)."""
+        if self.src is None:
+            raise ValueError("rearm: nothing was armed")
+        self.owner = PyThread_get_thread_ident()
+        self.armed = 1
 
     def __call__(self, src, tools_schema=None):
         """The filter's ``_hot_apply(src, tools_schema)``."""
@@ -529,3 +534,28 @@ cdef class ClearingTurn:
         st[0] = n
         st[1], st[2], st[3], st[4], st[5], st[6] = sc[0], sc[1], sc[2], sc[3], sc[4], sc[5]
         return 1 if sc[1] != cleared else 0
+
+
+def place_cleared(out, msgs, results, result_kinds, Py_ssize_t start, Py_ssize_t stop, cache):
+    """Put the cached cleared copies of the clearable results ``start:stop`` in ``out``; see
+    ``_editing_core_py``."""
+    cdef Py_ssize_t r, i
+    cdef object kind, m, e
+    if (type(out) is not list or type(msgs) is not list or type(results) is not list or type(result_kinds) is not list
+            or type(cache) is not dict):
+        raise TypeError("out, msgs, results and result_kinds must be lists and cache a dict")
+    if start < 0 or stop < start or stop > PyList_GET_SIZE(results) or stop > PyList_GET_SIZE(result_kinds):
+        raise ValueError(f"need 0 <= start <= stop <= len(results), got {start}, {stop}, {len(results)}")
+    for r in range(start, stop):
+        kind = <object>PyList_GET_ITEM(result_kinds, r)
+        if not (type(kind) is int and kind == 2):
+            continue
+        i = <object>PyList_GET_ITEM(results, r)
+        if i < 0 or i >= PyList_GET_SIZE(msgs) or i >= PyList_GET_SIZE(out):
+            raise IndexError(f"results[{r}] = {i} is out of range")
+        m = <object>PyList_GET_ITEM(msgs, i)
+        e = (<dict>cache).get(PyLong_FromVoidPtr(<void *>m))  # id(m)
+        if e is None or type(e) is not tuple or <object>PyWeakref_GetObject((<tuple>e)[0]) is not m:
+            return r
+        out[i] = (<tuple>e)[1]
+    return stop

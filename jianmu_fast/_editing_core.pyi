@@ -4,7 +4,7 @@ from typing import Any, Optional
 
 from typing_extensions import disjoint_base
 
-__all__ = ["ClearingTurn", "MAX_VALUE", "STATE_LEN", "TURN_MAX", "clearing_turn", "extend_capped", "extends", "plan_clearing"]
+__all__ = ["ClearingTurn", "MAX_VALUE", "STATE_LEN", "TURN_MAX", "clearing_turn", "extend_capped", "extends", "place_cleared", "plan_clearing"]
 
 MAX_VALUE: int
 STATE_LEN: int
@@ -29,4 +29,7 @@ class ClearingTurn:
             results: list[int], result_kinds: list[int], state: Any, counter: Any,
             settings: tuple[int, int, int, int]) -> None: ...
     def disarm(self) -> None: ...
+    def rearm(self) -> None: ...
     def __call__(self, src: list[Any], tools_schema: Any = None) -> list[Any]: ...
+def place_cleared(out: list[Any], msgs: list[Any], results: list[int], result_kinds: list[int], start: int,
+                  stop: int, cache: dict[int, Any]) -> int: ...

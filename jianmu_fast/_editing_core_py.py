@@ -65,7 +65,7 @@ from __future__ import annotations
 import array
 import threading
 
-__all__ = ["ClearingTurn", "MAX_VALUE", "STATE_LEN", "TURN_MAX", "clearing_turn", "extend_capped", "extends", "plan_clearing"]
+__all__ = ["ClearingTurn", "MAX_VALUE", "STATE_LEN", "TURN_MAX", "clearing_turn", "extend_capped", "extends", "place_cleared", "plan_clearing"]
 
 MAX_VALUE = 1 << 53
 MAX_SUM = 1 << 62
@@ -405,7 +405,7 @@ class ClearingTurn:
     settings)`` (``clearing_turn``'s arguments, which the filter's locked path sets after a
     turn) makes it hold the filter's records for the next call from this thread with the same
     ``src``; ``disarm()`` (the filter's locked path, at its start, and any change of a setting)
-    makes it hold nothing. An armed call from the arming thread, with ``src`` and no tools,
+    (or ``rearm()``, with what it held, for the calling thread) makes it hold nothing. An armed call from the arming thread, with ``src`` and no tools,
     whose new messages ``clearing_turn`` would record (not ``-1``) records them, scans them and
     returns ``out`` when no step was taken; every other call is ``flt._hot_apply(src,
     tools_schema)`` (after the records and the scan, for a step).
@@ -454,9 +454,16 @@ class ClearingTurn:
         self.armed = True
 
     def disarm(self):
-        """Hold nothing: every call is the filter's ``_hot_apply``."""
+        """Every call is the filter's ``_hot_apply`` (until ``arm`` or ``rearm``)."""
         self.armed = False
-        self._held = None
+
+    def rearm(self):
+        """Armed again with what the last ``arm`` held, for calls from this thread (the filter's
+        locked path, when its records are those it armed with)."""
+        if self._held is None:
+            raise ValueError("rearm: nothing was armed")
+        self._held = self._held[:11] + (threading.get_ident(),)
+        self.armed = True
 
     def __call__(self, src, tools_schema=None):
         """The filter's ``_hot_apply(src, tools_schema)``."""
@@ -537,3 +544,37 @@ class ClearingTurn:
         # the scan of the new messages (plan_clearing's, resumed): a move of the cut included
         plan_clearing(counts, kinds, savings, 0, trigger, step, keep, state)
         return 1 if state[2] != cleared else 0
+
+
+def place_cleared(out, msgs, results, result_kinds, start, stop, cache):
+    """Put the cleared copies of the clearable results (``result_kinds[r] == 2``) among
+    ``results[start:stop]`` (indices into ``msgs`` and ``out``) in ``out``, from ``cache``
+    (``{id(m): (weakref to m, copy)}``, ``ObjectCache``'s), in order; returns ``stop``, or the
+    position ``r`` of the first one not cached (``out`` placed up to it: the caller makes that
+    copy and goes on from ``r + 1``).
+
+    >>> import weakref
+    >>> from jianmu_fast.message import tool
+    >>> a, b, a2 = tool("x", tool_call_id="1"), tool("y", tool_call_id="2"), tool("[cleared]", tool_call_id="1")
+    >>> out = [a, b]
+    >>> place_cleared(out, [a, b], [0, 1], [2, 2], 0, 2, {id(a): (weakref.ref(a), a2)}), out[0] is a2
+    (1, True)
+    """
+    if (type(out) is not list or type(msgs) is not list or type(results) is not list or type(result_kinds) is not list
+            or type(cache) is not dict):
+        raise TypeError("out, msgs, results and result_kinds must be lists and cache a dict")
+    if start < 0 or stop < start or stop > len(results) or stop > len(result_kinds):
+        raise ValueError(f"need 0 <= start <= stop <= len(results), got {start}, {stop}, {len(results)}")
+    for r in range(start, stop):
+        kind = result_kinds[r]
+        if not (type(kind) is int and kind == 2):
+            continue
+        i = results[r]
+        if i < 0 or i >= len(msgs) or i >= len(out):
+            raise IndexError(f"results[{r}] = {i} is out of range")
+        m = msgs[i]
+        e = cache.get(id(m))
+        if e is None or type(e) is not tuple or e[0]() is not m:
+            return r
+        out[i] = e[1]
+    return stop

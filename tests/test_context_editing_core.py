@@ -362,3 +362,37 @@ def test_clearing_turn_object_falls_back_off_its_thread_and_after_a_direct_call(
     assert calls[-1] == 9
     assert turn(src, [{"type": "function", "function": {"name": "f", "parameters": {}}}]) is not None
     assert calls[-1] == 9 and len(calls) == 6
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.lists(st.tuples(st.sampled_from([0, 1, 2, 2]), st.booleans()), max_size=20), st.data())
+def test_place_cleared_twin_equals_compiled_and_the_loop(spec, data):
+    """``place_cleared`` (both twins) places the cached copies of the clearable results in order and
+    stops at the first one not cached, as the Python loop it replaces."""
+    import weakref
+
+    from jianmu_fast.message import tool
+
+    msgs = [tool(f"r{i}", tool_call_id=f"c{i}") for i in range(len(spec))]
+    copies = [tool("[cleared]", tool_call_id=f"c{i}") for i in range(len(spec))]
+    cache = {id(m): (weakref.ref(m), c) for m, c, (_, cached) in zip(msgs, copies, spec) if cached}
+    results, result_kinds = list(range(len(spec))), [k for k, _ in spec]
+    start = data.draw(st.integers(0, len(spec)))
+    stop = data.draw(st.integers(start, len(spec)))
+    want_out, want = list(msgs), stop
+    for r in range(start, stop):
+        if result_kinds[r] != 2:
+            continue
+        if not spec[r][1]:
+            want = r
+            break
+        want_out[r] = copies[r]
+    for mod in (py, core):
+        out = list(msgs)
+        assert mod.place_cleared(out, msgs, results, result_kinds, start, stop, cache) == want
+        assert out == want_out and all(a is b for a, b in zip(out, want_out))
+    for mod in (py, core):
+        with pytest.raises(ValueError, match="start <= stop"):
+            mod.place_cleared([], [], [], [], 1, 0, {})
+        with pytest.raises(TypeError, match="must be lists"):
+            mod.place_cleared((), [], [], [], 0, 0, {})

@@ -21,6 +21,7 @@ from ._common import MAX_VALUE, TRUSTED, ObjectCache, check_counter, check_int, 
 __all__ = ["ClearToolResultsFilter"]
 
 _clearing_turn = _backend.clearing_turn
+_place_cleared = _backend.place_cleared
 #: settings the compiled turn's arguments hold (set again: they are read again)
 _ARMED_BY = frozenset({"_placeholder_cost", "_request"})
 #: the settings: a change starts the records anew (the decision is a function of the messages and
@@ -327,24 +328,34 @@ class ClearToolResultsFilter:
         cleared, _ = _backend.plan_clearing(rec.counts, rec.kinds, rec.savings, rec.base, self.trigger_tokens,
                                             self.clear_at_least, self.keep, rec.state)
         if cleared > rec.cleared:
-            if rec.shared:  # handed out: a new list (see _hot_apply)
-                rec.out = rec.out[:]
-                rec.shared = False
-                self._turn_args = None
-            self._edit(rec, cleared)
+            self._step(rec, cleared)
+
+    def _step(self, rec: _ClearRecords, cleared: int) -> None:
+        """The output's new clearing: the results ``rec.cleared:cleared`` (a new list if handed out)."""
+        if rec.shared:  # handed out: a new list (see _hot_apply)
+            rec.out = rec.out[:]
+            rec.shared = False
+            self._turn_args = None
+        self._edit(rec, cleared)
 
     def _edit(self, rec: _ClearRecords, cleared: int) -> None:
         """Clear the results ``rec.cleared:cleared`` in ``rec.out`` (and their calls' inputs)."""
         msgs, out = rec.messages, rec.out
-        new = [i for i, kind in zip(rec.results[rec.cleared:cleared], rec.result_kinds[rec.cleared:cleared])
-               if kind == _CLEARABLE]
+        start = first = rec.cleared
         rec.cleared = cleared
-        cache = self._cleared_cache._d  # (_cleared_result's cache hit, inline: a step clears many)
-        for i in new:
-            m = msgs[i]
-            e = cache.get(id(m))
-            out[i] = e[1] if e is not None and e[0]() is m else self._cleared_result(m)
-        if self.clear_tool_inputs and new:
+        # the cached copies placed in one compiled call (a step clears many); a copy not made yet is
+        # made here, and the call goes on after it
+        cache = self._cleared_cache._d
+        while True:
+            r = _place_cleared(out, msgs, rec.results, rec.result_kinds, start, cleared, cache)
+            if r >= cleared:
+                break
+            i = rec.results[r]
+            out[i] = self._cleared_result(msgs[i])
+            start = r + 1
+        new = [i for i, kind in zip(rec.results[first:cleared], rec.result_kinds[first:cleared])
+               if kind == _CLEARABLE] if self.clear_tool_inputs else ()
+        if new:
             owner = rec.owner
             touched = {owner[i][0] for i in new if i in owner}
             cleared_calls: dict[int, set[int]] = {}
@@ -403,11 +414,21 @@ class ClearToolResultsFilter:
             self._hot_turn.disarm()  # (re-armed by _arm below)
             args = self._turn_args
             if args is not None and src is args[0] and not tools_schema:
+                rec = self._rec
+                st = rec.state
+                if st[2] > rec.cleared and st[0] == len(rec.messages) == len(src) == len(rec.out):
+                    # a step the compiled turn (_hot_turn) recorded and scanned: its cleared copies
+                    self._step(rec, st[2])
+                    self._arm(src)
+                    return rec.out
                 # the agent loop's turn: one compiled call, the full scan only for a step or a move
                 got = _clearing_turn(*args)
                 rec = self._rec
                 if got == 0 and rec.state[2] == rec.cleared:
-                    self._arm(src)
+                    if self._turn_args is args:  # (what the compiled turn held: armed again, cheaply)
+                        self._hot_turn.rearm()
+                    else:
+                        self._arm(src)
                     return args[2]
                 if got >= 0:  # (a step the compiled turn (_hot_turn) scanned: its cleared copies)
                     self._plan(rec)
