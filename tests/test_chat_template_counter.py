@@ -507,3 +507,43 @@ def test_message_keys_name_their_dicts_exactly(families):
     assert c._dicts_of([c._entry(m, i)[0] for i, m in enumerate(ms)]) == [message_to_template_dict(m) for m in ms]
     assert c.render(ms) == want and c.count_messages(ms) == n == fam.reference(ms)
 
+
+
+def test_identity_maps_and_incremental_count_array_stay_exact(families):
+    """The hot loop's caches: messages looked up by ``id`` (frozen messages only; an entry
+    leaves when its message dies, so a new message at a reused address is never taken for the
+    old one), and ``count_array`` recosting only the units after the previous call's prefix
+    (equal to a fresh counter's costs on every prefix, and after the prefix changes)."""
+    import gc
+
+    fam = families["mistral"]
+    c = fam.fresh()
+    ms = [Message(role="system", content="Be brief."), Message(role="user", content="Weather?")]
+    for i in range(8):
+        ms.append(Message(role="assistant", content=None, tool_calls=[
+            {"id": f"c{i}", "type": "function", "function": {"name": "get_weather", "arguments": json.dumps({"city": str(i)})}}]))
+        ms.append(Message(role="tool", content=f"{i}°C " * (i + 1), tool_call_id=f"c{i}", name="get_weather"))
+        got = c.count_array(ms).tolist()
+        assert got == fam.fresh().count_array(ms).tolist()
+        assert c.count_messages(ms) == fam.reference(ms)
+    # a changed prefix (trimmed, another message in the middle) is recosted, not reused
+    other = ms[:3] + [Message(role="user", content="changed")] + ms[5:]
+    assert c.count_array(other).tolist() == fam.fresh().count_array(other).tolist()
+    assert c.count_array(ms[4:]).tolist() == fam.fresh().count_array(ms[4:]).tolist()
+    # a dead message's id entry is gone: a new message (maybe at the same address) is its own
+    for k in range(50):
+        m = Message(role="user", content=f"temp {k}")
+        key = c._entry(m, 0)[0]
+        i_m = id(m)
+        assert c._id_keys[i_m] == key
+        del m
+        gc.collect()
+        assert i_m not in c._id_keys and i_m not in c._id_dicts
+        n = Message(role="user", content=f"other {k}")
+        assert c.count_messages([n]) == fam.reference([n])
+    # messages with unfrozen lists (built without validation) are never in the id maps
+    loose = Message.model_construct(role="user", content=[{"type": "text", "text": "a"}])
+    c._entry(loose, 0)
+    assert id(loose) in c._memo and id(loose) not in c._id_keys
+    c.clear_cache()
+    assert c._id_keys == {} and c._last_array is None
