@@ -87,7 +87,6 @@ carrying the template's message; no count is made up.
 from __future__ import annotations
 
 import copy
-import functools
 import gzip
 import json
 import os
@@ -267,12 +266,6 @@ def _parse_key(key: str) -> dict[str, Any]:
     if sep:
         d["content"] = content
     return d
-
-
-def _forget_id(i: int, id_keys: dict[int, Any], id_dicts: dict[int, Any], _ref: Any = None) -> None:
-    """The memo's weakref callback: message ``i`` died, so its id may name another one."""
-    id_keys.pop(i, None)
-    id_dicts.pop(i, None)
 
 
 def _has_reasoning(d: Mapping[str, Any]) -> bool:
@@ -590,18 +583,12 @@ class ChatTemplateTokenCounter:
         self._frames = Frames(self._render_plain, cache_size=cache_size)
         self._frame_parts: dict[str, tuple[Any, tuple[str, ...]]] = {}
         self._memo: dict[int, tuple[Any, ...]] = {}  # id(message) -> (weakref, snapshot, dict, key)
-        # the hot loop's maps, id(message) -> key / template dict, for messages that cannot
-        # change (frozen: no snapshot); an entry leaves when its message dies (the memo's
-        # weakref callback, run before the id can be reused) or when the memo evicts it
-        self._id_keys: dict[int, str] = {}
-        self._id_dicts: dict[int, dict[str, Any]] = {}
         self._by_key: dict[str, dict[str, Any]] = dict(_STANDIN_DICTS)  # message key -> template dict
         self._texts: dict[Any, int] = {}  # key of a rendered conversation -> tokens
         self._units: dict[Any, Any] = {}  # (unit keys, pred, succ) -> per-message costs
         # unit keys -> per-message costs, for units (not tool-first) without reasoning whose
         # cost does not depend on their neighbours: the hot loop's one lookup per unit
         self._local_units: dict[tuple[str, ...], list[int]] = {}
-        self._local_totals: dict[tuple[str, ...], int] = {}  # unit keys -> sum(_local_units[keys])
         self._local: dict[Any, bool] = {}  # role pattern -> neighbour-independent?
         # frames are shared by the counters of one tokenizer file, template, special tokens and
         # template variables in this process, so a counter built per task or worker does not
@@ -618,9 +605,6 @@ class ChatTemplateTokenCounter:
         self._looks: dict[str, bool] = {}  # message key -> _lookahead (once _sensitive is known)
         self._calls: dict[str, str] = {}  # tool-call id -> key of the assistant message that made it
         self._last: Optional[tuple[list[Any], list[int], list[int]]] = None
-        # count_array's last call (keys, unit starts, costs): a call on a longer list with the
-        # same prefix recosts only the units from that call's last one on
-        self._last_array: Optional[tuple[list[str], list[int], np.ndarray]] = None
         self._ends: dict[str, Optional[int]] = {}
         ends = [e for e in (self._end_cost(r) for r in ("user", "tool", "assistant")) if e is not None]
         self._empty = max(ends) if ends else self._fixed_cost()
@@ -631,7 +615,6 @@ class ChatTemplateTokenCounter:
         if self.additive:
             self._sensitive = frozenset(f for f, probes in _FEATURE_PROBES.items() if not self._probes_add_up(probes))
         self._local_units = {}
-        self._local_totals = {}
         self._looks = {}
         for n_calls in range(1, 4):  # probe the usual unit patterns once, not in the hot loop
             for text in ("", "."):  # calls alone, and with a line of text ("Let me check.")
@@ -851,23 +834,11 @@ class ChatTemplateTokenCounter:
             if (isinstance(m.content, list) and type(m.content) is not FrozenList) or (
                     m.tool_calls is not None and type(m.tool_calls) is not FrozenList):
                 snap = (copy.deepcopy(m.content), copy.deepcopy(m.tool_calls))
-            i_m = id(m)
-            id_keys, id_dicts = self._id_keys, self._id_dicts
             with self._lock:
                 if len(self._memo) >= self.cache_size:
                     for old_id in list(self._memo)[: self.cache_size // 4]:
                         del self._memo[old_id]
-                        id_keys.pop(old_id, None)
-                        id_dicts.pop(old_id, None)
-                if snap is None:
-                    ref = weakref.ref(m, functools.partial(_forget_id, i_m, id_keys, id_dicts))
-                    id_keys[i_m] = key
-                    id_dicts[i_m] = d
-                else:
-                    id_keys.pop(i_m, None)
-                    id_dicts.pop(i_m, None)
-                    ref = weakref.ref(m)
-                self._memo[i_m] = (ref, snap, d, key)
+                self._memo[id(m)] = (weakref.ref(m), snap, d, key)
                 if len(self._by_key) >= self.cache_size:
                     for old_key in list(self._by_key)[: self.cache_size // 4]:
                         del self._by_key[old_key]
@@ -1018,11 +989,6 @@ class ChatTemplateTokenCounter:
                 for k in list(self._local_units)[: self.cache_size // 4]:
                     del self._local_units[k]
             self._local_units[keys] = costs
-            totals = self._local_totals
-            if len(totals) >= self.cache_size:
-                for k in list(totals)[: self.cache_size // 4]:
-                    del totals[k]
-            totals[keys] = sum(costs)
 
     def _upper_costs(self, keys: tuple[str, ...], dicts: Sequence[dict[str, Any]], preds: list[str],
                      succs: list[str], exact: tuple[str, str], caller: Optional[str] = None) -> list[int]:
@@ -1065,12 +1031,6 @@ class ChatTemplateTokenCounter:
         return "call" if r == "assistant" and d.get("tool_calls") else r
 
     def _entries(self, ms: Sequence[Any]) -> tuple[list[str], list[dict[str, Any]]]:
-        ids = list(map(id, ms))  # every message seen before and frozen: two C-level maps
-        keys = list(map(self._id_keys.get, ids))
-        if None not in keys:
-            dicts = list(map(self._id_dicts.get, ids))
-            if None not in dicts:
-                return keys, dicts  # type: ignore[return-value]
         keys, dicts = [], []
         memo = self._memo
         for i, m in enumerate(ms):
@@ -1087,9 +1047,6 @@ class ChatTemplateTokenCounter:
     def _any_lookahead(self, keys: Sequence[str], dicts: Sequence[Mapping[str, Any]]) -> bool:
         """``any(self._lookahead(d) for d in dicts)``, cached per message key."""
         looks = self._looks
-        known = list(map(looks.get, keys))  # every key looked at before: one C-level map
-        if None not in known:
-            return True in known
         for k, d in zip(keys, dicts):
             v = looks.get(k)
             if v is None:
@@ -1151,6 +1108,7 @@ class ChatTemplateTokenCounter:
             raise MessageValidationError(f"the chat template refused the conversation: {exc}") from None
 
     def _segments(self, ms: Sequence[Any], keys: list[str], dicts: list[dict[str, Any]]) -> int:
+        starts = self._starts(dicts)
         n = len(ms)
         last = self._last
         reuse = 0  # units whose cost is known from the previous call (all but its last unit)
@@ -1161,20 +1119,6 @@ class ChatTemplateTokenCounter:
             if k <= n and len(lstarts) >= 2 and keys[:k] == lkeys:
                 reuse = len(lstarts) - 1
                 costs = lcosts[:reuse]
-        if reuse:  # the unit starts up to the previous call's last unit are its own
-            b0 = lstarts[reuse]
-            starts = lstarts[:reuse] + [i for i in range(b0, n) if i == b0 or dicts[i]["role"] != "tool"]
-        else:
-            starts = self._starts(dicts)
-        # every unit neighbour-independent and costed before (the hot loop): C-level maps
-        totals = list(map(self._local_totals.get, map(tuple, map(
-            keys.__getitem__, map(slice, starts[reuse:], starts[reuse + 1:] + [n])))))
-        if None not in totals:
-            self._last = (keys, starts, costs + totals)
-            end = self._end_cost(dicts[-1]["role"])
-            if end is None:
-                raise _Refused("no end cost")
-            return end + sum(costs) + sum(totals)  # type: ignore[arg-type]
         local_units = self._local_units
         for u in range(reuse, len(starts)):
             a = starts[u]
@@ -1213,25 +1157,11 @@ class ChatTemplateTokenCounter:
         if not ms:
             return out
         keys, dicts = self._entries(ms)
+        starts = self._starts(dicts)
         n = len(ms)
-        first = 0  # units costed by the previous call on a prefix of these messages (not its last)
-        last = self._last_array
-        if last is not None and dicts[0]["role"] != "tool":
-            lkeys, lstarts, lout = last
-            k = len(lkeys)
-            if len(lstarts) >= 2 and k <= n and keys[:k] == lkeys:
-                first = len(lstarts) - 1
-                out[:lstarts[-1]] = lout[:lstarts[-1]]
-        if first:
-            starts = lstarts[:first]
-            b0 = lstarts[first]
-            starts += [i for i in range(b0, n) if i == b0 or dicts[i]["role"] != "tool"]
-        else:
-            starts = self._starts(dicts)
-        self._prefill_units(keys, dicts, starts, first)
+        self._prefill_units(keys, dicts, starts)
         local_units = self._local_units
-        for u in range(first, len(starts)):
-            a = starts[u]
+        for u, a in enumerate(starts):
             b = starts[u + 1] if u + 1 < len(starts) else n
             first_role = dicts[a]["role"]
             known = local_units.get(tuple(keys[a:b])) if first_role != "tool" else None
@@ -1255,19 +1185,16 @@ class ChatTemplateTokenCounter:
                 caller = self._calls.get(dicts[a].get("tool_call_id") or "")
             costs = self._upper_costs(tuple(keys[a:b]), dicts[a:b], preds, succs, (exact_pred, true_succ), caller)
             out[a:b] = costs
-        self._last_array = (keys, starts, out.copy())
         return out
 
-    def _prefill_units(self, keys: Sequence[str], dicts: Sequence[dict[str, Any]], starts: Sequence[int],
-                       first: int = 0) -> None:
+    def _prefill_units(self, keys: Sequence[str], dicts: Sequence[dict[str, Any]], starts: Sequence[int]) -> None:
         """Render every not-yet-costed neighbour-independent unit's prefixes, and count them
         all in one tokenizer batch (the turn's new units: one batch, not one per rendering)."""
         n = len(keys)
         convs: list[tuple[str, ...]] = []
         todo: list[tuple[tuple[str, ...], str]] = []  # units (not tool-first) to cost after the batch
         local_units = self._local_units
-        for u in range(first, len(starts)):
-            a = starts[u]
+        for u, a in enumerate(starts):
             b = starts[u + 1] if u + 1 < len(starts) else n
             ukeys = tuple(keys[a:b])
             if ukeys in local_units:
@@ -1339,16 +1266,12 @@ class ChatTemplateTokenCounter:
         """Forget cached renderings and costs (the tokenizer and template stay loaded)."""
         with self._lock:
             self._memo = {}
-            self._id_keys = {}
-            self._id_dicts = {}
             self._by_key = dict(_STANDIN_DICTS)
             self._texts = {}
             self._units = {}
             self._local_units = {}
-            self._local_totals = {}
             self._looks = {}
             self._last = None
-            self._last_array = None
 
     def _fixed_cost(self) -> int:
         """Tokens the template renders around an empty conversation. Templates that read
