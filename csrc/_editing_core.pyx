@@ -425,16 +425,40 @@ cdef class ClearingTurn:
 
     def __call__(self, src, tools_schema=None):
         """The filter's ``_hot_apply(src, tools_schema)``."""
+        cdef int got
         if (self.armed and src is self.src and (tools_schema is None or not tools_schema)
-                and PyThread_get_thread_ident() == self.owner and self._turn() == 0):
-            return self.out
+                and PyThread_get_thread_ident() == self.owner):
+            got = self._turn()
+            if got == 0:
+                return self.out
+            if got == -3:  # a new message not counted yet (the loop's usual turn): counted, then again
+                self.flt._warm(src, PyList_GET_SIZE(self.ref))
+                if (self.armed and src is self.src and PyThread_get_thread_ident() == self.owner
+                        and self._turn() == 0):
+                    return self.out
+        return self.flt._hot_apply(src, tools_schema)
+
+    def call(self, src, tools_schema=None):
+        """``self(src, tools_schema)`` (a method: called without an argument tuple)."""
+        cdef int got
+        if (self.armed and src is self.src and (tools_schema is None or not tools_schema)
+                and PyThread_get_thread_ident() == self.owner):
+            got = self._turn()
+            if got == 0:
+                return self.out
+            if got == -3:  # a new message not counted yet (the loop's usual turn): counted, then again
+                self.flt._warm(src, PyList_GET_SIZE(self.ref))
+                if (self.armed and src is self.src and PyThread_get_thread_ident() == self.owner
+                        and self._turn() == 0):
+                    return self.out
         return self.flt._hot_apply(src, tools_schema)
 
     cdef int _turn(self) except -2:
         """The new messages' records (``clearing_turn``'s) and ``plan_clearing``'s resumed scan
         over the held records: 0 when they were recorded and scanned with no step taken (the
         output is the held ``out``, extended), 1 when a step was taken (the filter's
-        ``_hot_apply`` places the cleared copies), -1 with nothing changed otherwise. It runs no
+        ``_hot_apply`` places the cleared copies), -3 with nothing changed when a new message's
+        count (or a result's content count) is not cached, -1 with nothing changed otherwise. It runs no
         Python code (exact types only, dict look-ups by int and exact str keys, no tracked
         allocation), so no other thread runs while it does."""
         cdef int64_t new_counts[C_TURN_MAX]
@@ -470,7 +494,7 @@ cdef class ClearingTurn:
                 return -1
             e = (<dict>msgs_cache).get(PyLong_FromVoidPtr(<void *>m))  # id(m)
             if e is None or type(e) is not tuple or <object>PyWeakref_GetObject((<tuple>e)[0]) is not m:
-                return -1
+                return -3  # (an entry of another message, whose id m reuses: counting m replaces it)
             cv = (<tuple>e)[1]
             if type(cv) is not int:
                 return -1
@@ -486,6 +510,8 @@ cdef class ClearingTurn:
                 if type(content) is not str:
                     return -1
                 tv = (<dict>texts).get(content)
+                if tv is None:
+                    return -3
                 if type(tv) is not int:
                     return -1
                 t = tv

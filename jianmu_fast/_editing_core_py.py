@@ -473,16 +473,32 @@ class ClearingTurn:
             lock = self.flt._lock
             if lock.acquire(False):
                 try:
-                    if self._held is held and self._turn(held) == 0:
+                    got = self._turn(held) if self._held is held else -1
+                    if got == 0:
                         return held[2]
                 finally:
                     lock.release()
+                if got == -3:  # a new message not counted yet (the loop's usual turn): counted, then again
+                    self.flt._warm(src, len(held[1]))
+                    if self.armed and self._held is held and lock.acquire(False):
+                        try:
+                            if self._held is held and self._turn(held) == 0:
+                                return held[2]
+                        finally:
+                            lock.release()
         return self.flt._hot_apply(src, tools_schema)
+
+    def call(self, src, tools_schema=None):
+        """``self(src, tools_schema)`` (what the builder calls: a method, which the compiled twin
+        is called through without an argument tuple)."""
+        return self(src, tools_schema)
 
     def _turn(self, held):
         """The new messages' records (``clearing_turn``'s) and ``plan_clearing``'s resumed scan
         over the held records: ``0`` when they were recorded and scanned with no step taken,
         ``1`` when a step was taken (the filter's ``_hot_apply`` places the cleared copies),
+        ``-3`` with nothing changed when a new message's count (or a result's content count) is
+        not cached (the call has ``flt._warm(src, len(ref))`` count them and tries once more),
         ``-1`` with nothing changed otherwise."""
         src, ref, out, counts, kinds, savings, results, result_kinds, state, counter, settings, _ = held
         placeholder_cost, trigger, step, keep = settings
@@ -503,7 +519,7 @@ class ClearingTurn:
                 return -1
             e = msgs_cache.get(id(m))
             if e is None or type(e) is not tuple or e[0]() is not m:
-                return -1
+                return -3  # (an entry of another message, whose id m reuses: counting m replaces it)
             c = e[1]
             if type(c) is not int or c < 0 or c > MAX_VALUE:
                 return -1
@@ -516,6 +532,8 @@ class ClearingTurn:
                 if type(content) is not str:
                     return -1
                 t = texts.get(content)
+                if t is None:
+                    return -3
                 if type(t) is not int:
                     return -1
                 saving = min(max(0, t - placeholder_cost), c)

@@ -489,3 +489,32 @@ def test_stages_shared_by_builders_in_threads():
     finally:
         sys.setswitchinterval(interval)
     assert errors == []
+
+
+def test_the_builder_calls_the_clearing_through_its_compiled_turn(monkeypatch):
+    """On the agent loop's turns the builder calls the clearing's ``_hot_turn`` and no Python
+    ``_hot_apply`` runs, but on the first turn and on the turns that take a step; every prompt
+    equals the general path's."""
+    calls = []
+    real = ClearToolResultsFilter._hot_apply
+
+    def counted(self, src, tools_schema=None):
+        calls.append(len(src))
+        return real(self, src, tools_schema)
+
+    monkeypatch.setattr(ClearToolResultsFilter, "_hot_apply", counted)
+    clear = ClearToolResultsFilter(1200, TIKTOKEN, keep=2, clear_at_least=200)
+    b = ContextBuilder(providers=[StaticPromptProvider("You are a careful agent."), StateHistoryProvider()],
+                       filters=[clear, TokenBudgetFilter(1200, TIKTOKEN, eviction="chunked", chunk=200)])
+    ref = general(ContextBuilder(providers=[StaticPromptProvider("You are a careful agent."), StateHistoryProvider()],
+                                 filters=[ClearToolResultsFilter(1200, TIKTOKEN, keep=2, clear_at_least=200),
+                                          TokenBudgetFilter(1200, TIKTOKEN, eviction="chunked", chunk=200)]))
+    hist: list[Message] = [human("start")]
+    steps = 0
+    for i in range(40):
+        hist += [ai(None, tool_calls=[{"id": f"c{i}", "type": "function", "function": {"name": "f", "arguments": "{}"}}]),
+                 tool(f"result {i} " + "data " * (30 + 7 * (i % 5)), tool_call_id=f"c{i}")]
+        before = clear._rec.cleared
+        assert dump(b.build({"messages": hist})) == dump(ref.build({"messages": hist}))
+        steps += clear._rec.cleared > before
+    assert steps >= 1 and len(calls) <= 1 + steps + 1  # the first turn, the steps (and the counts' first turn)

@@ -175,11 +175,11 @@ def _hot_filter_kind(flt: Any) -> int:
 
 
 def _hot_call(flt: Any) -> Any:
-    """What the builder calls for a kind 1 stage: ``flt._hot_turn`` when it has one (an
-    object whose call is ``flt._hot_apply``'s, the same for the stage's life), else the bound
-    ``flt._hot_apply``."""
+    """What the builder calls for a kind 1 stage: ``flt._hot_turn.call`` when it has a
+    ``_hot_turn`` (an object whose call is ``flt._hot_apply``'s, the same for the stage's life),
+    else the bound ``flt._hot_apply``."""
     turn = vars(flt).get("_hot_turn")
-    return turn if turn is not None and getattr(turn, "flt", None) is flt else flt._hot_apply
+    return turn.call if turn is not None and getattr(turn, "flt", None) is flt else flt._hot_apply
 
 
 def _derive_hot(providers: list[Any], filters: list[Any]) -> Optional["_Hot"]:

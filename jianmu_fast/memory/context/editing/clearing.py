@@ -11,7 +11,7 @@ from typing import Any, Iterable, NoReturn, Optional, Sequence
 import numpy as np
 
 from .... import _backend
-from ...._editing_core_py import STATE_LEN
+from ...._editing_core_py import STATE_LEN, TURN_MAX as _TURN_MAX
 from ....errors import JianmuError, TrimmingError
 from ....message import Message
 from ..counters import SimpleTokenCounter
@@ -446,6 +446,20 @@ class ClearToolResultsFilter:
             self._failed(exc)
         finally:
             lock.release()
+
+    def _warm(self, src: list[Message], k: int) -> None:
+        """Count the new messages ``src[k:]`` (and their tool results' contents) into the
+        counter's caches, which the compiled turn reads (``_hot_turn``: a turn whose new
+        messages were not counted yet). Takes no lock (the counter is shared anyway); a counter
+        that fails leaves it to ``_hot_apply``."""
+        count, text = self.counter.count_message, self.counter.count_text
+        try:
+            for m in src[k:k + _TURN_MAX]:
+                count(m)
+                if m.role == "tool" and type(m.content) is str:
+                    text(m.content)
+        except Exception:  # (the general path reports it)
+            pass
 
     def _arm(self, src: list[Message]) -> None:
         """The compiled turn's arguments for the next hot call with ``src`` (the input of this
