@@ -206,9 +206,10 @@ def test_exact_tiktoken_counter(core, threads, monkeypatch):
     import jianmu_fast.memory.context._batch_plan as plan
     from jianmu_fast.memory.context import TiktokenTokenCounter
 
-    if threads:  # forced: small batches, two CPUs, an idle core whatever the machine's load
+    if threads:  # forced: small batches, two CPUs allowed, an idle core whatever the machine's load
         monkeypatch.setattr(plan, "PARALLEL_MIN", 16)
         monkeypatch.setattr(plan, "_CPUS", 2)
+        monkeypatch.setattr(plan, "PARALLEL_CPUS", 2)
         monkeypatch.setattr(plan, "_idle_core", lambda: True)
     else:
         monkeypatch.setattr(plan, "PARALLEL_MIN", 1 << 62)

@@ -279,6 +279,7 @@ def test_counts_many_threads_or_not_give_the_same_counts(monkeypatch, idle):
         ai(None, tool_calls=calls), tool("4", tool_call_id="c1"), system("s"), human("question 1 ")]
     want = [TiktokenTokenCounter("o200k_base", engine="tiktoken").count_message(m) for m in msgs]
     monkeypatch.setattr(plan, "PARALLEL_MIN", 4)
+    monkeypatch.setattr(plan, "PARALLEL_CPUS", 1)
     monkeypatch.setattr(plan, "_idle_core", lambda: idle)
     spawned = []
     flt = TokenBudgetFilter(1000, TiktokenTokenCounter("o200k_base", engine="tiktoken"))
@@ -303,6 +304,7 @@ def test_counts_many_raises_what_the_second_thread_raised(monkeypatch):
     import jianmu_fast.memory.context._batch_plan as plan
 
     monkeypatch.setattr(plan, "PARALLEL_MIN", 4)
+    monkeypatch.setattr(plan, "PARALLEL_CPUS", 1)
     monkeypatch.setattr(plan, "_idle_core", lambda: True)
     msgs = [human(f"question {i}") for i in range(40)]
     flt = TokenBudgetFilter(1000, TiktokenTokenCounter("o200k_base", engine="tiktoken"))

@@ -41,6 +41,10 @@ __all__ = ["trim_many", "one", "eager_counts_many", "counts_many"]
 EAGER_MEAN_LEN = 64
 #: distinct messages in one count call before it is split over two threads
 PARALLEL_MIN = 2048
+#: the two counting threads only on machines with at least this many CPUs: on 2-core VMs two
+#: threads measured 1.3-1.5x slower than one (cs and coding batches, quiet machine: tiktoken
+#: releases and retakes the GIL around every short text, and the two threads convoy on it)
+PARALLEL_CPUS = 4
 _CPUS = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
 
 
@@ -181,9 +185,10 @@ def counts_many(flt: Any, msgs: list[Message]) -> np.ndarray:
     batch on all cores itself, and a second thread only contends with it (measured: 4x
     slower on 2 cores). Nor when no core is idle (the load average is above the CPU count
     minus one half): the two threads then wait on each other for the GIL (measured: 1.2-2.3x
-    slower than one thread on 2 busy cores). Either way the counts are the same."""
+    slower than one thread on 2 busy cores), nor below ``PARALLEL_CPUS`` CPUs (on 2 idle cores
+    too, two threads measured slower than one). Either way the counts are the same."""
     counter = getattr(flt, "counter", None)
-    if (len(msgs) < PARALLEL_MIN or _CPUS < 2 or type(counter) is not TiktokenTokenCounter
+    if (len(msgs) < PARALLEL_MIN or _CPUS < PARALLEL_CPUS or type(counter) is not TiktokenTokenCounter
             or counter.engine != "tiktoken" or not _idle_core()):
         return flt._counts(msgs, 0, len(msgs))
     side0, side1, at0, at1 = _backend.text_sides(msgs)
