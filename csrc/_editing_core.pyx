@@ -424,22 +424,12 @@ cdef class ClearingTurn:
         self.armed = 1
 
     def __call__(self, src, tools_schema=None):
-        """The filter's ``_hot_apply(src, tools_schema)``."""
-        cdef int got
-        if (self.armed and src is self.src and (tools_schema is None or not tools_schema)
-                and PyThread_get_thread_ident() == self.owner):
-            got = self._turn()
-            if got == 0:
-                return self.out
-            if got == -3:  # a new message not counted yet (the loop's usual turn): counted, then again
-                self.flt._warm(src, PyList_GET_SIZE(self.ref))
-                if (self.armed and src is self.src and PyThread_get_thread_ident() == self.owner
-                        and self._turn() == 0):
-                    return self.out
-        return self.flt._hot_apply(src, tools_schema)
+        """The filter's ``_hot_apply(src, tools_schema)`` (see ``call``)."""
+        return self.call(src, tools_schema)
 
     def call(self, src, tools_schema=None):
-        """``self(src, tools_schema)`` (a method: called without an argument tuple)."""
+        """``self(src, tools_schema)`` (what the builder calls: a method, called without an
+        argument tuple)."""
         cdef int got
         if (self.armed and src is self.src and (tools_schema is None or not tools_schema)
                 and PyThread_get_thread_ident() == self.owner):
