@@ -19,7 +19,7 @@ from libc.stdlib cimport free, malloc
 
 import array
 
-__all__ = ["ClearingTurn", "MAX_VALUE", "STATE_LEN", "TURN_MAX", "clearing_turn", "extend_capped", "extends", "place_cleared", "plan_clearing"]
+__all__ = ["ClearingTurn", "MAX_VALUE", "STATE_LEN", "TURN_MAX", "cap_hot_apply", "clearing_turn", "extend_capped", "extends", "place_cleared", "plan_clearing"]
 
 MAX_VALUE = 1 << 53
 STATE_LEN = 7
@@ -254,6 +254,16 @@ def extend_capped(src, ref, out, cache):
         n = PyList_GET_SIZE(src)  # (a role's __eq__ may have changed src)
         i += 1
     return i
+
+
+def cap_hot_apply(flt, src, tools_schema=None):
+    """``ToolResultCapFilter._hot_apply`` (no Python frame on the agent loop's turn); see
+    ``_editing_core_py``."""
+    args = flt._turn_args
+    if type(args) is tuple and len(<tuple>args) == 4 and src is (<tuple>args)[0]:
+        if extend_capped(src, (<tuple>args)[1], (<tuple>args)[2], (<tuple>args)[3]) == len(src):
+            return (<tuple>args)[2]
+    return flt._hot_rest(src, tools_schema)
 
 
 cdef int _is_array(object a, str name, char code) except -1:

@@ -4,7 +4,7 @@ from typing import Any, Optional
 
 from typing_extensions import disjoint_base
 
-__all__ = ["ClearingTurn", "MAX_VALUE", "STATE_LEN", "TURN_MAX", "clearing_turn", "extend_capped", "extends", "place_cleared", "plan_clearing"]
+__all__ = ["ClearingTurn", "MAX_VALUE", "STATE_LEN", "TURN_MAX", "cap_hot_apply", "clearing_turn", "extend_capped", "extends", "place_cleared", "plan_clearing"]
 
 MAX_VALUE: int
 STATE_LEN: int
@@ -14,6 +14,7 @@ def plan_clearing(counts: Any, kinds: Any, savings: Any, base: int, trigger: int
                   keep: int, state: Optional[Any] = None) -> tuple[int, int]: ...
 def extends(previous: list[Any], current: list[Any]) -> bool: ...
 def extend_capped(src: list[Any], ref: list[Any], out: list[Any], cache: dict[int, Any]) -> int: ...
+def cap_hot_apply(flt: Any, src: list[Any], tools_schema: Any = None) -> list[Any]: ...
 def clearing_turn(src: list[Any], ref: list[Any], out: list[Any], counts: Any, kinds: Any, savings: Any,
                   results: list[int], result_kinds: list[int], state: Any, counter: Any,
                   settings: tuple[int, int, int, int]) -> int: ...

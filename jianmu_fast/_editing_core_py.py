@@ -65,7 +65,7 @@ from __future__ import annotations
 import array
 import threading
 
-__all__ = ["ClearingTurn", "MAX_VALUE", "STATE_LEN", "TURN_MAX", "clearing_turn", "extend_capped", "extends", "place_cleared", "plan_clearing"]
+__all__ = ["ClearingTurn", "MAX_VALUE", "STATE_LEN", "TURN_MAX", "cap_hot_apply", "clearing_turn", "extend_capped", "extends", "place_cleared", "plan_clearing"]
 
 MAX_VALUE = 1 << 53
 MAX_SUM = 1 << 62
@@ -260,6 +260,28 @@ def extend_capped(src, ref, out, cache):
         out.append(v)
         i += 1
     return i
+
+
+def cap_hot_apply(flt, src, tools_schema=None):
+    """``ToolResultCapFilter._hot_apply`` (the class's method is this function; compiled, the
+    agent loop's turn runs no Python frame): when ``src`` is the list of the filter's previous
+    hot call (``flt._turn_args``: that list, the part of it recorded, the filter's own output
+    and its cut cache) and ``extend_capped`` appends every new message (each cut cached), the
+    filter's output, grown; otherwise ``flt._hot_rest(src, tools_schema)`` (a cut to make, or
+    any other call).
+
+    >>> from jianmu_fast.memory.context import ToolResultCapFilter
+    >>> from jianmu_fast.message import human, tool
+    >>> f, src = ToolResultCapFilter(20), [human("q")]
+    >>> out = cap_hot_apply(f, src)                         # the locked path (_hot_rest)
+    >>> src.append(human("r")); cap_hot_apply(f, src) is out, out == src
+    (True, True)
+    """
+    args = flt._turn_args
+    if type(args) is tuple and len(args) == 4 and src is args[0]:
+        if extend_capped(src, args[1], args[2], args[3]) == len(src):
+            return args[2]
+    return flt._hot_rest(src, tools_schema)
 
 
 def _array(a, name, code):

@@ -254,6 +254,39 @@ def test_extend_capped_twin_equals_compiled(hist, data):
     assert got[0] == got[1]
 
 
+@settings(max_examples=200, deadline=None)
+@given(messages(n_max=40), st.data(), st.sampled_from([1, 8, 60, 100000]))
+def test_cap_hot_apply_twin_equals_compiled_and_the_general_path(hist, data, cap):
+    """``ToolResultCapFilter._hot_apply`` through the compiled ``cap_hot_apply`` and through the
+    twin, over a list grown by appends (sometimes a new list, sometimes a direct ``apply`` in
+    between): every output equals a fresh filter's ``apply`` of the same prefix, and while the
+    list only grows the output is the filter's same list, grown (the compiled turn's)."""
+    from jianmu_fast.memory.context import ToolResultCapFilter
+
+    filters = [ToolResultCapFilter(cap, COUNTER), ToolResultCapFilter(cap, COUNTER)]
+    srcs: list[list] = [[], []]
+    outs: list = [None, None]
+    n = 0
+    while n < len(hist):
+        n = data.draw(st.integers(n + 1, min(len(hist), n + 5)), label="end")
+        event = data.draw(st.sampled_from(["grow", "grow", "grow", "new list", "apply"]), label="event")
+        want = ToolResultCapFilter(cap, COUNTER).apply(hist[:n])
+        for j, (f, mod) in enumerate(zip(filters, (core, py))):
+            if event == "new list":
+                srcs[j] = list(srcs[j])
+            elif event == "apply":
+                assert f.apply(hist[:n]) == want
+            grown = event == "grow" and outs[j] is not None
+            srcs[j].extend(hist[len(srcs[j]):n])
+            out = mod.cap_hot_apply(f, srcs[j], None)
+            assert out == want and all(a is b for a, b in zip(out, f._turn_args[2]))
+            assert all((o is h) == (w is h) for o, h, w in zip(out, hist, want))  # unchanged messages: themselves
+            if grown:
+                assert out is outs[j]  # the filter's own list, grown in place
+            outs[j] = out
+    assert type(ToolResultCapFilter.__dict__["_hot_apply"]).__name__ in ("function", "cython_function_or_method")
+
+
 def test_per_turn_routines_name_bad_arguments():
     for mod in (py, core):
         with pytest.raises(TypeError, match=r"^src, ref and out must be lists and cache a dict$"):

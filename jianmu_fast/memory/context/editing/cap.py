@@ -189,30 +189,28 @@ class ToolResultCapFilter:
             self._turn_args = None  # ``messages`` may change in any way: no hand-off resumes from it
             return self._apply(messages)[:]
 
-    def _hot_apply(self, src: list[Message], tools_schema: Any = None) -> list[Message]:
-        """``apply`` for the builder's hot path (``ContextBuilder._filter_hot``): ``src`` is a
-        list of Messages that is only ever grown by appends while it is the same object (the
-        builder's prompt, or the previous stage's own output). Returns this stage's OWN output
-        list, not a copy, under the same rule: grown in place by appends only, while it is the
-        same object; any other change makes a new list. The caller only reads it. When ``src``
-        is the list of the previous call, only its new messages are looked at (one compiled
-        call: their cached cuts appended), without the lock: the lists that call appends to
-        (``_turn_args``) are only ever appended to by the one thread that holds ``src`` (a
-        builder's turn), and every other path works on copies of them (see ``_apply``); a cut
-        not cached yet is made with the lock held. Otherwise ``_apply`` under the lock, or,
-        when the stage is busy, ``apply``'s copy."""
+    #: ``apply`` for the builder's hot path (``ContextBuilder._filter_hot``), called as
+    #: ``_hot_apply(src, tools_schema)``: ``src`` is a list of Messages that is only ever grown
+    #: by appends while it is the same object (the builder's prompt, or the previous stage's own
+    #: output). Returns this stage's OWN output list, not a copy, under the same rule: grown in
+    #: place by appends only, while it is the same object; any other change makes a new list.
+    #: The caller only reads it. When ``src`` is the list of the previous call, only its new
+    #: messages are looked at (one compiled call, ``_backend.cap_hot_apply``, with no Python
+    #: frame: their cached cuts appended), without the lock: the lists that call appends to
+    #: (``_turn_args``) are only ever appended to by the one thread that holds ``src`` (a
+    #: builder's turn), and every other path works on copies of them (see ``_apply``). A cut
+    #: not cached yet, and every other call, is ``_hot_rest``.
+    _hot_apply = _backend.cap_hot_apply
+
+    def _hot_rest(self, src: list[Message], tools_schema: Any = None) -> list[Message]:
+        """``_hot_apply`` past its compiled turn: a cut not cached yet is made with the lock
+        held; a call with another list is ``_apply`` under the lock, or, when the stage is
+        busy, ``apply``'s copy."""
         args = self._turn_args
         if args is not None and src is args[0]:  # the agent loop's turn
             if _extend_capped(*args) < len(src):
                 with self._lock:  # a tool result whose cut is not cached yet
-                    _, ref, out, d = args
-                    i = len(ref)
-                    while i < len(src):
-                        m = src[i]
-                        c = self.cap(m)
-                        ref.append(m)
-                        out.append(c)
-                        i = _extend_capped(src, ref, out, d)
+                    self._extend(src, args[1], args[2])
             return args[2]
         lock = self._lock
         if not lock.acquire(False):
@@ -232,7 +230,7 @@ class ToolResultCapFilter:
         then a copy), else made anew. The stage's own list (``_last[1]``)."""
         msgs = messages if type(messages) is list else list(messages)
         last = self._last
-        if last is not None:
+        if last is not None and _backend.extends(last[0], msgs):
             ref, out = last  # our own lists: the previous input and its output
             if self._shared:
                 # handed out by the hot path, which may still append to them (without the lock,
@@ -242,16 +240,23 @@ class ToolResultCapFilter:
                 del ref[k:], out[k:]
                 self._last = (ref, out)
                 self._shared = False
-            k = len(ref)
-            if _backend.extends(ref, msgs):
-                if len(msgs) > k:
-                    new = msgs[k:]
-                    cap = self.cap  # (raises before anything is extended)
-                    capped = [m if m.role != "tool" else cap(m) for m in new]
-                    out.extend(capped)
-                    ref.extend(new)
-                return out
-        out = [self.cap(m) for m in msgs]
-        self._last = (msgs[:], out)
+            self._extend(msgs, ref, out)
+            return out
+        ref, out = [], []
+        self._extend(msgs, ref, out)
+        self._last = (ref, out)
         self._shared = False
         return out
+
+    def _extend(self, msgs: list[Message], ref: list[Message], out: list[Message]) -> None:
+        """Append ``msgs[len(ref):]`` to ``ref`` and their outputs to ``out`` (with the lock
+        held; ``ref`` a prefix of ``msgs``): the cached cuts in one compiled call
+        (``extend_capped``), a cut not cached yet made here."""
+        d = self._cache._d
+        i = _extend_capped(msgs, ref, out, d)
+        while i < len(msgs):
+            m = msgs[i]
+            c = self.cap(m)
+            ref.append(m)
+            out.append(c)
+            i = _extend_capped(msgs, ref, out, d)
