@@ -24,7 +24,8 @@ Figures (printed at the end of ``pytest benchmarks/test_context_editing.py``, or
 3. the same figures on coding-agent loops;
 4. per hot-loop turn, what each stage adds to ``ContextBuilder.for_react(max_tokens=8000)``
    (target <= 10 %), timed with pytest-benchmark; next to it the stage's own ``apply`` and,
-   for the cap and the clearing, their hot call (``_hot_apply``, as the builder calls it);
+   for the cap and the clearing, their hot call (what the builder calls, ``builder._hot_call``:
+   a stage's compiled turn ``_hot_turn.call`` where it has one, else its ``_hot_apply``);
    below them the cold figure (the first replay on fresh builders, counters and messages).
 """
 
@@ -59,6 +60,7 @@ from jianmu_fast.memory.context import (  # noqa: E402
     ToolResultCapFilter,
 )
 from jianmu_fast.errors import ContextBudgetError  # noqa: E402
+from jianmu_fast.memory.context.builder import _hot_call  # noqa: E402
 from jianmu_fast.message import Message, coerce_messages  # noqa: E402
 from jianmu_fast.message.sanitize import sanitize_tool_call_history_report  # noqa: E402
 from jianmu_fast.prefix_cache import prefix_cache_stats, turn_ends  # noqa: E402
@@ -264,12 +266,13 @@ def overhead_figures(repeat: int = 9) -> dict[str, tuple[float, float]]:
         hot = {name: [float("inf")] * n for name in hot_stage}
 
         def hot_replay(name: str) -> None:
-            stage, best, clock = hot_stage[name], hot[name], time.perf_counter
+            best, clock = hot[name], time.perf_counter
+            call = _hot_call(hot_stage[name])  # what the builder calls (the clearing's compiled turn)
             src: list[Message] = []
             for i, p in enumerate(given[name]):
                 src.extend(p[len(src):])
                 t = clock()
-                stage._hot_apply(src, None)
+                call(src, None)
                 t = clock() - t
                 if t < best[i]:
                     best[i] = t
@@ -368,8 +371,9 @@ def table() -> str:
         hot = f" {_FIG['hot'][name] * 1e6:7.1f} us" if name in _FIG["hot"] else ""
         rows.append(f"   {name:<52} {t * 1e6:8.1f} us {(t - base_t) * 1e6:+7.1f} us {t / base_t - 1:+9.1%} {alone}{hot}")
     rows.append(f"   (stage own: its apply over the provided prompts, a new list each; the summarizer's _trim less "
-                f"TokenBudgetFilter's, {_FIG['budget_own'] * 1e6:.1f} us; hot call: the cap's and the clearing's "
-                "_hot_apply as the builder calls it, over a prompt grown by appends, handing on its own list)")
+                f"TokenBudgetFilter's, {_FIG['budget_own'] * 1e6:.1f} us; hot call: what the builder calls (a stage's "
+                "compiled turn _hot_turn.call, else its _hot_apply), over a prompt grown by appends, handing on its "
+                "own list)")
     cold = cold_figures()
     cold_base = cold["for_react (8k)"]
     rows.append("   cold (the first replay: fresh builder, counter and message objects, each message new once; "

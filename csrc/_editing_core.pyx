@@ -9,7 +9,9 @@ results and error messages (proven by tests/test_context_editing_core.py).
 
 cimport cython
 from cpython cimport array as carray
-from cpython.list cimport PyList_Append, PyList_GET_ITEM, PyList_GET_SIZE
+from cpython.list cimport PyList_Append, PyList_GET_ITEM, PyList_GET_SIZE, PyList_GetSlice
+from cpython.object cimport PyObject_GenericSetAttr
+from cpython.tuple cimport PyTuple_GET_SIZE
 from cpython.long cimport PyLong_FromVoidPtr
 from cpython.pythread cimport PyThread_get_thread_ident
 from cpython.ref cimport PyObject
@@ -283,7 +285,7 @@ def clearing_turn(src, ref, out, counts, kinds, savings, results, result_kinds, 
     cdef int8_t kind
     cdef bint work = 0
     cdef object m, e, role, content, tv, cv
-    cdef dict msgs_cache, texts
+    cdef object msgs_cache, texts
     if (type(src) is not list or type(ref) is not list or type(out) is not list or type(results) is not list
             or type(result_kinds) is not list):
         raise TypeError("src, ref, out, results and result_kinds must be lists")
@@ -304,12 +306,14 @@ def clearing_turn(src, ref, out, counts, kinds, savings, results, result_kinds, 
         return -1  # (a fresh scan starts from ``base``: plan_clearing's)
     msgs_cache = counter._msgs
     texts = counter._texts
+    if type(msgs_cache) is not dict or type(texts) is not dict:
+        return -1
     n_pinned = <Py_ssize_t>st[5]
     for i in range(k, n):
         j = i - k
         m = <object>PyList_GET_ITEM(src, i)
-        e = msgs_cache.get(PyLong_FromVoidPtr(<void *>m))  # id(m)
-        if e is None or <object>PyWeakref_GetObject((<tuple>e)[0]) is not m:
+        e = (<dict>msgs_cache).get(PyLong_FromVoidPtr(<void *>m))  # id(m)
+        if e is None or type(e) is not tuple or <object>PyWeakref_GetObject((<tuple>e)[0]) is not m:
             return -1
         cv = (<tuple>e)[1]
         if type(cv) is not int:
@@ -318,13 +322,15 @@ def clearing_turn(src, ref, out, counts, kinds, savings, results, result_kinds, 
         if c < 0 or c > C_MAX:
             return -1
         role = m.role
+        if type(role) is not str:
+            return -1
         saving = 0
         if role is _TOOL or role == _TOOL:
             content = m.content
             if type(content) is not str:
                 return -1
-            tv = texts.get(content)
-            if tv is None:
+            tv = (<dict>texts).get(content)
+            if tv is None or type(tv) is not int:
                 return -1
             t = tv
             saving = t - placeholder_cost
@@ -421,9 +427,14 @@ cdef class ClearingTurn:
         self.owner = PyThread_get_thread_ident()
         self.armed = 1
 
-    def disarm(self):
-        """Every call is the filter's ``_hot_apply`` (until ``arm`` or ``rearm``)."""
+    def disarm(self, bint hold=False):
+        """Every call is the filter's ``_hot_apply`` until ``arm``; what it held is dropped
+        unless ``hold`` (then ``rearm`` may take it up again)."""
         self.armed = 0
+        if not hold:
+            self.src = self.ref = self.out = self.results = self.result_kinds = None
+            self.counts = self.kinds = self.savings = self.state = None
+            self.counter = None
 
     def rearm(self):
         """Armed again with what the last ``arm`` held, for calls from this thread (the filter's
@@ -441,23 +452,83 @@ cdef class ClearingTurn:
         """``self(src, tools_schema)`` (what the builder calls: a method, called without an
         argument tuple)."""
         cdef int got
+        cdef object out
         if (self.armed and src is self.src and (tools_schema is None or not tools_schema)
                 and PyThread_get_thread_ident() == self.owner):
             got = self._turn()
-            if got == 0:
-                return self.out
             if got == -3:  # a new message not counted yet (the loop's usual turn): counted, then again
                 self.flt._warm(src, PyList_GET_SIZE(self.ref))
-                if (self.armed and src is self.src and PyThread_get_thread_ident() == self.owner
-                        and self._turn() == 0):
-                    return self.out
+                if self.armed and src is self.src and PyThread_get_thread_ident() == self.owner:
+                    got = self._turn()
+            if got == 0:
+                return self.out
+            if got == 1:  # a step, scanned: its cleared copies in a new list
+                out = self._step()
+                if out is not None:
+                    return out
         return self.flt._hot_apply(src, tools_schema)
+
+    cdef object _step(self):
+        """A step ``_turn`` took (``state[2]``, the results cleared, grew past the filter's
+        ``cleared``): the filter's output as a new list with the newly cleared results' copies
+        (cached, or made by the filter's ``_cleared_result``), made the filter's and held, under
+        the filter's lock; None, with nothing changed, when the lock is busy, the filter's
+        records are not the held ones or a copy fails (its ``_hot_apply`` does it then)."""
+        cdef Py_ssize_t r, i, start, stop, n
+        cdef object flt = self.flt, rec, lock, args, m, e, c, kind, cache
+        cdef list new_out
+        lock = flt._lock
+        if not lock.acquire(False):
+            return None
+        try:
+            rec = flt._rec
+            args = flt._turn_args
+            if (rec.out is not self.out or rec.messages is not self.ref or rec.state is not self.state
+                    or rec.results is not self.results or rec.result_kinds is not self.result_kinds
+                    or type(args) is not tuple or PyTuple_GET_SIZE(args) != 11 or (<tuple>args)[2] is not self.out):
+                return None
+            start = rec.cleared
+            stop = <Py_ssize_t>self.state.data.as_longlongs[2]
+            n = PyList_GET_SIZE(self.ref)
+            if (stop <= start or stop > PyList_GET_SIZE(self.results) or stop > PyList_GET_SIZE(self.result_kinds)
+                    or PyList_GET_SIZE(self.out) != n):
+                return None
+            cache = flt._cleared_cache._d
+            if type(cache) is not dict:
+                return None
+            new_out = PyList_GetSlice(self.out, 0, n)
+            for r in range(start, stop):
+                kind = <object>PyList_GET_ITEM(self.result_kinds, r)
+                if not (type(kind) is int and kind == 2):
+                    continue
+                i = <object>PyList_GET_ITEM(self.results, r)
+                if i < 0 or i >= n:
+                    return None
+                m = <object>PyList_GET_ITEM(self.ref, i)
+                e = (<dict>cache).get(PyLong_FromVoidPtr(<void *>m))  # id(m)
+                if e is not None and type(e) is tuple and <object>PyWeakref_GetObject((<tuple>e)[0]) is m:
+                    c = (<tuple>e)[1]
+                else:
+                    try:
+                        c = flt._cleared_result(m)
+                    except Exception:
+                        return None  # (the filter's path reports it)
+                    if PyList_GET_SIZE(self.ref) != n or PyList_GET_SIZE(new_out) != n:
+                        return None
+                new_out[i] = c
+            rec.out = new_out
+            rec.cleared = stop
+            PyObject_GenericSetAttr(flt, "_turn_args", (<tuple>args)[:2] + (new_out,) + (<tuple>args)[3:])
+            self.out = new_out
+            return new_out
+        finally:
+            lock.release()
 
     cdef int _turn(self) except -2:
         """The new messages' records (``clearing_turn``'s) and ``plan_clearing``'s resumed scan
         over the held records: 0 when they were recorded and scanned with no step taken (the
-        output is the held ``out``, extended), 1 when a step was taken (the filter's
-        ``_hot_apply`` places the cleared copies), -3 with nothing changed when a new message's
+        output is the held ``out``, extended), 1 when a step was taken (``_step`` places the
+        cleared copies), -3 with nothing changed when a new message's
         count (or a result's content count) is not cached, -1 with nothing changed otherwise. It runs no
         Python code (exact types only, dict look-ups by int and exact str keys, no tracked
         allocation), so no other thread runs while it does."""

@@ -289,6 +289,74 @@ def _array(a, name, code):
         raise TypeError(f"{name} must be an array.array of typecode {code!r}")
 
 
+def _new_records(src, k, n, counter, placeholder_cost, n_pinned, message_cls):
+    """The records of the new messages ``src[k:n]`` from ``counter``'s caches (see
+    ``clearing_turn``): ``(counts, kinds, savings)``, or ``-3`` when a message's count (or a
+    tool result's content count) is not cached, ``-1`` when a message cannot be recorded here
+    (content that is not a str, a system message where the pinned prefix may grow, a value of
+    an unexpected type, ``src`` changed; with ``message_cls``, a message of another type).
+    ``clearing_turn`` and ``ClearingTurn`` share it (the compiled twin inlines it in both)."""
+    msgs_cache, texts = counter._msgs, counter._texts
+    if type(msgs_cache) is not dict or type(texts) is not dict:
+        return -1
+    new_counts, new_kinds, new_savings = [], [], []
+    for i in range(k, n):
+        m = src[i]
+        if message_cls is not None and type(m) is not message_cls:
+            return -1
+        e = msgs_cache.get(id(m))
+        if e is None or type(e) is not tuple or e[0]() is not m:
+            return -3  # (an entry of another message, whose id m reuses: counting m replaces it)
+        c = e[1]
+        if type(c) is not int or c < 0 or c > MAX_VALUE:
+            return -1
+        role = m.role
+        if type(role) is not str:
+            return -1
+        saving = 0
+        if role == "tool":
+            content = m.content
+            if type(content) is not str:
+                return -1
+            t = texts.get(content)
+            if t is None:
+                return -3
+            if type(t) is not int:
+                return -1
+            saving = min(max(0, t - placeholder_cost), c)
+            kind = 2
+        elif role == "assistant":
+            kind = 4
+        elif role == "system" and i == n_pinned:
+            return -1
+        else:
+            kind = 0
+        if len(src) != n:
+            return -1  # (a role's __eq__ changed src)
+        new_counts.append(c)
+        new_kinds.append(kind)
+        new_savings.append(saving)
+    return new_counts, new_kinds, new_savings
+
+
+def _append_records(new, held, records):
+    """Append the records ``records`` (``_new_records``') of the messages ``new`` to the held
+    ``(ref, out, counts, kinds, savings, results, result_kinds)``: ``ref`` and ``out`` by the
+    messages themselves, ``results`` by the indices of the tool results among them."""
+    ref, out, counts, kinds, savings, results, result_kinds = held
+    new_counts, new_kinds, new_savings = records
+    k = len(ref)
+    counts.extend(new_counts)
+    kinds.extend(new_kinds)
+    savings.extend(new_savings)
+    for j, kind in enumerate(new_kinds):
+        if kind == 2:
+            results.append(k + j)
+            result_kinds.append(2)
+    ref.extend(new)
+    out.extend(new)
+
+
 def clearing_turn(src, ref, out, counts, kinds, savings, results, result_kinds, state, counter, settings):
     """One turn of ``ClearToolResultsFilter`` (without ``exclude_tools`` or
     ``clear_tool_inputs``, over a counter with an additive message count) when the history
@@ -348,40 +416,10 @@ def clearing_turn(src, ref, out, counts, kinds, savings, results, result_kinds, 
         return -1
     if k == 0 or n - k > TURN_MAX:
         return -1  # (a fresh scan starts from ``base``: plan_clearing's)
-    msgs_cache = counter._msgs
-    texts = counter._texts
-    n_pinned = state[5]
-    new_counts, new_kinds, new_savings = [], [], []
-    for i in range(k, n):
-        m = src[i]
-        e = msgs_cache.get(id(m))
-        if e is None or e[0]() is not m:
-            return -1
-        c = e[1]
-        if type(c) is not int or c < 0 or c > MAX_VALUE:
-            return -1
-        role = m.role
-        saving = 0
-        if role == "tool":
-            content = m.content
-            if type(content) is not str:
-                return -1
-            t = texts.get(content)
-            if t is None:
-                return -1
-            saving = min(max(0, t - placeholder_cost), c)
-            kind = 2
-        elif role == "assistant":
-            kind = 4
-        elif role == "system" and i == n_pinned:
-            return -1
-        else:
-            kind = 0
-        if len(src) != n:
-            return -1  # (a role's __eq__ changed src)
-        new_counts.append(c)
-        new_kinds.append(kind)
-        new_savings.append(saving)
+    got = _new_records(src, k, n, counter, placeholder_cost, state[5], None)
+    if type(got) is int:
+        return -1
+    new_counts, new_kinds, new_savings = got
     total, cleared, limit, pending, n_results = state[1], state[2], state[3], state[4], state[6]
     work = False
     for c, kind in zip(new_counts, new_kinds):
@@ -402,16 +440,7 @@ def clearing_turn(src, ref, out, counts, kinds, savings, results, result_kinds, 
         if pending and kind != 4:
             work = True
             break
-    counts.extend(new_counts)
-    kinds.extend(new_kinds)
-    savings.extend(new_savings)
-    for j, kind in enumerate(new_kinds):
-        if kind == 2:
-            results.append(k + j)
-            result_kinds.append(2)
-    new = src[k:n]
-    ref.extend(new)
-    out.extend(new)
+    _append_records(src[k:n], (ref, out, counts, kinds, savings, results, result_kinds), got)
     if work:
         return 1
     state[0], state[1], state[4], state[6] = n, total, pending, n_results
@@ -426,8 +455,10 @@ class ClearingTurn:
     ``arm(src, ref, out, counts, kinds, savings, results, result_kinds, state, counter,
     settings)`` (``clearing_turn``'s arguments, which the filter's locked path sets after a
     turn) makes it hold the filter's records for the next call from this thread with the same
-    ``src``; ``disarm()`` (the filter's locked path, at its start, and any change of a setting)
-    (or ``rearm()``, with what it held, for the calling thread) makes it hold nothing. An armed call from the arming thread, with ``src`` and no tools,
+    ``src``; ``disarm()`` (any change of a setting, and any call that leaves the records
+    unarmed) makes every call the filter's ``_hot_apply`` and drops what it held;
+    ``disarm(hold=True)`` (the filter's locked path, at its start) keeps it for ``rearm()``
+    (armed again with it, for the calling thread). An armed call from the arming thread, with ``src`` and no tools,
     whose new messages ``clearing_turn`` would record (not ``-1``) records them, scans them and
     returns ``out`` when no step was taken; every other call is ``flt._hot_apply(src,
     tools_schema)`` (after the records and the scan, for a step).
@@ -439,8 +470,9 @@ class ClearingTurn:
 
     The turn's records are ``clearing_turn``'s, and its decision ``plan_clearing``'s scan
     resumed over them (a move of the chunked cut included); a step (``state[2]``, the results
-    cleared, grew) leaves the cleared copies to ``flt._hot_apply``, which finds the records
-    scanned and the state ahead of its output.
+    cleared, grew) gives the filter a new output list with the cleared copies (``_step``, under
+    the filter's lock), or, when that cannot be done here, leaves them to ``flt._hot_apply``,
+    which finds the records scanned and the state ahead of its output.
 
     >>> from jianmu_fast.memory.context import ClearToolResultsFilter, TiktokenTokenCounter
     >>> from jianmu_fast.message import human
@@ -475,9 +507,13 @@ class ClearingTurn:
                       (int(placeholder_cost), int(trigger), int(step), int(keep)), threading.get_ident())
         self.armed = True
 
-    def disarm(self):
-        """Every call is the filter's ``_hot_apply`` (until ``arm`` or ``rearm``)."""
+    def disarm(self, hold=False):
+        """Every call is the filter's ``_hot_apply`` until ``arm``. What the last ``arm`` held
+        is dropped (no list of the filter's stays referenced), unless ``hold``: then
+        ``rearm`` may take it up again."""
         self.armed = False
+        if not hold:
+            self._held = None
 
     def rearm(self):
         """Armed again with what the last ``arm`` held, for calls from this thread (the filter's
@@ -493,22 +529,73 @@ class ClearingTurn:
         if (self.armed and held is not None and src is held[0] and (tools_schema is None or not tools_schema)
                 and threading.get_ident() == held[11]):
             lock = self.flt._lock
+            got = -1
             if lock.acquire(False):
                 try:
                     got = self._turn(held) if self._held is held else -1
-                    if got == 0:
-                        return held[2]
+                    if got >= 0:
+                        out = held[2] if got == 0 else self._step(held)
+                        if out is not None:
+                            return out
                 finally:
                     lock.release()
-                if got == -3:  # a new message not counted yet (the loop's usual turn): counted, then again
-                    self.flt._warm(src, len(held[1]))
-                    if self.armed and self._held is held and lock.acquire(False):
-                        try:
-                            if self._held is held and self._turn(held) == 0:
-                                return held[2]
-                        finally:
-                            lock.release()
+            if got == -3:  # a new message not counted yet (the loop's usual turn): counted, then again
+                self.flt._warm(src, len(held[1]))
+                if self.armed and self._held is held and lock.acquire(False):
+                    try:
+                        got = self._turn(held) if self._held is held else -1
+                        if got >= 0:
+                            out = held[2] if got == 0 else self._step(held)
+                            if out is not None:
+                                return out
+                    finally:
+                        lock.release()
         return self.flt._hot_apply(src, tools_schema)
+
+    def _step(self, held):
+        """A step ``_turn`` took (``state[2]``, the results cleared, grew past the filter's
+        ``cleared``): the filter's output as a new list with the newly cleared results' copies
+        (cached, or made by the filter's ``_cleared_result``), made the filter's and held (the
+        caller holds the filter's lock); None, with nothing changed, when the filter's records
+        are not the held ones or a copy fails (its ``_hot_apply`` does it then)."""
+        flt = self.flt
+        _, ref, out, _, _, _, results, result_kinds, state = held[:9]
+        rec, args = flt._rec, flt._turn_args
+        if (rec.out is not out or rec.messages is not ref or rec.state is not state or rec.results is not results
+                or rec.result_kinds is not result_kinds or type(args) is not tuple or len(args) != 11
+                or args[2] is not out):
+            return None
+        start, stop, n = rec.cleared, state[2], len(ref)
+        if stop <= start or stop > len(results) or stop > len(result_kinds) or len(out) != n:
+            return None
+        cache = flt._cleared_cache._d
+        if type(cache) is not dict:
+            return None
+        new_out = out[:]
+        for r in range(start, stop):
+            kind = result_kinds[r]
+            if not (type(kind) is int and kind == 2):
+                continue
+            i = results[r]
+            if i < 0 or i >= n:
+                return None
+            m = ref[i]
+            e = cache.get(id(m))
+            if e is not None and type(e) is tuple and e[0]() is m:
+                c = e[1]
+            else:
+                try:
+                    c = flt._cleared_result(m)
+                except Exception:
+                    return None  # (the filter's path reports it)
+                if len(ref) != n or len(new_out) != n:
+                    return None
+            new_out[i] = c
+        rec.out = new_out
+        rec.cleared = stop
+        object.__setattr__(flt, "_turn_args", args[:2] + (new_out,) + args[3:])
+        self._held = held[:2] + (new_out,) + held[3:]
+        return new_out
 
     def call(self, src, tools_schema=None):
         """``self(src, tools_schema)`` (what the builder calls: a method, which the compiled twin
@@ -518,7 +605,7 @@ class ClearingTurn:
     def _turn(self, held):
         """The new messages' records (``clearing_turn``'s) and ``plan_clearing``'s resumed scan
         over the held records: ``0`` when they were recorded and scanned with no step taken,
-        ``1`` when a step was taken (the filter's ``_hot_apply`` places the cleared copies),
+        ``1`` when a step was taken (``_step`` places the cleared copies),
         ``-3`` with nothing changed when a new message's count (or a result's content count) is
         not cached (the call has ``flt._warm(src, len(ref))`` count them and tries once more),
         ``-1`` with nothing changed otherwise."""
@@ -530,56 +617,12 @@ class ClearingTurn:
         if (len(out) != k or len(counts) != k or len(kinds) != k or len(savings) != k
                 or len(state) != STATE_LEN or state[0] != k):
             return -1
-        msgs_cache, texts = counter._msgs, counter._texts
-        if type(msgs_cache) is not dict or type(texts) is not dict:
-            return -1
-        n_pinned = state[5]
-        new = src[k:n]
-        new_counts, new_kinds, new_savings = [], [], []
-        for i, m in enumerate(new, k):
-            if type(m) is not self.message_cls:
-                return -1
-            e = msgs_cache.get(id(m))
-            if e is None or type(e) is not tuple or e[0]() is not m:
-                return -3  # (an entry of another message, whose id m reuses: counting m replaces it)
-            c = e[1]
-            if type(c) is not int or c < 0 or c > MAX_VALUE:
-                return -1
-            role = m.role
-            if type(role) is not str:
-                return -1
-            saving = 0
-            if role == "tool":
-                content = m.content
-                if type(content) is not str:
-                    return -1
-                t = texts.get(content)
-                if t is None:
-                    return -3
-                if type(t) is not int:
-                    return -1
-                saving = min(max(0, t - placeholder_cost), c)
-                kind = 2
-            elif role == "assistant":
-                kind = 4
-            elif role == "system" and i == n_pinned:
-                return -1
-            else:
-                kind = 0
-            new_counts.append(c)
-            new_kinds.append(kind)
-            new_savings.append(saving)
-        if state[1] + sum(new_counts) > MAX_SUM:
+        got = _new_records(src, k, n, counter, placeholder_cost, state[5], self.message_cls)
+        if type(got) is int:
+            return got
+        if state[1] + sum(got[0]) > MAX_SUM:
             return -1  # (plan_clearing raises the error)
-        counts.extend(new_counts)
-        kinds.extend(new_kinds)
-        savings.extend(new_savings)
-        for j, kind in enumerate(new_kinds):
-            if kind == 2:
-                results.append(k + j)
-                result_kinds.append(2)
-        ref.extend(new)
-        out.extend(new)
+        _append_records(src[k:n], (ref, out, counts, kinds, savings, results, result_kinds), got)
         cleared = state[2]
         # the scan of the new messages (plan_clearing's, resumed): a move of the cut included
         plan_clearing(counts, kinds, savings, 0, trigger, step, keep, state)

@@ -493,7 +493,8 @@ def test_stages_shared_by_builders_in_threads():
 
 def test_the_builder_calls_the_clearing_through_its_compiled_turn(monkeypatch):
     """On the agent loop's turns the builder calls the clearing's ``_hot_turn`` and no Python
-    ``_hot_apply`` runs, but on the first turn and on the turns that take a step; every prompt
+    ``_hot_apply`` runs but on the first turn: a turn that takes a step gets its cleared copies
+    from the turn too (``ClearingTurn._step``: a new list, made the filter's); every prompt
     equals the general path's."""
     calls = []
     real = ClearToolResultsFilter._hot_apply
@@ -517,4 +518,17 @@ def test_the_builder_calls_the_clearing_through_its_compiled_turn(monkeypatch):
         before = clear._rec.cleared
         assert dump(b.build({"messages": hist})) == dump(ref.build({"messages": hist}))
         steps += clear._rec.cleared > before
-    assert steps >= 1 and len(calls) <= 1 + steps + 1  # the first turn, the steps (and the counts' first turn)
+    assert steps >= 2 and len(calls) <= 2  # the first turn (and the counts' first turn): no step's
+    outs = set()
+    for i in range(40, 60):  # a step turn's list is new, made the filter's, and armed: the next turn extends it
+        hist += [ai(None, tool_calls=[{"id": f"c{i}", "type": "function", "function": {"name": "f", "arguments": "{}"}}]),
+                 tool(f"result {i} " + "data " * (30 + 7 * (i % 5)), tool_call_id=f"c{i}")]
+        before, prev_out = clear._rec.cleared, clear._rec.out
+        assert dump(b.build({"messages": hist})) == dump(ref.build({"messages": hist}))
+        assert clear._hot_turn.armed and clear._turn_args[2] is clear._rec.out
+        if clear._rec.cleared > before:
+            assert clear._rec.out is not prev_out and clear._rec.out[:len(prev_out)] != prev_out
+            outs.add(id(clear._rec.out))
+        else:
+            assert clear._rec.out is prev_out
+    assert outs and len(calls) <= 2

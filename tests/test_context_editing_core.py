@@ -397,6 +397,41 @@ def test_clearing_turn_object_falls_back_off_its_thread_and_after_a_direct_call(
     assert calls[-1] == 9 and len(calls) == 6
 
 
+@pytest.mark.parametrize("mod", [core, py], ids=["compiled", "twin"])
+def test_clearing_turn_object_drops_what_it_held_when_disarmed(mod):
+    """A disarmed ``ClearingTurn`` references none of the filter's lists (``disarm()``: a change
+    of a setting, ``apply``), so ``rearm`` has nothing to take up; ``disarm(hold=True)`` (the
+    filter's locked path, which re-arms it) keeps them for ``rearm``."""
+    import gc
+
+    from jianmu_fast.message import Message, human
+
+    f = ClearToolResultsFilter(1000, COUNTER, keep=1)
+    turn = mod.ClearingTurn(f, Message)
+    object.__setattr__(f, "_hot_turn", turn)
+    src = [human("hello"), human("there")]
+    turn(src)
+    assert turn.armed
+
+    def held_lists():
+        seen = gc.get_referents(turn) if mod is core else gc.get_referents(*[x for x in vars(turn).values()])
+        return [x for x in seen if type(x) is list and (x is src or x is f._rec.messages or x is f._rec.out)]
+
+    assert held_lists()
+    turn.disarm(hold=True)
+    assert not turn.armed and held_lists()
+    turn.rearm()
+    assert turn.armed
+    f.apply(src)  # disarms it for good
+    assert not turn.armed and not held_lists()
+    with pytest.raises(ValueError, match="nothing was armed"):
+        turn.rearm()
+    turn(src)  # the filter's locked path arms it again
+    assert turn.armed and held_lists()
+    f.keep = 2
+    assert not turn.armed and not held_lists()
+
+
 @settings(max_examples=200, deadline=None)
 @given(st.lists(st.tuples(st.sampled_from([0, 1, 2, 2]), st.booleans()), max_size=20), st.data())
 def test_place_cleared_twin_equals_compiled_and_the_loop(spec, data):

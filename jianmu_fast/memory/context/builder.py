@@ -228,7 +228,8 @@ class _Hot:
         #: ``call`` is what a kind 1 stage is called through: its ``_hot_turn`` (the clearing's
         #: compiled turn, which is its ``_hot_apply`` with no Python frame on the agent loop's
         #: turn) or its ``_hot_apply``
-        self.steps = tuple((i, f, k, _hot_call(f) if k == 1 else None) for i, (f, k) in enumerate(zip(filters, kinds)))
+        self.steps: tuple[tuple[int, Any, int, Any], ...] = tuple(
+            (i, f, k, _hot_call(f) if k == 1 else None) for i, (f, k) in enumerate(zip(filters, kinds)))
 
 
 class _Turn:

@@ -411,7 +411,7 @@ class ClearToolResultsFilter:
         if not lock.acquire(False):
             return self.apply(src, tools_schema=tools_schema)
         try:
-            self._hot_turn.disarm()  # (re-armed by _arm below)
+            self._hot_turn.disarm(True)  # (re-armed by _arm or rearm below; else disarmed for good)
             args = self._turn_args
             if args is not None and src is args[0] and not tools_schema:
                 rec = self._rec
