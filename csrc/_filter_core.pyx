@@ -22,7 +22,7 @@ from itertools import islice
 
 import numpy as np
 
-__all__ = ["MAX_VALUE", "ROLE_CODES", "Records", "counts_of", "plan_window", "plan_windows", "sanitize_window", "sanitize_windows", "select_window", "select_windows"]
+__all__ = ["MAX_VALUE", "ROLE_CODES", "Records", "counts_of", "plan_window", "plan_windows", "sanitize_window", "sanitize_windows", "select_window", "select_windows", "summarizing_trim"]
 
 ROLE_CODES = {"system": 0, "user": 1, "assistant": 2, "tool": 3}
 
@@ -1331,6 +1331,32 @@ cdef class Records:
         cdef int64_t a[6]
         self._fold_args(lo, hi, acc, units, level, fold, a)
         return self._folds(a[0], a[1], a[2], a[3], a[4], a[5])
+
+
+# -- SummarizingBudgetFilter's turn; see the twin ------------------------------------------------
+
+def summarizing_trim(flt, messages, tools_schema, sanitize):
+    """``SummarizingBudgetFilter._trim`` (a turn whose cut did not move runs no Python frame);
+    see the twin."""
+    got = None
+    with flt._lock:
+        hot = flt._hot
+        if (type(hot) is tuple and PyTuple_GET_SIZE(hot) == 7 and type(messages) is list
+                and (tools_schema is None or not tools_schema)):
+            f, rec, count, cfg, budget, bare, insert = <tuple>hot
+            if bare:
+                try:
+                    got = rec.window(messages, count, budget, cfg, sanitize, insert)
+                except Exception:
+                    got = 0
+                else:
+                    if got is None:
+                        got = 1
+                    elif type(got) is tuple and PyTuple_GET_SIZE(got) == 2:
+                        if insert is not None or len((<tuple>got)[0]) == PyList_GET_SIZE(messages):
+                            return got
+                        got = 1
+        return flt._trim_rest(messages, tools_schema, sanitize, got)
 
 
 # -- a cached counter's counts (jianmu_fast.memory.context._count_cache); see the twin ---------

@@ -14,7 +14,7 @@ BACKEND: Literal["cython", "python"]
 if os.environ.get("JIANMU_FAST_PURE_PYTHON") == "1":
     from ._filter_core_py import (  # noqa: F401
         MAX_VALUE, ROLE_CODES, Records, counts_of, plan_window, plan_windows, sanitize_window, sanitize_windows, select_window,
-        select_windows,
+        select_windows, summarizing_trim,
     )
     from ._editing_core_py import ClearingTurn, cap_hot_apply, clearing_turn, extend_capped, extends, place_cleared, plan_clearing
     from ._batch_core_py import gather_rows, group_states, intern_rows, need_rows, pack_rows, prefix_groups, table_records, text_sides
@@ -24,7 +24,7 @@ else:
     try:
         from ._filter_core import (  # type: ignore[assignment]  # noqa: F401  (Records: the twin's class)
             MAX_VALUE, ROLE_CODES, Records, counts_of, plan_window, plan_windows, sanitize_window, sanitize_windows, select_window,
-            select_windows,
+            select_windows, summarizing_trim,
         )
         from ._editing_core import ClearingTurn, cap_hot_apply, clearing_turn, extend_capped, extends, place_cleared, plan_clearing
         from ._batch_core import gather_rows, group_states, intern_rows, need_rows, pack_rows, prefix_groups, table_records, text_sides

@@ -16,6 +16,7 @@ __all__ = [
     "sanitize_windows",
     "select_window",
     "select_windows",
+    "summarizing_trim",
 ]
 
 MAX_VALUE: int
@@ -134,3 +135,5 @@ def sanitize_windows(
     hi: npt.NDArray[np.int64],
 ) -> npt.NDArray[np.int64]: ...
 def counts_of(counter: Any, ms: Sequence[Any], where: str = "messages") -> list[int]: ...
+
+def summarizing_trim(flt: Any, messages: Any, tools_schema: Any, sanitize: bool) -> tuple[list[Any], bool]: ...

@@ -52,7 +52,7 @@ from itertools import islice
 
 import numpy as np
 
-__all__ = ["MAX_VALUE", "ROLE_CODES", "Records", "counts_of", "plan_window", "plan_windows", "sanitize_window", "sanitize_windows", "select_window", "select_windows"]
+__all__ = ["MAX_VALUE", "ROLE_CODES", "Records", "counts_of", "plan_window", "plan_windows", "sanitize_window", "sanitize_windows", "select_window", "select_windows", "summarizing_trim"]
 
 MAX_VALUE = 1 << 53
 
@@ -951,6 +951,52 @@ class Records:
             if acc > _SAT:
                 return None
         return points, units, acc
+
+
+# -- SummarizingBudgetFilter's turn (jianmu_fast.memory.context.editing.summarizing) ---------------
+
+
+def summarizing_trim(flt, messages, tools_schema, sanitize):
+    """``SummarizingBudgetFilter._trim`` (the class's method is this function; compiled, a
+    turn whose cut did not move runs no Python frame). Under ``flt._lock``: when the filter
+    remembers a turn (``flt._hot``: inner filter, its records, their count function, settings,
+    budget, whether the budget is constant without tools, the summary to put in) and
+    ``messages`` is a list, with no tools and a constant budget, one ``Records.window(...,
+    insert=)`` call over the inner filter's records; its output when the cut did not move (the
+    last summary put in, or nothing dropped and all kept). Everything else is
+    ``flt._trim_rest(messages, tools_schema, sanitize, got)``, still under the lock, ``got``
+    being what the window gave: a moved cut's ``(kept, clean, n_pinned, cut)``, ``1`` for
+    no answer (None, or an output that is not the remembered turn's), ``0`` when it raised,
+    None when it was not called.
+
+    >>> from jianmu_fast.memory.context.editing import SummarizingBudgetFilter
+    >>> from jianmu_fast.message import human, system
+    >>> f = SummarizingBudgetFilter(60, summarize=lambda ms: "s", summary_max_tokens=10)
+    >>> msgs = [system("Be brief."), human("hi")]
+    >>> summarizing_trim(f, msgs, None, True) == (msgs, True)   # the general path remembers the turn
+    True
+    >>> msgs.append(human("again")); summarizing_trim(f, msgs, None, True)[0] == msgs
+    True
+    """
+    got = None
+    with flt._lock:
+        hot = flt._hot
+        if (type(hot) is tuple and len(hot) == 7 and type(messages) is list
+                and (tools_schema is None or not tools_schema)):
+            f, rec, count, cfg, budget, bare, insert = hot
+            if bare:
+                try:
+                    got = rec.window(messages, count, budget, cfg, sanitize, insert)
+                except Exception:
+                    got = 0
+                else:
+                    if got is None:
+                        got = 1
+                    elif len(got) == 2:
+                        if insert is not None or len(got[0]) == len(messages):
+                            return got
+                        got = 1
+        return flt._trim_rest(messages, tools_schema, sanitize, got)
 
 
 # -- a cached counter's counts (jianmu_fast.memory.context._count_cache) ----------------------

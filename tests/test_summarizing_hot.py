@@ -114,6 +114,54 @@ def test_warm_filter_equals_a_fresh_one_on_every_turn(seed, budget, eviction, ke
         _same_as_fresh(f, prompt, tools, data.draw(st.booleans()))
 
 
+@FAST
+@given(seed=st.integers(0, 10**6), budget=st.integers(900, 3000), data=st.data())
+def test_compiled_turn_equals_its_twin_and_the_general_path(seed, budget, data):
+    """``SummarizingBudgetFilter._trim`` is ``summarizing_trim`` (compiled, or the twin on the
+    pure-Python backend): two filters, one driven through the compiled function, one through the
+    twin, over the same growing history (sometimes with tools, a failing summarize, or a new
+    list): both equal a fresh filter's output and clean flag on every turn, and call
+    ``summarize`` as often; a failing summarize gives the plain budget's output."""
+    from jianmu_fast import _backend
+    from jianmu_fast import _filter_core_py as py
+    from jianmu_fast.memory.context import TokenBudgetFilter
+
+    core = pytest.importorskip("jianmu_fast._filter_core")
+    msgs = _loop(seed, 12)
+    fns = [Counting(fail_on=data.draw(st.sampled_from([-1, -1, 1]))) for _ in range(2)]
+    fns[1].fail_on = fns[0].fail_on
+    filters = [SummarizingBudgetFilter(budget, COUNTER, summarize=fn, summary_max_tokens=budget // 8,
+                                       eviction="chunked", chunk=budget // 4) for fn in fns]
+    plain = TokenBudgetFilter(budget, COUNTER, eviction="chunked", chunk=budget // 4)
+    lists: list[list[Message]] = [[], []]
+    for end in _ends(msgs):
+        tools = data.draw(st.sampled_from([None, None, None, [], TOOLS]))
+        if data.draw(st.integers(0, 7)) == 0:
+            lists = [list(x) for x in lists]
+        outs = []
+        for j, (f, mod) in enumerate(zip(filters, (core, py))):
+            lists[j].extend(msgs[len(lists[j]):end])
+            with warnings.catch_warnings(record=True) as caught:
+                warnings.simplefilter("always")
+                try:
+                    out = mod.summarizing_trim(f, lists[j], tools, True)
+                except ContextBudgetError:
+                    out = None
+            outs.append(out)
+            failed = any(issubclass(w.category, SummaryFailedWarning) for w in caught)
+            if out is not None and failed:  # the plain budget's output
+                assert _dump(out[0]) == _dump(plain._trim(msgs[:end], tools, True)[0])
+        assert (outs[0] is None) == (outs[1] is None)
+        if outs[0] is not None:
+            assert _dump(outs[0][0]) == _dump(outs[1][0]) and outs[0][1] == outs[1][1]
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore", SummaryFailedWarning)
+                want = _fresh(filters[0], Counting(fns[0].fail_on))._trim(msgs[:end], tools, True)
+            assert _dump(outs[0][0]) == _dump(want[0]) and outs[0][1] == want[1]
+    assert fns[0].calls == fns[1].calls
+    assert SummarizingBudgetFilter.__dict__["_trim"] is _backend.summarizing_trim
+
+
 def test_an_unchanged_cut_reuses_the_summary_without_calling_summarize():
     """The hot loop: on every turn whose dropped span did not change, the output holds the
     very summary message of the turn before, and ``summarize`` is called about once per move

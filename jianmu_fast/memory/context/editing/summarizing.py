@@ -236,37 +236,44 @@ class SummarizingBudgetFilter(TokenBudgetFilter):
                                                        eviction=self.eviction, chunk=self.chunk_tokens)
         return f
 
-    def _trim(self, messages: Sequence[Any], tools_schema: Any, sanitize: bool) -> tuple[list[Message], bool]:
-        """``(output, clean)`` as ``TokenBudgetFilter._trim``: the budget's output with a summary
-        of what it dropped. A turn whose cut did not move (the prompt extends the last one, and
-        the inner budget's plan keeps the same pinned prefix and cut, with the same budget)
-        costs what the budget filter costs: one compiled ``Records.window`` call over the inner
-        filter's records that builds the output with the last summary message in place."""
+    #: ``(output, clean)`` as ``TokenBudgetFilter._trim``: the budget's output with a summary of
+    #: what it dropped, called as ``_trim(messages, tools_schema, sanitize)``. A turn whose cut
+    #: did not move (the prompt extends the last one, and the inner budget's plan keeps the same
+    #: pinned prefix and cut, with the same budget) costs what the budget filter costs: one
+    #: compiled ``Records.window`` call over the inner filter's records that builds the output
+    #: with the last summary message in place, made by ``_backend.summarizing_trim`` (compiled:
+    #: no Python frame); every other turn is ``_trim_rest``.
+    _trim = _backend.summarizing_trim
+
+    def _trim_rest(self, messages: Sequence[Any], tools_schema: Any, sanitize: bool,
+                   got: Any) -> tuple[list[Message], bool]:
+        """``_trim`` past its compiled turn (``_backend.summarizing_trim``), with the lock held:
+        ``got`` is what that turn's ``Records.window`` call gave (a moved cut's ``(kept, clean,
+        n_pinned, cut)``: the new span's summary put in; ``1``: no answer; ``0``: it raised),
+        or None when it was not called (tools, a budget that depends on them): then the same
+        call here under the budget with the tools. Otherwise the general path."""
         try:
-            with self._lock:
-                hot = self._hot
-                if hot is not None and type(messages) is list:
-                    f, rec, count, cfg, budget, bare, insert = hot
-                    if bare and not tools_schema:
-                        limit = budget  # (a trusted counter without tools: a constant limit)
+            hot = self._hot
+            if got is None and hot is not None and type(messages) is list:
+                f, rec, count, cfg, budget, bare, insert = hot
+                try:
+                    limit = f._limit(tools_schema)
+                except ContextBudgetError:
+                    limit = -1
+                if limit == budget:
+                    try:
+                        got = rec.window(messages, count, budget, cfg, sanitize, insert)
+                    except Exception:  # the general path raises what it should
+                        got = 0
                     else:
-                        try:
-                            limit = f._limit(tools_schema)
-                        except ContextBudgetError:
-                            limit = -1
-                    if limit == budget:
-                        try:
-                            got = rec.window(messages, count, budget, cfg, sanitize, insert)
-                        except Exception:  # the general path raises what it should
-                            got = None
-                            f._forget()
-                        if got is not None:
-                            if len(got) == 4:  # the cut moved: the new span's summary
-                                return self._moved(hot, messages, got, tools_schema, sanitize)
-                            if insert is not None or len(got[0]) == len(messages):
-                                return got
-                    self._hot = None
-                return self._summarized(messages, tools_schema, sanitize)
+                        if got is not None and len(got) == 2 and (insert is not None or len(got[0]) == len(messages)):
+                            return got  # type: ignore[no-any-return]
+            if got == 0 and hot is not None:
+                hot[0]._forget()
+            elif type(got) is tuple and len(got) == 4 and hot is not None:  # the cut moved: the new span's summary
+                return self._moved(hot, messages, got, tools_schema, sanitize)  # type: ignore[arg-type]
+            self._hot = None
+            return self._summarized(messages, tools_schema, sanitize)
         except JianmuError:
             raise
         except Exception as exc:  # a budget stage never lets an untrimmed prompt through
