@@ -390,15 +390,17 @@ def test_rolling_summary_resumed_along_a_growing_history_equals_a_fresh_one():
         assert [m.to_openai() for m in fresh.apply(msgs[:n])] == [m.to_openai() for m in out]
 
 
-@pytest.mark.parametrize("records", [False, True])
+@pytest.mark.parametrize("records", [False, True, "uncounted"])
 @pytest.mark.parametrize("step", [1, 2, 5])
 def test_rolling_summary_resumed_from_the_previous_span_end_equals_a_fresh_one(step, records):
     """The fold scan and the content keys resume at the previous span's end (not only at its
     last fold point): every span of a growing history gets the summary, the fold points and
     the content keys that a fresh filter computes for it, whether the span extends the last
     one by comparison (a list of its own) or by the records it is read from (the hot path:
-    the same records, only grown, ``Records.version`` unchanged); a rewound record set starts
-    over and still agrees."""
+    the same records, only grown, ``Records.version`` unchanged; ``"uncounted"``: records
+    without counts, which the filter counts into them); a rewound record set starts over and
+    still agrees. The fresh filter has no records: ``Records.fold_keys`` over records of the
+    span alone (one implementation of the scan and the keys)."""
     from jianmu_fast import _backend
 
     msgs = _long_history(40)
@@ -410,8 +412,10 @@ def test_rolling_summary_resumed_from_the_previous_span_end_equals_a_fresh_one(s
         if rec is not None:
             if n == 61:  # an edit in the middle: the records are rewound (a new version)
                 rec.truncate(30)
-            rec.extend(msgs[rec.n:n], [TIKTOKEN.count_message(m) for m in msgs[rec.n:n]])
+            rec.extend(msgs[rec.n:n], None if records == "uncounted" else [TIKTOKEN.count_message(m) for m in msgs[rec.n:n]])
         got = grown._summary_text(msgs, 1, n, rec, None if records else msgs[1:n])
+        if rec is not None:  # (counted into the records as far as the span reaches)
+            assert rec.counts[1:n].tolist() == [TIKTOKEN.count_message(m) for m in msgs[1:n]]
         fresh = SummarizingBudgetFilter(2500, TIKTOKEN, summarize=Recorder(), **kw)
         assert got == fresh._summary_text(msgs[1:n], 0, n - 1)
         # (span, records, version, start) differ; the fold state and keys are the same

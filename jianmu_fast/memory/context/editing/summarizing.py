@@ -16,7 +16,7 @@ from .... import _backend
 from ....errors import ContextBudgetError, JianmuError, TrimmingError
 from ....message import Message, system
 from ..filters import Eviction, TokenBudgetFilter
-from ._common import DEFAULT_CUT_MARKER, EDIT_KEY, TRUSTED, check_counter, check_int, checked_counts
+from ._common import DEFAULT_CUT_MARKER, EDIT_KEY, TRUSTED, check_counter, check_int
 from ._cutter import Cutter
 from .summarizer import SummaryFailedWarning, executor, run_summarize, summarizer_from_client
 
@@ -426,13 +426,6 @@ class SummarizingBudgetFilter(TokenBudgetFilter):
                     del digests[key], pins[key]
         return d
 
-    def _digests_of(self, part: list[Message]) -> bytes:
-        """The digests of ``part``'s messages, concatenated (what the content hash takes)."""
-        got: list[Optional[bytes]] = list(map(self._digests.get, map(id, part)))
-        if not all(got):  # (a digest is 32 bytes: None is the only false value)
-            got = [d if d is not None else self._digest(m) for d, m in zip(got, part)]
-        return b"".join(got)  # type: ignore[arg-type]
-
     def _summary_text(self, msgs: list[Message], a: int, b: int, rec: Any = None,
                       span: Optional[list[Message]] = None) -> Optional[tuple[str, int]]:
         """The summary of the span ``msgs[a:b]`` and its number of units, a pure function of its
@@ -470,6 +463,8 @@ class SummarizingBudgetFilter(TokenBudgetFilter):
             keyed = rec.fold_keys(a + lo, a + end, b, acc, units, level, fold, key, known, self._digests)
         if keyed is None:
             keyed = self._fold_keys(msgs, a + lo, a + end, b, acc, units, level, key, known, rec)
+            if keyed is None:
+                return None  # pragma: no cover - a span of over 2**62 tokens
         ends, units, acc = keyed
         by_content = self._by_content
         point_units = 0
@@ -493,41 +488,30 @@ class SummarizingBudgetFilter(TokenBudgetFilter):
         return out
 
     def _fold_keys(self, msgs: list[Message], lo: int, first: int, hi: int, acc: int, units: int, level: int,
-                   key: bytes, known: Optional[bytes], rec: Any) -> tuple[list[tuple[int, int, int, bytes]], int, int]:
-        """``Records.fold_keys`` over ``msgs`` itself (no records, or some of the span's counts or
-        digests not there): the fold points read off ``rec`` when it has the counts, else
-        walked with the counter's cached counts; digests computed here."""
+                   key: bytes, known: Optional[bytes], rec: Any) -> Optional[tuple[list[tuple[int, int, int, bytes]], int, int]]:
+        """``Records.fold_keys`` (the one implementation of the fold scan and the key chain)
+        when ``rec`` cannot answer alone: the digests of ``msgs[lo:hi]`` computed here (once per
+        message, kept), the counts of ``msgs[first:hi]`` that ``rec`` lacks counted into it;
+        without records (or still no answer), over records of ``msgs[lo:hi]`` alone."""
+        part = msgs[lo:hi]
+        digest = self._digest
+        values = {id(m): digest(m) for m in part}
         fold = self._fold
-        got = rec.folds(first, hi, acc, units, level, fold) if rec is not None else None
+        if rec is not None:
+            got = rec.fold_keys(lo, first, hi, acc, units, level, fold, key, known, values)
+            if got is None:  # (counts the inner budget's plan did not need)
+                self._plain._fill_counts(rec, msgs, first, hi)
+                got = rec.fold_keys(lo, first, hi, acc, units, level, fold, key, known, values)
+            if got is not None:
+                return got  # type: ignore[no-any-return]
+        counts = self._plain._counts(msgs, first, hi).tolist()
+        alone = _backend.Records(Message)
+        alone.extend(part, [-1] * (first - lo) + counts)
+        got = alone.fold_keys(0, first - lo, hi - lo, acc, units, level, fold, key, known, values)
         if got is None:
-            part = msgs[first:hi]
-            fast = self._plain._list_counts
-            if fast is not None:
-                counts = fast(part)
-            elif self._additive:
-                counts = [self.counter.count_message(m) for m in part]
-            else:
-                counts = checked_counts(self.counter, part).tolist()
-            points = []
-            for j, m in enumerate(part):
-                if m.role != "tool":
-                    if acc >= level:
-                        points.append((first + j, acc, units))
-                        level = (acc // fold + 1) * fold
-                    units += 1
-                acc += counts[j]
-        else:
-            points, units, acc = got
-        ends = []
-        start = lo
-        for e, before, n_units in [*points, (hi, -1, units)]:
-            if known is not None and e == first and before >= 0:
-                key = known
-            else:
-                key = hashlib.sha256(key + self._digests_of(msgs[start:e])).digest()
-            ends.append((e, before, n_units, key))
-            start = e
-        return ends, units, acc
+            return None  # pragma: no cover - a span of over 2**62 tokens
+        ends, units, acc = got
+        return [(e + lo, before, n_units, k) for e, before, n_units, k in ends], units, acc
 
     def _call(self, messages: list[Message]) -> Optional[str]:
         self.calls += 1
