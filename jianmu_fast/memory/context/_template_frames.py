@@ -107,11 +107,19 @@ def _plain(a: Any) -> bool:
     return type(a) is tuple and all(type(x) is str for x in a)
 
 
+#: strip methods a field may pass through when it has nothing to strip (recorded as that
+#: condition, replayed on the real value; the result stays the field's probe)
+_STRIPS = frozenset({"strip", "lstrip", "rstrip"})
+
+
 def _wrap(name: str) -> Callable[..., Any]:
     base = getattr(str, name)
 
     def method(self: Probe, *args: Any, **kwargs: Any) -> Any:
         res = base(str.__str__(self), *args, **kwargs)
+        if name in _STRIPS and not kwargs and args in ((), (None,)) and self._slot >= 0:
+            self._log.append((self._slot, "=" + name, (), True))  # "v.strip() == v"
+            return Probe(res, self._log, self._slot)
         if kwargs:
             self._log.append(_REJECT)
         else:
@@ -131,6 +139,75 @@ for _name in ("__rmod__", "__rmul__"):
     setattr(Probe, _name, lambda self, other, _n=_name: (self._log.append(_REJECT), NotImplemented)[1])
 
 
+class _Serializing(threading.local):
+    depth = 0
+
+
+_SERIALIZING = _Serializing()
+
+
+def tojson(x: Any, ensure_ascii: bool = False, indent: Any = None, separators: Any = None,
+           sort_keys: bool = False) -> str:
+    """transformers' ``tojson`` filter (``json.dumps`` with its arguments); a ``ProbeDict``
+    inside ``x`` lets itself be serialized here (anywhere else, reading it is recorded)."""
+    _SERIALIZING.depth += 1
+    try:
+        return json.dumps(x, ensure_ascii=ensure_ascii, indent=indent, separators=separators, sort_keys=sort_keys)
+    finally:
+        _SERIALIZING.depth -= 1
+
+
+def _reject_dict(name: str) -> Callable[..., Any]:
+    base = getattr(dict, name)
+
+    def method(self: "ProbeDict", *args: Any, **kwargs: Any) -> Any:
+        if not (name == "items" and _SERIALIZING.depth and not args and not kwargs):
+            self._log.append(_REJECT)
+        return base(self, *args, **kwargs)
+
+    method.__name__ = name
+    return method
+
+
+class ProbeDict(dict):
+    """A tool call's parsed ``arguments`` as a probe: printing it through ``tojson`` (default
+    options) is accepted, a truth test is recorded (replayed as "not empty"), any other
+    reading (keys, items, length, lookups, comparisons, ``str``) is recorded as a rejection."""
+
+    _log: list
+    _slot: int
+
+    def __init__(self, value: dict, log: list, slot: int) -> None:
+        dict.__init__(self, value)
+        self._log = log
+        self._slot = slot
+
+    def __bool__(self) -> bool:
+        res = dict.__len__(self) > 0
+        self._log.append((self._slot, "__dictbool__", (), res))
+        return res
+
+    def __hash__(self) -> int:  # type: ignore[override]
+        self._log.append(_REJECT)
+        return id(self)
+
+
+for _name in ("__len__", "__iter__", "__getitem__", "__contains__", "__eq__", "__ne__", "__lt__", "__le__", "__gt__",
+              "__ge__", "__repr__", "__str__", "__format__", "__reversed__", "__or__", "__ror__", "__reduce__",
+              "__reduce_ex__", "get", "keys", "values", "items", "copy", "__sizeof__"):
+    setattr(ProbeDict, _name, _reject_dict(_name))
+
+
+def _args_values(slot: int) -> tuple[dict, dict]:
+    """The two probe values of a tool call's arguments slot: unsorted keys, nested values,
+    non-ASCII and escaped characters (any ``tojson`` option but the defaults prints them
+    differently), the field's tag once."""
+    tag = f"QZJ{slot}VQ"
+    a = {f"z{tag}": [" \n\"\u00e9<&", {"y": 1, "b": None}], "a": 2.5}
+    b = {"k": {"m": [True, "two three"]}, f"{tag.lower()}W": "\u00fc\\"}
+    return a, b
+
+
 def _probe_values(slot: int) -> tuple[str, str, str]:
     """The two probe values of field ``slot`` and its tag (case-insensitive, escape-proof)."""
     tag = f"QZJ{slot}VQ"
@@ -143,15 +220,19 @@ class Frames:
     """Renders conversations (lists of template dicts) by ``render_fn``, or from cached frames.
 
     ``render_fn(dicts) -> str`` renders a conversation (raising whatever the template raises).
-    ``fields``: the top-level string fields a frame leaves out. ``cache_size`` bounds the frames;
-    ``table``, a dict to keep them in (shared by renderers that render alike).
+    ``fields``: the top-level string fields a frame leaves out; with ``calls``, also each
+    ``tool_calls`` entry's ``id`` and ``function`` ``name`` (strings) and ``arguments`` (a
+    dict: its slot is printed only as ``tojson`` with default options prints it, and read only
+    by a truth test). ``cache_size`` bounds the frames; ``table``, a dict to keep them in
+    (shared by renderers that render alike).
     """
 
     def __init__(self, render_fn: Callable[[list[dict[str, Any]]], str],
                  fields: Sequence[str] = ("content", "name", "tool_call_id"), cache_size: int = 4096,
-                 table: Optional[dict[Any, Any]] = None) -> None:
+                 table: Optional[dict[Any, Any]] = None, calls: bool = True) -> None:
         self._render_fn = render_fn
         self._fields = tuple(fields)
+        self._calls = calls
         self.cache_size = cache_size
         # frame key -> (pieces, slots, ops) or None ("render"); ``table`` shares it between
         # the renderers of one template (and its variables) in a process
@@ -165,16 +246,87 @@ class Frames:
         return {"frames": len(self._frames), "fast": self._fast, "rendered": self._rendered}
 
     def frame_of(self, d: dict[str, Any]) -> tuple[Any, tuple[str, ...]]:
-        """``(frame part of d, its field values)``: the fields holding a ``str`` left out."""
-        values = []
-        shape = []
+        """``(frame part of d, its field values)``: the fields holding a ``str`` left out (and
+        a tool call's id, name and arguments; an arguments slot's value is its ``tojson``)."""
+        values: list[str] = []
+        if "tool_calls" not in d:  # the common message: top-level fields only
+            fields = self._fields
+            shape = []
+            for k, v in d.items():
+                if type(v) is str and v and k in fields:
+                    values.append(v)
+                    shape.append((k, None))
+                else:
+                    shape.append((k, _freeze(v)))
+            return tuple(shape), tuple(values)
+        shape_, _ = self._walk(d, values, [], None)
+        return shape_, tuple(values)
+
+    def _walk(self, d: dict[str, Any], values: list[str], kinds: list[int],
+              probe: Optional[Callable[[int, int], Any]]) -> tuple[Any, Optional[dict[str, Any]]]:
+        """``(shape, probed copy of d)``: slots appended to ``values`` (their kinds to ``kinds``:
+        0 a string, 1 a tool call's arguments dict); the copy (only with ``probe(kind, slot)``)
+        holds the probes."""
+        shape: list[tuple[Any, Any]] = []
+        new: Optional[dict[str, Any]] = {} if probe is not None else None
         for k, v in d.items():
             if type(v) is str and v and k in self._fields:
-                values.append(v)
+                w: Any = self._slot(v, 0, values, kinds, probe)
                 shape.append((k, None))
+            elif k == "tool_calls" and type(v) is list and self._calls:
+                calls: list[Any] = []
+                w = [] if probe is not None else None
+                for call in v:
+                    if type(call) is not dict:
+                        calls.append(_freeze(call))
+                        if w is not None:
+                            w.append(call)
+                        continue
+                    cshape: list[tuple[Any, Any]] = []
+                    c: Optional[dict[str, Any]] = {} if probe is not None else None
+                    for ck, cv in call.items():
+                        if ck == "id" and type(cv) is str and cv:
+                            cw: Any = self._slot(cv, 0, values, kinds, probe)
+                            cshape.append((ck, None))
+                        elif ck == "function" and type(cv) is dict:
+                            fshape: list[tuple[Any, Any]] = []
+                            cw = {} if probe is not None else None
+                            for fk, fv in cv.items():
+                                if fk == "name" and type(fv) is str and fv:
+                                    fw: Any = self._slot(fv, 0, values, kinds, probe)
+                                    fshape.append((fk, None))
+                                elif fk == "arguments" and type(fv) is dict:
+                                    fw = self._slot(fv, 1, values, kinds, probe)
+                                    fshape.append((fk, ("A",)))
+                                else:
+                                    fw = fv
+                                    fshape.append((fk, _freeze(fv)))
+                                if cw is not None:
+                                    cw[fk] = fw
+                            cshape.append((ck, ("F", tuple(fshape), None)))
+                        else:
+                            cw = cv
+                            cshape.append((ck, _freeze(cv)))
+                        if c is not None:
+                            c[ck] = cw
+                    calls.append(tuple(cshape))
+                    if w is not None:
+                        w.append(c)
+                shape.append((k, ("C", tuple(calls), None)))
             else:
+                w = v
                 shape.append((k, _freeze(v)))
-        return tuple(shape), tuple(values)
+            if new is not None:
+                new[k] = w
+        return tuple(shape), new
+
+    @staticmethod
+    def _slot(v: Any, kind: int, values: list[str], kinds: list[int],
+              probe: Optional[Callable[[int, int], Any]]) -> Any:
+        slot = len(values)
+        values.append(v if kind == 0 else json.dumps(v, ensure_ascii=False))
+        kinds.append(kind)
+        return probe(kind, slot) if probe is not None else None
 
     def render(self, dicts: list[dict[str, Any]], parts: Optional[Sequence[Any]] = None) -> str:
         """``render_fn(dicts)``, assembled from the frame of ``dicts`` where that is exact.
@@ -205,7 +357,15 @@ class Frames:
             pieces, slots, ops = entry
             for slot, name, args, res in ops:
                 v = values[slot]
-                if (len(v) > 0 if name == "__bool__" else getattr(str, name)(v, *args)) != res:
+                if name == "__bool__":
+                    got = len(v) > 0
+                elif name == "__dictbool__":
+                    got = v != "{}"
+                elif name[0] == "=":
+                    got = getattr(str, name[1:])(v) == v
+                else:
+                    got = getattr(str, name)(v, *args)
+                if got != res:
                     break
             else:
                 self._fast += 1
@@ -217,22 +377,25 @@ class Frames:
         """``(pieces, slots, ops)`` of the frame of ``dicts`` (fields probed in the dicts
         ``probe`` marks), or ``None`` (render it)."""
         runs = []
-        n_slots = 0
+        kinds: list[int] = []
         for family in (0, 1):
             log: list = []
             probed = []
-            slot = 0
+            kinds = []
+            values: list[str] = []
+
+            def make(kind: int, slot: int, log: list = log, family: int = family) -> Any:
+                if kind == 0:
+                    return Probe(_probe_values(slot)[family], log, slot)
+                return ProbeDict(_args_values(slot)[family], log, slot)
+
             for d, yes in zip(dicts, probe):
                 if not yes:
                     probed.append(d)
                     continue
-                p = dict(d)
-                for k, v in d.items():
-                    if type(v) is str and v and k in self._fields:
-                        p[k] = Probe(_probe_values(slot)[family], log, slot)
-                        slot += 1
-                probed.append(p)
-            n_slots = slot
+                _, p = self._walk(d, values, kinds, make)
+                probed.append(p if p is not None else d)
+            n_slots = len(kinds)
             try:
                 text = str.__str__(self._render_fn(probed))
             except Exception:
@@ -246,10 +409,20 @@ class Frames:
         # each probe appears verbatim (slot s) or as the inside of its JSON string (slot
         # -1 - s: what ``tojson`` prints for a field, ensure_ascii off, as transformers' does)
         forms = {}
+        strips: dict[int, set[str]] = {}
+        for op in ops_a:
+            if op[1][0] == "=":
+                strips.setdefault(op[0], set()).add(op[1])
         for s in range(n_slots):
+            if kinds[s] == 1:
+                forms[json.dumps(_args_values(s)[0], ensure_ascii=False)] = s
+                continue
             a = _probe_values(s)[0]
-            forms[a] = s
-            forms[_json_inside(a)] = -1 - s
+            # a stripped form stands for the field only where the template stripped the field
+            # itself (the condition "nothing to strip" replayed; see _STRIPS)
+            for form in [a] + [getattr(str, name[1:])(a) for name in strips.get(s, ())]:
+                forms[form] = s
+                forms[_json_inside(form)] = -1 - s
         lower_a = text_a.lower()
         pattern = re.compile("|".join(re.escape(v) for v in sorted(forms, key=len, reverse=True)))
         pieces: list[str] = []
@@ -263,7 +436,8 @@ class Frames:
         for s in range(n_slots):  # every appearance of a probe's tag is one of those
             if lower_a.count(_probe_values(s)[2].lower()) != slots.count(s) + slots.count(-1 - s):
                 return None
-        values_b = [_probe_values(s)[1] for s in range(n_slots)]
+        values_b = [_probe_values(s)[1] if kinds[s] == 0 else json.dumps(_args_values(s)[1], ensure_ascii=False)
+                    for s in range(n_slots)]
         if _assemble(pieces, slots, values_b) != text_b:  # the text around the probes is theirs alone
             return None
         return pieces, slots, ops_a

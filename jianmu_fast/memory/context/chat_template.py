@@ -102,6 +102,7 @@ from ...message import Message
 from ...message.model import FrozenList, coerce_message
 from . import _encodings
 from ._template_frames import Frames
+from ._template_frames import tojson as _frames_tojson
 
 __all__ = ["ChatTemplateTokenCounter", "has_chat_template", "message_to_template_dict"]
 
@@ -208,8 +209,15 @@ def message_to_template_dict(m: Message) -> dict[str, Any]:
     >>> message_to_template_dict(ai(None, tool_calls=call))
     {'role': 'assistant', 'content': '', 'tool_calls': [{'id': 'c1', 'type': 'function', 'function': {'name': 'f', 'arguments': {'x': 1}}}]}
     """
-    d: dict[str, Any] = {"role": m.role}
     content = m.content
+    if type(content) is str and m.tool_calls is None and not m.extra:  # a plain text message
+        d: dict[str, Any] = {"role": m.role, "content": content}
+        if m.name is not None:
+            d["name"] = m.name
+        if m.tool_call_id is not None:
+            d["tool_call_id"] = m.tool_call_id
+        return d
+    d = {"role": m.role}
     if content is None and m.tool_calls:
         content = ""
     if content is not None:
@@ -255,8 +263,35 @@ def _message_key(d: Mapping[str, Any]) -> str:
     """
     content = d.get("content")
     if type(content) is not str:
-        return json.dumps(d, ensure_ascii=False)
-    return json.dumps({**d, "content": None}, ensure_ascii=False) + "\0" + content
+        return _DUMPS(d)
+    head = _plain_head(d)
+    if head is None:
+        head = _DUMPS({**d, "content": None})
+    return head + "\0" + content
+
+
+#: ``json.dumps(x, ensure_ascii=False)`` without building an encoder per call
+_DUMPS = json.JSONEncoder(ensure_ascii=False).encode
+_ENC_STR = json.encoder.encode_basestring  # (ensure_ascii off: the C encoder where available)
+_PLAIN_KEYS = frozenset(("role", "content", "name", "tool_call_id"))
+
+
+def _plain_head(d: Mapping[str, Any]) -> Optional[str]:
+    """``_DUMPS({**d, "content": None})`` built directly for a dict of ``role``, ``content``
+    and optional ``name``/``tool_call_id`` strings in that order (a tool result, a user or
+    assistant text); None for any other dict."""
+    if len(d) > 4 or not _PLAIN_KEYS.issuperset(d):
+        return None
+    it = iter(d)
+    if next(it) != "role" or next(it) != "content" or type(d["role"]) is not str:
+        return None
+    out = '{"role": ' + _ENC_STR(d["role"]) + ', "content": null'
+    for k in it:
+        v = d[k]
+        if type(v) is not str:
+            return None
+        out += ', "' + k + '": ' + _ENC_STR(v)
+    return out + "}"
 
 
 def _parse_key(key: str) -> dict[str, Any]:
@@ -311,10 +346,6 @@ def _compile(template: str) -> Any:
 
     def raise_exception(message: Any) -> None:
         raise jinja2.exceptions.TemplateError(message)
-
-    def tojson(x: Any, ensure_ascii: bool = False, indent: Any = None, separators: Any = None,
-               sort_keys: bool = False) -> str:
-        return json.dumps(x, ensure_ascii=ensure_ascii, indent=indent, separators=separators, sort_keys=sort_keys)
 
     def strftime_now(fmt: str) -> str:
         return datetime.now().strftime(fmt)
@@ -382,7 +413,7 @@ def _compile(template: str) -> Any:
             return super().call(__context, __obj, *args, **kwargs)
 
     env = _Env(trim_blocks=True, lstrip_blocks=True, extensions=[_Generation, jinja2.ext.loopcontrols])
-    env.filters["tojson"] = tojson
+    env.filters["tojson"] = _frames_tojson  # transformers' (a frame's probes may pass through it)
     env.globals["raise_exception"] = raise_exception
     env.globals["strftime_now"] = strftime_now
     env.globals["dict"] = TemplateDict()
@@ -821,19 +852,21 @@ class ChatTemplateTokenCounter:
             raise MessageValidationError(f"messages[{i}]: expected a Message or a chat-completions dict, got {type(m).__name__}")
         d = message_to_template_dict(msg)
         key = _message_key(d)
-        if d.get("tool_calls"):
+        calls = d.get("tool_calls")
+        if calls:
             with self._lock:  # which assistant message made each call (for tool-first slices)
                 if len(self._calls) >= self.cache_size:
                     for k in list(self._calls)[: self.cache_size // 4]:
                         del self._calls[k]
-                for call in d["tool_calls"]:
+                for call in calls:
                     if isinstance(call.get("id"), str):
                         self._calls[call["id"]] = key
         if msg is m:
             snap = None  # frozen lists (every validated Message) cannot change: no snapshot
-            if (isinstance(m.content, list) and type(m.content) is not FrozenList) or (
-                    m.tool_calls is not None and type(m.tool_calls) is not FrozenList):
-                snap = (copy.deepcopy(m.content), copy.deepcopy(m.tool_calls))
+            if calls is not None or type(m.content) is not str:
+                if (isinstance(m.content, list) and type(m.content) is not FrozenList) or (
+                        m.tool_calls is not None and type(m.tool_calls) is not FrozenList):
+                    snap = (copy.deepcopy(m.content), copy.deepcopy(m.tool_calls))
             with self._lock:
                 if len(self._memo) >= self.cache_size:
                     for old_id in list(self._memo)[: self.cache_size // 4]:
