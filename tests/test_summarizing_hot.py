@@ -343,6 +343,14 @@ def _variants() -> list[Message]:
         Message(role="tool", content=None, tool_call_id="c1"),
         Message(role="tool", content="abc", tool_call_id="c1", tool_calls=[CALL]),  # tool_calls
         Message(role="tool", content="abc", tool_call_id="c1", tool_calls=[]),
+        Message(role="tool", content="abc", tool_call_id="c1", tool_calls=[CALL, CALL]),  # the usual shape: strings
+        Message(role="tool", content="abc", tool_call_id="c1", tool_calls=[{**CALL, "id": "c2"}]),
+        Message(role="tool", content="abc", tool_call_id="c1", tool_calls=[{**CALL, "type": "x"}]),
+        Message(role="tool", content="abc", tool_call_id="c1",
+                tool_calls=[{**CALL, "function": {"name": "calc", "arguments": "{}"}}]),
+        Message(role="tool", content="abc", tool_call_id="c1",
+                tool_calls=[{**CALL, "function": {"name": "calcx", "arguments": "\"x\": 1}"}}]),  # shifted text
+        Message(role="tool", content="abc", tool_call_id="c1", tool_calls=[{**CALL, "z": 1}]),  # another shape: JSON
         Message(role="tool", content="abc", tool_call_id="c1", extra={"refusal": "no"}),  # extra
         # shifting text between adjacent fields never collides (length prefixes)
         Message(role="tool", content="c1abc", tool_call_id=""),
@@ -372,6 +380,25 @@ def test_message_digest_equal_messages_equal_digests():
     assert message_digest(human(Text("hi"))) == message_digest(human("hi"))
     blocks = [{"type": "text", "text": "a", "z": 1, "b": [1, 2]}]
     assert message_digest(human(blocks)) == message_digest(human([dict(reversed(list(blocks[0].items())))]))
+    # tool calls: key order does not matter in either encoding
+    flipped = {"function": {"arguments": CALL["function"]["arguments"], "name": "calc"}, "type": "function", "id": "c1"}
+    for extra in ({}, {"z": 1}):
+        assert message_digest(ai(None, tool_calls=[{**CALL, **extra}])) == message_digest(ai(None, tool_calls=[{**flipped, **extra}]))
+
+
+_CALLS = st.one_of(st.none(), st.lists(st.fixed_dictionaries(
+    {"id": st.text(max_size=3), "type": st.sampled_from(["function", "f"]),
+     "function": st.fixed_dictionaries({"name": st.text(min_size=1, max_size=3), "arguments": st.text(max_size=4)})},
+    optional={"z": st.integers(0, 1)}), max_size=2))
+
+
+@FAST
+@given(st.lists(st.tuples(st.sampled_from(["assistant", "tool"]), st.one_of(st.none(), st.text(max_size=3)), _CALLS),
+                min_size=2, max_size=2))
+def test_message_digest_injective_with_tool_calls(pair):
+    from jianmu_fast.memory.context.editing.summarizing import message_digest
+    a, b = (Message(role=r, content=c, tool_calls=calls) for r, c, calls in pair)
+    assert (message_digest(a) == message_digest(b)) == (a.to_openai() == b.to_openai())
 
 
 @FAST

@@ -15,6 +15,7 @@ from typing import Any, Iterable, Optional, Sequence
 from .... import _backend
 from ....errors import ContextBudgetError, JianmuError, TrimmingError
 from ....message import Message, system
+from ....message.model import FrozenDict, FrozenList
 from ..filters import Eviction, TokenBudgetFilter
 from ._common import DEFAULT_CUT_MARKER, EDIT_KEY, TRUSTED, check_counter, check_int
 from ._cutter import Cutter
@@ -27,7 +28,7 @@ SUMMARY_HEADER = "Summary of the earlier conversation:\n"
 _DIGESTS = 4096  # messages whose content digest is kept (and the message with it)
 
 
-_DIGEST_TAG = b"jianmu-message-digest/2\0"
+_DIGEST_TAG = b"jianmu-message-digest/3\0"
 
 
 def _field(v: Any) -> bytes:
@@ -45,13 +46,43 @@ def _field(v: Any) -> bytes:
 _ROLE_FIELDS = {r: _field(r) for r in ("system", "user", "assistant", "tool")}
 
 
+_LISTS = (list, FrozenList)  # (a message's own lists and dicts are frozen copies)
+_DICTS = (dict, FrozenDict)
+
+
+def _calls_field(calls: Any) -> bytes:
+    """``tool_calls`` for :func:`message_digest`: in the usual shape (a list of ``{"id", "type",
+    "function": {"name", "arguments"}}`` dicts with those keys only, all str), tag ``C``, the
+    number of calls (8 bytes) and each call's four strings, each length-prefixed (no JSON);
+    otherwise :func:`_field` (sorted JSON, tag ``J``)."""
+    if type(calls) in _LISTS:
+        parts = [b"C", len(calls).to_bytes(8, "little")]
+        for c in calls:
+            f = c.get("function") if type(c) in _DICTS and len(c) == 3 else None
+            if type(f) not in _DICTS or len(f) != 2:
+                break
+            for v in (c.get("id"), c.get("type"), f.get("name"), f.get("arguments")):
+                if type(v) is not str:
+                    break
+                b = v.encode("utf-8", "surrogatepass")
+                parts.append(len(b).to_bytes(8, "little"))
+                parts.append(b)
+            else:
+                continue
+            break
+        else:
+            return b"".join(parts)
+    return _field(calls)
+
+
 def message_digest(m: Message) -> bytes:
     """The 32-byte content digest of ``m`` (what the summary cache keys a span by): sha256 over
     a prefix-free encoding of what ``to_openai`` sends (role, name, tool_call_id, content,
     tool_calls, extra; never ``id`` or ``metadata``), each field tagged and length-prefixed, so
     two messages that send different things never share a digest by construction. Text is
-    hashed as UTF-8 bytes (no JSON of the message); blocks, tool calls and ``extra`` as sorted
-    JSON of just that field. In-process only: nothing stores it.
+    hashed as UTF-8 bytes (no JSON of the message); tool calls of the usual shape as their
+    strings (see ``_calls_field``); blocks, other tool calls and ``extra`` as sorted JSON of
+    just that field. In-process only: nothing stores it.
 
     >>> from jianmu_fast.message import human, tool
     >>> message_digest(human("a")) == message_digest(human("a")), len(message_digest(human("a")))
@@ -61,14 +92,16 @@ def message_digest(m: Message) -> bytes:
     >>> message_digest(tool("a", tool_call_id="c1")) == message_digest(tool("a", tool_call_id="c2"))
     False
     """
-    c, role, name, call_id = m.content, m.role, m.name, m.tool_call_id
-    if type(c) is str and m.tool_calls is None and not m.extra:  # the common case: text (inlined _field)
-        b = c.encode("utf-8", "surrogatepass")
+    c, role, name, call_id, calls = m.content, m.role, m.name, m.tool_call_id, m.tool_calls
+    if (type(c) is str or c is None) and not m.extra:  # the common case: text or none (inlined _field)
+        b = b"" if c is None else c.encode("utf-8", "surrogatepass")
         return hashlib.sha256(b"".join((
             _DIGEST_TAG, _ROLE_FIELDS.get(role) or _field(role), b"N" if name is None else _field(name),
-            b"N" if call_id is None else _field(call_id), b"S", len(b).to_bytes(8, "little"), b, b"NN"))).digest()
+            b"N" if call_id is None else _field(call_id), b"N" if c is None else b"S",
+            b"" if c is None else len(b).to_bytes(8, "little"), b, b"N" if calls is None else _calls_field(calls),
+            b"N"))).digest()
     return hashlib.sha256(b"".join((_DIGEST_TAG, _field(role), _field(name), _field(call_id), _field(c),
-                                    _field(m.tool_calls), _field(m.extra or None)))).digest()
+                                    _calls_field(m.tool_calls), _field(m.extra or None)))).digest()
 
 
 class SummarizingBudgetFilter(TokenBudgetFilter):
