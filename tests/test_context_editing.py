@@ -115,6 +115,25 @@ def test_cap_cuts_within_cap_keeping_head_and_tail(counter, text, reps, cap):
     assert f.apply([m])[0] is cut  # cached per message
 
 
+@FAST
+@given(text=st.text(alphabet=st.sampled_from(["a", " ", "é", "中", "🙂", "\ud800", "\n", "b", "1"]), max_size=80),
+       cap=st.integers(0, 120))
+def test_a_result_certainly_under_the_cap_is_not_counted(text, cap):
+    """With tiktoken, a text of at most ``cap`` UTF-8 bytes counts at most ``cap`` tokens
+    (each token is at least one byte), so the cap skips counting it (``Cutter.within``); the
+    outputs equal those of a cutter that counts everything."""
+    from jianmu_fast.memory.context.editing._common import DEFAULT_CUT_MARKER
+    from jianmu_fast.memory.context.editing._cutter import Cutter
+
+    cutter = Cutter(TIKTOKEN)
+    if cutter.within(text, cap):
+        assert TIKTOKEN.count_text(text) <= cap
+    assert Cutter(SIMPLE).within(text, cap) is False and Cutter(HF).within(text, cap) is False
+    counting = Cutter(TIKTOKEN)
+    counting._byte_level = False
+    assert cutter.cut(text, cap, DEFAULT_CUT_MARKER) == counting.cut(text, cap, DEFAULT_CUT_MARKER)
+
+
 def test_cap_never_splits_utf8_on_tiktoken_tokens():
     original = "🙂中文é" * 500
     for cap in range(20, 120, 7):

@@ -17,6 +17,8 @@ class Cutter:
     UTF-8 character): tiktoken tokens for ``TiktokenTokenCounter``, the tokenizer's offsets
     for ``HFTokenCounter``, characters (by binary search on ``count_text``) otherwise."""
 
+    _byte_level = False  # (a cutter pickled before ``within`` existed never skips a count)
+
     def __init__(self, counter: Any) -> None:
         self.counter = counter
         enc = getattr(counter, "_enc", None)
@@ -27,6 +29,28 @@ class Cutter:
         if not callable(ct):
             raise TypeError(f"counter {counter!r} has no count_text(text): the cut needs one to count text pieces")
         self.count_text = ct
+        from ..counters import TiktokenTokenCounter
+
+        #: the counter is byte-level BPE (tiktoken, exactly): a text counts at most its UTF-8 bytes
+        self._byte_level = type(counter) is TiktokenTokenCounter and self._enc is not None
+
+    def within(self, text: str, max_tokens: int) -> bool:
+        """True when ``text`` certainly counts at most ``max_tokens`` without counting it: with
+        a byte-level BPE counter every token is at least one byte of the text's UTF-8 (a lone
+        surrogate is counted as U+FFFD, three bytes, as ``surrogatepass`` encodes it), so a
+        text of at most ``max_tokens`` bytes fits; False means: count it.
+
+        >>> from jianmu_fast.memory.context import SimpleTokenCounter, TiktokenTokenCounter
+        >>> c = Cutter(TiktokenTokenCounter("o200k_base"))
+        >>> c.within("héllo", 6), c.within("héllo", 5), Cutter(SimpleTokenCounter()).within("hi", 100)
+        (True, False, False)
+        """
+        if not self._byte_level:
+            return False
+        n = len(text)
+        if n * 4 <= max_tokens:  # (a character is at most four bytes)
+            return True
+        return n <= max_tokens and len(text.encode("utf-8", "surrogatepass")) <= max_tokens
 
     def pieces(self, text: str, head: int, tail: int) -> tuple[str, str]:
         """The longest prefix of ``text`` of at most ``head`` tokens and suffix of at most
@@ -36,7 +60,9 @@ class Cutter:
             toks = self._enc.encode_ordinary(text)
             n = len(toks)
             tail = min(tail, n - min(head, n))
-            raw = text.encode("utf-8")
+            # (a lone surrogate: tiktoken counts it as U+FFFD, three bytes, as surrogatepass
+            # encodes it, so the token offsets fall on the same bytes)
+            raw = text.encode("utf-8", "surrogatepass")
             h = len(self._enc.decode_bytes(toks[:head])) if head else 0
             while 0 < h < len(raw) and (raw[h] & 0xC0) == 0x80:
                 h -= 1
@@ -44,7 +70,7 @@ class Cutter:
             while h < t < len(raw) and (raw[t] & 0xC0) == 0x80:
                 t += 1
             t = max(t, h)
-            return raw[:h].decode("utf-8"), raw[t:].decode("utf-8")
+            return raw[:h].decode("utf-8", "surrogatepass"), raw[t:].decode("utf-8", "surrogatepass")
         if self._tok is not None:
             offsets = self._tok.encode(text, add_special_tokens=False).offsets
             n = len(offsets)
@@ -71,7 +97,10 @@ class Cutter:
 
     def cut(self, text: str, max_tokens: int, marker: str) -> Optional[tuple[str, int]]:
         """``text`` cut to head + marker + tail within ``max_tokens`` (by ``count_text``), and
-        the tokens left out; ``None`` when ``text`` fits already."""
+        the tokens left out; ``None`` when ``text`` fits already (without counting it when it
+        certainly does: see ``within``)."""
+        if self.within(text, max_tokens):
+            return None
         n = self.count_text(text)
         if n <= max_tokens:
             return None
