@@ -233,6 +233,10 @@ cdef str _SYSTEM = "system"
 
 def extend_capped(src, ref, out, cache):
     """One turn of ``ToolResultCapFilter`` over a growing list; see ``_editing_core_py``."""
+    return _extend_capped(src, ref, out, cache)
+
+
+cdef Py_ssize_t _extend_capped(object src, object ref, object out, object cache) except -1:
     cdef Py_ssize_t i, n
     cdef object m, v, e, role
     if type(src) is not list or type(ref) is not list or type(out) is not list or type(cache) is not dict:
@@ -263,7 +267,7 @@ def cap_hot_apply(flt, src, tools_schema=None):
     ``_editing_core_py``."""
     args = flt._turn_args
     if type(args) is tuple and len(<tuple>args) == 4 and src is (<tuple>args)[0]:
-        if extend_capped(src, (<tuple>args)[1], (<tuple>args)[2], (<tuple>args)[3]) == len(src):
+        if _extend_capped(src, (<tuple>args)[1], (<tuple>args)[2], (<tuple>args)[3]) == PyList_GET_SIZE(src):
             return (<tuple>args)[2]
     return flt._hot_rest(src, tools_schema)
 
