@@ -507,3 +507,62 @@ def test_message_keys_name_their_dicts_exactly(families):
     assert c._dicts_of([c._entry(m, i)[0] for i, m in enumerate(ms)]) == [message_to_template_dict(m) for m in ms]
     assert c.render(ms) == want and c.count_messages(ms) == n == fam.reference(ms)
 
+
+
+# -- tool calls as frame slots ------------------------------------------------------------------
+
+_odd = st.one_of(
+    st.sampled_from(['q"uo\\te', "数据 é 🙂", "  padded ", "a\nb", "<tool_call>", "{\"x\": 1}", "call_0", "x" * 20]),
+    st.text(st.characters(blacklist_categories=("Cs",)), min_size=1, max_size=12),
+)
+_json_value = st.recursive(
+    st.none() | st.booleans() | st.integers(-10**6, 10**6) | st.floats(allow_nan=False, allow_infinity=False) | _text,
+    lambda inner: st.lists(inner, max_size=3) | st.dictionaries(_odd, inner, max_size=3),
+    max_leaves=8,
+)
+_arguments = st.one_of(
+    st.dictionaries(_odd, _json_value, max_size=4).map(json.dumps),  # nested JSON, {} included
+    st.just("{}"), st.just(""), st.just("not json {"), _json_value.map(json.dumps),  # not an object
+)
+
+
+@st.composite
+def odd_call_conversations(draw):
+    """An agent loop whose calls have odd ids, names and arguments (quotes, unicode, nested
+    JSON, empty, not JSON), parallel calls, with or without text beside them."""
+    ms = [Message(role="user", content=draw(_text))]
+    for _ in range(draw(st.integers(1, 3))):
+        calls, results = [], []
+        for _ in range(draw(st.integers(1, 3))):
+            cid, name = draw(_odd), draw(_odd)
+            calls.append({"id": cid, "type": "function", "function": {"name": name, "arguments": draw(_arguments)}})
+            results.append(Message(role="tool", content=draw(_text), tool_call_id=cid, name=name))
+        text = draw(st.one_of(st.none(), st.just(""), _text))
+        ms.append(Message(role="assistant", content=text, tool_calls=calls))
+        ms.extend(results)
+        if draw(st.booleans()):
+            ms.append(Message(role="assistant", content=draw(_text)))
+            ms.append(Message(role="user", content=draw(_text)))
+    return ms
+
+
+@_SETTINGS
+@given(ms=odd_call_conversations(), with_tools=st.booleans())
+def test_odd_tool_calls_count_exactly(family, ms, with_tools):
+    """Tool calls assembled from frames (ids, names, arguments as slots) count as transformers
+    counts them, whole requests and per-message sums; frames on and off agree."""
+    tools = TOOLS if with_tools else None
+    ref = family.reference(ms, tools)
+    c = family.counter
+    if isinstance(ref, Exception):
+        with pytest.raises(MessageValidationError, match="chat template refused"):
+            c.count_messages(ms) + c.count_tools(tools, ms)
+        return
+    assert c.count_messages(ms) + c.count_tools(tools, ms) == ref
+    off = family.fresh()
+    off._RENDER_FREE = False
+    assert c.count_array(ms).tolist() == off.count_array(ms).tolist()
+    plain = family.reference(ms)
+    assert c.count_messages(ms) == plain
+    if family.name in LOCAL and not _looks_ahead(c, ms):
+        assert c.count_messages([]) + int(c.count_array(ms).sum()) - plain == c.count_messages([]) - c._end_cost(ms[-1].role)

@@ -40,6 +40,14 @@ _text = st.one_of(
 )
 
 
+_args = st.one_of(
+    st.dictionaries(_text, st.recursive(st.none() | st.integers() | st.floats(allow_nan=False) | _text,
+                                        lambda x: st.lists(x, max_size=2) | st.dictionaries(_text, x, max_size=2),
+                                        max_leaves=5), max_size=3),
+    st.just({}), st.just("not json {"), st.just([1, "a"]),
+)
+
+
 @st.composite
 def dialogues(draw):
     out = []
@@ -49,10 +57,16 @@ def dialogues(draw):
     for _ in range(draw(st.integers(1, 3))):
         out.append({"role": "user", "content": draw(_text)})
         if draw(st.booleans()):
-            n += 1
-            out.append({"role": "assistant", "content": draw(_text), "tool_calls": [
-                {"id": f"c{n}", "type": "function", "function": {"name": "get", "arguments": {"q": draw(_text)}}}]})
-            out.append({"role": "tool", "content": draw(_text), "tool_call_id": f"c{n}", "name": "get"})
+            calls = []
+            for _ in range(draw(st.integers(1, 3))):  # parallel calls, odd ids, names and arguments
+                n += 1
+                cid = draw(st.one_of(st.just(f"c{n}"), _text.filter(bool)))
+                name = draw(st.one_of(st.just("get"), _text.filter(bool)))
+                calls.append({"id": cid, "type": "function", "function": {"name": name, "arguments": draw(_args)}})
+            out.append({"role": "assistant", "content": draw(st.one_of(st.just(""), _text)), "tool_calls": calls})
+            for call in calls:
+                out.append({"role": "tool", "content": draw(_text), "tool_call_id": call["id"],
+                            "name": call["function"]["name"]})
         if draw(st.booleans()):
             out.append({"role": "assistant", "content": draw(_text)})
     return out
@@ -162,3 +176,80 @@ def test_counter_counts_equal_with_and_without_frames(counters):
             ms.append(Message(role="user", content=f"And now {i}?"))
             assert c.count_array(ms).tolist() == off.count_array(ms).tolist(), name
             assert c.count_messages(ms) == off.count_messages(ms) == off.count_request(ms), name
+
+
+def _call_message(i: int, args: dict) -> Message:
+    return Message(role="assistant", content=None, tool_calls=[
+        {"id": f"call_{i}", "type": "function", "function": {"name": f"get_{i}", "arguments": json.dumps(args)}}])
+
+
+@pytest.mark.parametrize("name", ["qwen3", "hermes", "llama3.1", "mistral"])
+def test_a_tool_call_only_message_is_assembled_not_rendered(counters, name):
+    """Once its frame is learned, an assistant message that only calls tools (new id, name and
+    arguments each turn) is assembled from the frame: no Jinja rendering, the same count."""
+    c = ChatTemplateTokenCounter(counters[name].path, engine="tokenizers")
+    renders = []
+    render = c._render
+    c._render = lambda *a: renders.append(1) or render(*a)  # type: ignore[method-assign]
+    ms = [Message(role="user", content="Weather?")]
+    for i in range(4):
+        ms = ms + [_call_message(i, {"city": f"Paris {i}", "days": [i, {"u": "°C"}]}),
+                   Message(role="tool", content=f"{20 + i}°C", tool_call_id=f"call_{i}", name=f"get_{i}")]
+        before = len(renders)
+        n = c.count_messages(ms)
+        if i >= 2:  # the unit's frames were learned on the first calls
+            assert len(renders) == before, (name, i)
+        assert n == c.count_request(ms)
+
+
+_CALL_TEMPLATES = {
+    # printed verbatim / as tojson with default options, truth-tested: assembled
+    "verbatim": "{% for m in messages %}<{{ m.role }}>{{ m.content }}{% for tc in m.tool_calls or [] %}"
+                "[{{ tc.id }}:{{ tc.function.name }}:{{ tc.function.arguments | tojson }}]{% endfor %}\n{% endfor %}",
+    "whole_call_tojson": "{% for m in messages %}{{ m.content }}{% for tc in m.tool_calls or [] %}"
+                         "{{ tc | tojson }}{% endfor %}\n{% endfor %}",
+    "args_truth": "{% for m in messages %}{{ m.content }}{% for tc in m.tool_calls or [] %}{% if tc.function.arguments %}"
+                  "A{{ tc.function.arguments | tojson }}{% else %}none{% endif %}{% endfor %}\n{% endfor %}",
+    # read any other way: rendered
+    "name_upper": "{% for m in messages %}{{ m.content }}{% for tc in m.tool_calls or [] %}"
+                  "{{ tc.function.name | upper }}{{ tc.function.arguments | tojson }}{% endfor %}\n{% endfor %}",
+    "args_indent": "{% for m in messages %}{{ m.content }}{% for tc in m.tool_calls or [] %}"
+                   "{{ tc.function.arguments | tojson(indent=2) }}{% endfor %}\n{% endfor %}",
+    "args_sorted": "{% for m in messages %}{{ m.content }}{% for tc in m.tool_calls or [] %}"
+                   "{{ tc.function.arguments | tojson(sort_keys=True) }}{% endfor %}\n{% endfor %}",
+    "args_items": "{% for m in messages %}{{ m.content }}{% for tc in m.tool_calls or [] %}"
+                  "{% for k, v in tc.function.arguments.items() %}{{ k }}={{ v }};{% endfor %}{% endfor %}\n{% endfor %}",
+    "args_length": "{% for m in messages %}{{ m.content }}{% for tc in m.tool_calls or [] %}"
+                   "{{ tc.function.arguments | length }}{% endfor %}\n{% endfor %}",
+    "args_str": "{% for m in messages %}{{ m.content }}{% for tc in m.tool_calls or [] %}"
+                "{{ tc.function.arguments }}{% endfor %}\n{% endfor %}",
+    "args_key": "{% for m in messages %}{{ m.content }}{% for tc in m.tool_calls or [] %}"
+                "{{ tc.function.arguments.city }}{% endfor %}\n{% endfor %}",
+    "id_length": "{% for m in messages %}{{ m.content }}{% for tc in m.tool_calls or [] %}"
+                 "{% if tc.id | length != 9 %}{{ raise_exception('bad id') }}{% endif %}{{ tc.id }}{% endfor %}\n{% endfor %}",
+}
+_CALLS_ASSEMBLED = {"verbatim", "whole_call_tojson", "args_truth"}
+
+
+@pytest.mark.parametrize("name", sorted(_CALL_TEMPLATES))
+def test_templates_that_read_a_tool_call(tok, name):
+    """A tool call's slots are assembled only where the template prints them verbatim or via
+    default tojson (truth tests replayed); counts equal the rendering's either way."""
+    c = ChatTemplateTokenCounter(tok, _CALL_TEMPLATES[name], engine="tokenizers")
+    ref = ChatTemplateTokenCounter(tok, _CALL_TEMPLATES[name], engine="tokenizers")
+    ref._RENDER_FREE = False
+    for i, args in enumerate([{"city": "Paris", "n": [1, {"a": None}]}, {}, {"city": 'q"é 数据\n'}, {"b": 1, "a": 2}]):
+        ms = [Message(role="user", content="hi"), _call_message(i, args),
+              Message(role="tool", content="ok", tool_call_id=f"call_{i}", name=f"get_{i}"),
+              Message(role="user", content="more")]
+        try:
+            want = ref.count_request(ms)
+        except Exception:
+            with pytest.raises(Exception, match="refused"):
+                c.count_messages(ms)
+            continue
+        assert c.count_messages(ms) == want and c.count_array(ms).tolist() == ref.count_array(ms).tolist(), (name, args)
+    kept = [key for key, entry in c._frames._frames.items() if entry is not None]
+    with_calls = [key for key in kept if any(type(shape) is tuple and any(
+        type(f) is tuple and f[0] == "tool_calls" for f in shape) for shape in key)]
+    assert bool(with_calls) == (name in _CALLS_ASSEMBLED), with_calls
