@@ -403,6 +403,7 @@ cdef class ClearingTurn:
     """``ClearToolResultsFilter``'s hot turn as one compiled call; see ``_editing_core_py``."""
     cdef readonly object flt
     cdef readonly bint armed
+    cdef readonly object changed
     cdef object src, message_cls, counter
     cdef list ref, out, results, result_kinds
     cdef carray.array counts, kinds, savings, state
@@ -457,6 +458,7 @@ cdef class ClearingTurn:
         argument tuple)."""
         cdef int got
         cdef object out
+        self.changed = None
         if (self.armed and src is self.src and (tools_schema is None or not tools_schema)
                 and PyThread_get_thread_ident() == self.owner):
             got = self._turn()
@@ -480,7 +482,7 @@ cdef class ClearingTurn:
         records are not the held ones or a copy fails (its ``_hot_apply`` does it then)."""
         cdef Py_ssize_t r, i, start, stop, n
         cdef object flt = self.flt, rec, lock, args, m, e, c, kind, cache
-        cdef list new_out
+        cdef list new_out, patched, originals
         lock = flt._lock
         if not lock.acquire(False):
             return None
@@ -501,6 +503,7 @@ cdef class ClearingTurn:
             if type(cache) is not dict:
                 return None
             new_out = PyList_GetSlice(self.out, 0, n)
+            patched, originals = [], []
             for r in range(start, stop):
                 kind = <object>PyList_GET_ITEM(self.result_kinds, r)
                 if not (type(kind) is int and kind == 2):
@@ -520,10 +523,13 @@ cdef class ClearingTurn:
                     if PyList_GET_SIZE(self.ref) != n or PyList_GET_SIZE(new_out) != n:
                         return None
                 new_out[i] = c
+                PyList_Append(patched, i)
+                PyList_Append(originals, m)
             rec.out = new_out
             rec.cleared = stop
             PyObject_GenericSetAttr(flt, "_turn_args", (<tuple>args)[:2] + (new_out,) + (<tuple>args)[3:])
             self.out = new_out
+            self.changed = (new_out, patched, originals)
             return new_out
         finally:
             lock.release()

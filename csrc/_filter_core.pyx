@@ -608,6 +608,7 @@ cdef class Records:
     cdef list _patch
     cdef dict _intern
     cdef object _type
+    cdef tuple _hint
 
     def __init__(self, message_type=object):
         self._type = message_type
@@ -746,13 +747,60 @@ cdef class Records:
         except Exception:
             return False
 
+    def hint(self, list msgs, list patched, list originals):
+        """See the twin."""
+        if PyList_GET_SIZE(patched) != PyList_GET_SIZE(originals):
+            raise ValueError(f"patched and originals must have the same length, got {len(patched)} and {len(originals)}")
+        self._hint = (msgs, patched, originals)
+
+    cdef Py_ssize_t _match_hinted(self, list msgs, list patched, list originals) except -2:
+        """``_match`` on a hint; -3 when the hint does not hold (see the twin)."""
+        cdef Py_ssize_t n = self.n, m = PyList_GET_SIZE(msgs), j, p, prev = 0, k = PyList_GET_SIZE(patched)
+        cdef PyObject* a
+        cdef PyObject* b
+        cdef list patch = None
+        if m < n or k != PyList_GET_SIZE(originals):
+            return -3
+        for j in range(k):
+            po = <object>PyList_GET_ITEM(patched, j)
+            if type(po) is not int or po < prev or po >= n:
+                return -3
+            p = po
+            if p > prev and memcmp((<PyListObject*>msgs).ob_item + prev, (<PyListObject*>self._msgs).ob_item + prev,
+                                   (p - prev) * sizeof(PyObject*)) != 0:
+                return -3
+            a = PyList_GET_ITEM(msgs, p)
+            b = PyList_GET_ITEM(self._msgs, p)
+            if a != b:
+                if b != PyList_GET_ITEM(originals, j) or type(<object>a) is not self._type:
+                    return -3
+                if patch is None:
+                    patch = []
+                patch.append(p)
+                if PyList_GET_SIZE(msgs) != m:
+                    return -3
+            prev = p + 1
+        if n > prev and memcmp((<PyListObject*>msgs).ob_item + prev, (<PyListObject*>self._msgs).ob_item + prev,
+                               (n - prev) * sizeof(PyObject*)) != 0:
+            return -3
+        self._patch = patch
+        return m - n
+
     cdef Py_ssize_t _match(self, list msgs) except -2:
         cdef Py_ssize_t n = self.n, m = PyList_GET_SIZE(msgs), i, lim, limit
         cdef PyObject* a
         cdef PyObject* b
         cdef list patch = None
         cdef bint eq
+        cdef tuple h = self._hint
         self._patch = None
+        if h is not None:
+            self._hint = None
+            if h[0] is msgs:
+                i = self._match_hinted(msgs, <list>h[1], <list>h[2])
+                if i != -3:
+                    return i
+                self._patch = None
         if m >= n and (n == 0 or memcmp((<PyListObject*>msgs).ob_item, (<PyListObject*>self._msgs).ob_item,
                                         n * sizeof(PyObject*)) == 0):
             return m - n  # the same objects: one vectorized comparison

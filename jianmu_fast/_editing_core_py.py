@@ -472,7 +472,10 @@ class ClearingTurn:
     resumed over them (a move of the chunked cut included); a step (``state[2]``, the results
     cleared, grew) gives the filter a new output list with the cleared copies (``_step``, under
     the filter's lock), or, when that cannot be done here, leaves them to ``flt._hot_apply``,
-    which finds the records scanned and the state ahead of its output.
+    which finds the records scanned and the state ahead of its output. ``changed`` is None
+    but after a call whose step ``_step`` took: then ``(out, positions, originals)``, the
+    new list, the positions it replaced (ascending) and the messages they held, which keep
+    their role and ids (the builder hands it to the next stage's records: ``Records.hint``).
 
     >>> from jianmu_fast.memory.context import ClearToolResultsFilter, TiktokenTokenCounter
     >>> from jianmu_fast.message import human
@@ -492,6 +495,7 @@ class ClearingTurn:
         self.message_cls = message_cls
         self.armed = False
         self._held = None
+        self.changed = None
 
     def arm(self, src, ref, out, counts, kinds, savings, results, result_kinds, state, counter, settings):
         """Hold the records of the filter's last turn, for calls from this thread with ``src``."""
@@ -526,6 +530,7 @@ class ClearingTurn:
     def __call__(self, src, tools_schema=None):
         """The filter's ``_hot_apply(src, tools_schema)``."""
         held = self._held
+        self.changed = None
         if (self.armed and held is not None and src is held[0] and (tools_schema is None or not tools_schema)
                 and threading.get_ident() == held[11]):
             lock = self.flt._lock
@@ -572,6 +577,7 @@ class ClearingTurn:
         if type(cache) is not dict:
             return None
         new_out = out[:]
+        patched, originals = [], []
         for r in range(start, stop):
             kind = result_kinds[r]
             if not (type(kind) is int and kind == 2):
@@ -591,10 +597,13 @@ class ClearingTurn:
                 if len(ref) != n or len(new_out) != n:
                     return None
             new_out[i] = c
+            patched.append(i)
+            originals.append(m)
         rec.out = new_out
         rec.cleared = stop
         object.__setattr__(flt, "_turn_args", args[:2] + (new_out,) + args[3:])
         self._held = held[:2] + (new_out,) + held[3:]
+        self.changed = (new_out, patched, originals)
         return new_out
 
     def call(self, src, tools_schema=None):

@@ -484,6 +484,7 @@ class Records:
         self._last_lo = 0  # the window start of the last decided plan
         self._version = 0  # bumped when recorded messages are dropped or patched
         self._patch = None  # positions match found patchable (see _apply_patch)
+        self._hint = None  # (msgs, patched, originals) for the next match (see hint)
 
     @property
     def n(self):
@@ -541,6 +542,12 @@ class Records:
         and ``window`` to apply, see ``_apply_patch``), else ``-1``. (A message whose
         ``content`` is a str other than the recorded one's is not compared: ``_unequal``.)"""
         self._patch = None
+        h, self._hint = self._hint, None
+        if h is not None and h[0] is msgs:
+            k = self._match_hinted(msgs, h[1], h[2])
+            if k != -3:
+                return k
+            self._patch = None
         n = len(self._msgs)
         m = len(msgs)
         patch = []
@@ -568,6 +575,55 @@ class Records:
             return -1
         if patch:
             self._patch = patch
+        return m - n
+
+    def hint(self, msgs, patched, originals):
+        """Tell the next ``match`` (``advance``, ``window``) what changed, when it is given
+        this very list ``msgs``: ``msgs`` holds the recorded messages, but at the positions
+        ``patched`` (ascending, below ``n``; lists), where it may hold a message that replaces
+        ``originals[j]`` keeping its role and ids (a clearing step's cleared copy: the caller
+        vouches for it). ``match`` then compares the rest as blocks of identical objects and
+        patches each such position whose record is ``originals[j]`` with no further look at
+        the message (but its type); when ``msgs`` differs anywhere else, or a position's record
+        is not its original, the hint is dropped and ``match`` compares as usual. Any ``match``
+        consumes the hint. (The result is ``match``'s without the hint, but that a message
+        equal to its original is patched rather than adopted.)
+
+        >>> from jianmu_fast.message import Message, human, tool
+        >>> a, b, c = human("q"), tool("long result", tool_call_id="1"), human("r")
+        >>> rec = Records(Message)
+        >>> rec.extend([a, b], [1, 11])
+        >>> b2 = tool("[cleared]", tool_call_id="1")
+        >>> msgs = [a, b2, c]
+        >>> rec.hint(msgs, [1], [b])
+        >>> rec.advance(msgs, lambda new: [len(m.content) for m in new]), rec.counts.tolist(), rec.msgs[1] is b2
+        (1, [1, 9, 1], True)
+        """
+        if len(patched) != len(originals):
+            raise ValueError(f"patched and originals must have the same length, got {len(patched)} and {len(originals)}")
+        self._hint = (msgs, patched, originals)
+
+    def _match_hinted(self, msgs, patched, originals):
+        """``match`` on a hint (see ``hint``); ``-3`` when the hint does not hold."""
+        n, m = len(self._msgs), len(msgs)
+        if m < n or len(patched) != len(originals):
+            return -3
+        patch = []
+        prev = 0
+        for p, orig in zip(patched, originals):
+            if type(p) is not int or p < prev or p >= n:
+                return -3
+            if any(x is not y for x, y in zip(msgs[prev:p], self._msgs[prev:p])):
+                return -3
+            a, b = msgs[p], self._msgs[p]
+            if a is not b:
+                if b is not orig or type(a) is not self._type:
+                    return -3
+                patch.append(p)
+            prev = p + 1
+        if any(x is not y for x, y in zip(msgs[prev:n], self._msgs[prev:n])):
+            return -3
+        self._patch = patch or None
         return m - n
 
     def _patchable(self, m, i):

@@ -526,9 +526,59 @@ def test_the_builder_calls_the_clearing_through_its_compiled_turn(monkeypatch):
         before, prev_out = clear._rec.cleared, clear._rec.out
         assert dump(b.build({"messages": hist})) == dump(ref.build({"messages": hist}))
         assert clear._hot_turn.armed and clear._turn_args[2] is clear._rec.out
+        budget_rec = b.filters[1]._rec
         if clear._rec.cleared > before:
             assert clear._rec.out is not prev_out and clear._rec.out[:len(prev_out)] != prev_out
             outs.add(id(clear._rec.out))
+            # what the turn hands the budget's records (Records.hint): the positions it replaced
+            out, positions, originals = clear._hot_turn.changed
+            assert out is clear._rec.out and positions == sorted(positions) and positions
+            for p, orig in zip(positions, originals):
+                assert orig is prev_out[p] and out[p] is not orig and out[p].content == "[cleared]"
+                assert (out[p].role, out[p].tool_call_id, out[p].id) == (orig.role, orig.tool_call_id, orig.id)
+            assert all(p in positions for p in range(len(prev_out)) if out[p] is not prev_out[p])
         else:
-            assert clear._rec.out is prev_out
+            assert clear._rec.out is prev_out and clear._hot_turn.changed is None
+        assert all(x is y for x, y in zip(budget_rec.msgs, clear._rec.out)) and budget_rec.n == len(clear._rec.out)
     assert outs and len(calls) <= 2
+
+
+def test_a_clearing_step_hands_its_positions_to_the_budgets_records(monkeypatch):
+    """A step of the clearing's compiled turn hands the budget's records the positions it
+    replaced (``Records.hint``): they patch those records without comparing the others
+    (``_match_hinted`` holds, on the twin, where it can be watched); prompts equal the
+    general path's. A stage between them, or another next filter, gets no hint."""
+    from jianmu_fast import _backend
+    from jianmu_fast import _filter_core_py
+    from jianmu_fast.memory.context.builder import _hint_to
+
+    clear = ClearToolResultsFilter(1200, TIKTOKEN, keep=2, clear_at_least=200)
+    budget = TokenBudgetFilter(1200, TIKTOKEN, eviction="chunked", chunk=200)
+    assert _hint_to(clear, budget) == (clear._hot_turn, budget)
+    assert _hint_to(clear, ClearToolResultsFilter(1200, TIKTOKEN)) is None and _hint_to(budget, clear) is None
+    hinted = []
+    if _backend.BACKEND == "python":
+        real = _filter_core_py.Records._match_hinted
+
+        def watched(self, msgs, patched, originals):
+            k = real(self, msgs, patched, originals)
+            hinted.append(k)
+            return k
+
+        monkeypatch.setattr(_filter_core_py.Records, "_match_hinted", watched)
+    b = ContextBuilder(providers=[StaticPromptProvider("You are a careful agent."), StateHistoryProvider()],
+                       filters=[clear, budget])
+    ref = general(ContextBuilder(providers=[StaticPromptProvider("You are a careful agent."), StateHistoryProvider()],
+                                 filters=[ClearToolResultsFilter(1200, TIKTOKEN, keep=2, clear_at_least=200),
+                                          TokenBudgetFilter(1200, TIKTOKEN, eviction="chunked", chunk=200)]))
+    hist: list[Message] = [human("start")]
+    steps = 0
+    for i in range(60):
+        hist += [ai(None, tool_calls=[{"id": f"c{i}", "type": "function", "function": {"name": "f", "arguments": "{}"}}]),
+                 tool(f"result {i} " + "data " * (30 + 7 * (i % 5)), tool_call_id=f"c{i}")]
+        before = clear._rec.cleared
+        assert dump(b.build({"messages": hist})) == dump(ref.build({"messages": hist}))
+        steps += clear._rec.cleared > before and clear._hot_turn.changed is not None
+    assert steps >= 2
+    if _backend.BACKEND == "python":
+        assert len(hinted) >= steps - 1 and all(k >= 0 for k in hinted)

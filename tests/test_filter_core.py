@@ -1066,6 +1066,69 @@ def test_records_patched_in_place_plan_as_fresh_records_on_both_twins(units, dat
             assert (r.result_ids >= 0).tolist() == (fresh.result_ids >= 0).tolist()
 
 
+@given(units=st.lists(sanitize_units, min_size=1, max_size=4), data=st.data())
+@settings(deadline=None, max_examples=max(60, MAX_EXAMPLES // 3))
+def test_records_hint_gives_what_match_gives_without_it_on_both_twins(units, data):
+    """``Records.hint`` (a clearing step's changed positions, handed on by the builder): the
+    hinted ``window`` returns what the same records return without the hint, and leave the
+    same records (the same messages, counts, roles and ids), on both twins, for true hints and
+    for hints that do not hold (a position whose record is not the named original, a change
+    outside the named positions, another list, positions out of order): those are dropped and
+    the records compare as usual. A hint is used once."""
+    from jianmu_fast.message import human
+
+    def count(new):
+        return [(len(str(m.content)) * 7 + len(m.role)) % 41 for m in new]
+
+    history: list = []
+    for u in units:
+        history = history + _record_messages(u)
+    if not history:
+        return
+    hinted, plain = _record_cores(), _record_cores()
+    settings_ = (data.draw(st.integers(0, 15)), True, data.draw(st.sampled_from([0, 0, 7])), False)
+    budget = data.draw(st.integers(0, 200))
+    for r in hinted + plain:
+        r.window(history, count, budget, settings_, True)
+    for _ in range(3):
+        where = sorted(data.draw(st.lists(st.integers(0, len(history) - 1), max_size=len(history), unique=True)))
+        edited = list(history)
+        for i in where:
+            edited[i] = edited[i].model_copy(update={"content": f"[cleared {data.draw(st.integers(0, 9))}]"})
+        patched, originals = list(where), [history[i] for i in where]
+        lie = data.draw(st.sampled_from(["none", "none", "original", "outside", "list", "order"]))
+        if lie == "original" and patched:
+            originals[0] = human("not the record")
+        elif lie == "outside":
+            j = data.draw(st.integers(0, len(edited) - 1))
+            if j not in where:
+                edited[j] = human(f"changed outside {j}")
+        elif lie == "order" and len(patched) > 1:
+            patched.reverse()
+        edited += _record_messages(data.draw(sanitize_units))[: data.draw(st.integers(0, 3))]
+        for r in hinted:
+            r.hint(list(edited) if lie == "list" else edited, patched, originals)
+        got = [r.window(edited, count, budget, settings_, True) for r in hinted]
+        want = [r.window(edited, count, budget, settings_, True) for r in plain]
+        assert all(g == want[0] for g in got + want)
+        for recs in (hinted, plain):  # the general path's turn brings them up to date (or starts anew)
+            if want[0] is not None:
+                continue
+            if [r.advance(edited, count) for r in recs][0] == -1:
+                recs[:] = _record_cores()
+                for r in recs:
+                    r.extend(edited, count(edited))
+        # the same records (a rewind may leave re-appended records uncounted where a patch counts them)
+        states = [(r.roles.tolist(), r.call_off.tolist(), _canonical_ids(r), r.n) for r in hinted + plain]
+        assert all(st_ == states[0] for st_ in states)
+        assert all(all(a is b for a, b in zip(r.msgs, edited)) and r.n == len(edited) for r in hinted + plain)
+        assert all(c == count([m])[0] for r in hinted + plain for c, m in zip(r.counts.tolist(), edited) if c >= 0)
+        history = edited
+    for r in hinted:  # used once: a later match over the list compares as usual
+        r.hint(history, [0], [human("x")])
+        assert r.match(history) == 0 and r.match(history) == 0
+
+
 def test_records_match_survives_a_list_changed_while_comparing():
     """Reading a message's ``content`` (``_unequal``) or its role and ids (``_patchable``) may
     run code that shortens the list being matched: on both twins the match then says -1

@@ -182,6 +182,20 @@ def _hot_call(flt: Any) -> Any:
     return turn.call if turn is not None and getattr(turn, "flt", None) is flt else flt._hot_apply
 
 
+def _hint_to(flt: Any, nxt: Any) -> Optional[tuple[Any, Any]]:
+    """``(flt._hot_turn, nxt)`` when ``flt``'s compiled turn reports a step's changed positions
+    (``ClearingTurn.changed``) and the next filter is a ``TokenBudgetFilter`` or
+    ``MaxMessagesFilter`` (exact classes), whose records (``Records.hint``) then patch those
+    positions instead of comparing every message; else None. (The hint is checked by the
+    records: the same list, the same objects elsewhere, the replaced ones their originals.)"""
+    from .filters import MaxMessagesFilter, TokenBudgetFilter
+
+    turn = vars(flt).get("_hot_turn")
+    if turn is None or getattr(turn, "flt", None) is not flt or not hasattr(turn, "changed"):
+        return None
+    return (turn, nxt) if type(nxt) is TokenBudgetFilter or type(nxt) is MaxMessagesFilter else None
+
+
 def _derive_hot(providers: list[Any], filters: list[Any]) -> Optional["_Hot"]:
     """The hot plan of these stages, or None (see ``_Hot``)."""
     history_cls = _history_provider_cls()
@@ -224,12 +238,15 @@ class _Hot:
         self.kinds = kinds
         if trims_last:
             self.dicts.append((vars(filters[-1]), "_trim"))
-        #: ``(index, filter, kind, call)`` of every filter, in order (what ``_filter_hot`` walks);
-        #: ``call`` is what a kind 1 stage is called through: its ``_hot_turn`` (the clearing's
-        #: compiled turn, which is its ``_hot_apply`` with no Python frame on the agent loop's
-        #: turn) or its ``_hot_apply``
-        self.steps: tuple[tuple[int, Any, int, Any], ...] = tuple(
-            (i, f, k, _hot_call(f) if k == 1 else None) for i, (f, k) in enumerate(zip(filters, kinds)))
+        #: ``(index, filter, kind, call, hint)`` of every filter, in order (what ``_filter_hot``
+        #: walks); ``call`` is what a kind 1 stage is called through: its ``_hot_turn`` (the
+        #: clearing's compiled turn, which is its ``_hot_apply`` with no Python frame on the
+        #: agent loop's turn) or its ``_hot_apply``; ``hint`` (see ``_hint_to``) is None or
+        #: ``(turn, next filter)``: after the call, the turn's ``changed`` goes to the next
+        #: filter's records (``Records.hint``)
+        self.steps: tuple[tuple[int, Any, int, Any, Any], ...] = tuple(
+            (i, f, k, _hot_call(f) if k == 1 else None, _hint_to(f, filters[i + 1] if i + 1 < len(filters) else None))
+            for i, (f, k) in enumerate(zip(filters, kinds)))
 
 
 class _Turn:
@@ -562,11 +579,17 @@ class ContextBuilder:
         own = True  # ``messages`` is the builder's prompt or a stage's own list: never handed out
         last = hot.last
         trim_last = last is not None and self.sanitize
-        for i, flt, kind, call in hot.steps:
+        for i, flt, kind, call, hint in hot.steps:
             if kind == 1:
                 try:
                     messages = call(messages, tools_schema)
                     own = True
+                    if hint is not None:
+                        changed = hint[0].changed
+                        if changed is not None:  # a step: the next stage's records patch its positions
+                            rec = hint[1]._rec
+                            if rec is not None:
+                                rec.hint(*changed)
                 except JianmuError:
                     raise
                 except Exception:
