@@ -1404,7 +1404,36 @@ def summarizing_trim(flt, messages, tools_schema, sanitize):
                         if insert is not None or len((<tuple>got)[0]) == PyList_GET_SIZE(messages):
                             return got
                         got = 1
+                    else:
+                        out = _moved_summary(flt, <tuple>hot, got)
+                        if out is not None:
+                            return out
         return flt._trim_rest(messages, tools_schema, sanitize, got)
+
+
+cdef object _moved_summary(object flt, tuple hot, object got):
+    """See the twin."""
+    if type(got) is not tuple or PyTuple_GET_SIZE(got) != 4:
+        return None
+    kept, clean, n_pinned, cut = <tuple>got
+    chain = flt._chain
+    if chain is None or not cut > n_pinned or type(kept) is not list:
+        return None
+    rec = hot[1]
+    step = rec.fold_step(chain, n_pinned, cut, flt._fold, flt._digests, flt._by_content)
+    if step is None or (<tuple>step)[13] is None:
+        return None
+    text, units = (<tuple>step)[13]
+    messages = flt._messages
+    if type(messages) is not dict:
+        return None
+    summary = (<dict>messages).get((cut - n_pinned, units, text))
+    if summary is None:
+        return None
+    flt._chain = step
+    (<list>kept).insert(n_pinned, summary)
+    flt._hot = (hot[0], rec, hot[2], hot[3], hot[4], hot[5], (summary, n_pinned, cut))
+    return (kept, clean)
 
 
 # -- a cached counter's counts (jianmu_fast.memory.context._count_cache); see the twin ---------

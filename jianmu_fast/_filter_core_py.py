@@ -1019,7 +1019,8 @@ def summarizing_trim(flt, messages, tools_schema, sanitize):
     budget, whether the budget is constant without tools, the summary to put in) and
     ``messages`` is a list, with no tools and a constant budget, one ``Records.window(...,
     insert=)`` call over the inner filter's records; its output when the cut did not move (the
-    last summary put in, or nothing dropped and all kept). Everything else is
+    last summary put in, or nothing dropped and all kept), and when it moved with the new
+    summary at hand (``_moved_summary``). Everything else is
     ``flt._trim_rest(messages, tools_schema, sanitize, got)``, still under the lock, ``got``
     being what the window gave: a moved cut's ``(kept, clean, n_pinned, cut)``, ``1`` for
     no answer (None, or an output that is not the remembered turn's), ``0`` when it raised,
@@ -1052,7 +1053,36 @@ def summarizing_trim(flt, messages, tools_schema, sanitize):
                         if insert is not None or len(got[0]) == len(messages):
                             return got
                         got = 1
+                    else:
+                        out = _moved_summary(flt, hot, got)
+                        if out is not None:
+                            return out
         return flt._trim_rest(messages, tools_schema, sanitize, got)
+
+
+def _moved_summary(flt, hot, got):
+    """``summarizing_trim``'s turn whose cut moved (``got``: the window's ``(kept, clean,
+    n_pinned, cut)``), when the new span's rolling summary resumes in one ``Records.fold_step``
+    call (the span extends the last one over the same records, every step cached) and its
+    summary message was made already: ``(kept with it put in, clean)``, the filter's chain and
+    remembered turn updated, as its ``_moved`` leaves them. None, with nothing changed,
+    otherwise (``_moved`` then)."""
+    kept, clean, n_pinned, cut = got
+    chain = flt._chain
+    if chain is None or cut <= n_pinned:
+        return None
+    rec = hot[1]
+    step = rec.fold_step(chain, n_pinned, cut, flt._fold, flt._digests, flt._by_content)
+    if step is None or step[13] is None:
+        return None
+    text, units = step[13]
+    summary = flt._messages.get((cut - n_pinned, units, text))
+    if summary is None:
+        return None
+    flt._chain = step
+    kept.insert(n_pinned, summary)
+    flt._hot = (hot[0], rec, hot[2], hot[3], hot[4], hot[5], (summary, n_pinned, cut))
+    return kept, clean
 
 
 # -- a cached counter's counts (jianmu_fast.memory.context._count_cache) ----------------------

@@ -119,8 +119,8 @@ def test_warm_filter_equals_a_fresh_one_on_every_turn(seed, budget, eviction, ke
 def test_compiled_turn_equals_its_twin_and_the_general_path(seed, budget, data):
     """``SummarizingBudgetFilter._trim`` is ``summarizing_trim`` (compiled, or the twin on the
     pure-Python backend): two filters, one driven through the compiled function, one through the
-    twin, over the same growing history (sometimes with tools, a failing summarize, or a new
-    list): both equal a fresh filter's output and clean flag on every turn, and call
+    twin, over the same growing history, twice (sometimes with tools, a failing summarize, or
+    a new list): both equal a fresh filter's output and clean flag on every turn, and call
     ``summarize`` as often; a failing summarize gives the plain budget's output."""
     from jianmu_fast import _backend
     from jianmu_fast import _filter_core_py as py
@@ -134,7 +134,10 @@ def test_compiled_turn_equals_its_twin_and_the_general_path(seed, budget, data):
                                        eviction="chunked", chunk=budget // 4) for fn in fns]
     plain = TokenBudgetFilter(budget, COUNTER, eviction="chunked", chunk=budget // 4)
     lists: list[list[Message]] = [[], []]
-    for end in _ends(msgs):
+    ends = _ends(msgs)
+    for k, end in enumerate(ends + ends):  # twice: the second pass replays the history (summaries cached)
+        if k == len(ends):
+            lists = [[], []]
         tools = data.draw(st.sampled_from([None, None, None, [], TOOLS]))
         if data.draw(st.integers(0, 7)) == 0:
             lists = [list(x) for x in lists]
@@ -160,6 +163,37 @@ def test_compiled_turn_equals_its_twin_and_the_general_path(seed, budget, data):
             assert _dump(outs[0][0]) == _dump(want[0]) and outs[0][1] == want[1]
     assert fns[0].calls == fns[1].calls
     assert SummarizingBudgetFilter.__dict__["_trim"] is _backend.summarizing_trim
+
+
+@pytest.mark.parametrize("compiled", [True, False], ids=["compiled", "twin"])
+def test_a_replayed_moved_cut_is_resumed_in_the_turn_itself(compiled):
+    """A moved cut whose summary steps and summary message are cached (a replay of the same
+    history) is put in by ``summarizing_trim`` itself (``_moved_summary``: one
+    ``Records.fold_step`` call), never through ``_moved``; outputs equal a fresh filter's."""
+    from jianmu_fast import _filter_core_py as py
+
+    mod = pytest.importorskip("jianmu_fast._filter_core") if compiled else py
+    msgs = _loop(7, 60, size=15)
+    fn = Counting()
+    f = SummarizingBudgetFilter(3000, COUNTER, summarize=fn, summary_max_tokens=300, eviction="chunked", chunk=750)
+    general = [0]
+
+    def counted(*args, _moved=f._moved):
+        general[0] += 1
+        return _moved(*args)
+
+    f._moved = counted
+    per_pass = []
+    for _ in range(2):
+        src: list[Message] = []
+        general[0] = 0
+        for end in _ends(msgs):
+            src.extend(msgs[len(src):end])
+            out = mod.summarizing_trim(f, src, None, True)
+            assert _dump(out[0]) == _dump(_fresh(f)._trim(msgs[:end], None, True)[0])
+        per_pass.append(general[0])
+        calls = fn.calls
+    assert per_pass[0] > 3 and per_pass[1] <= 1 and fn.calls == calls  # (the first move after the restart)
 
 
 def test_an_unchanged_cut_reuses_the_summary_without_calling_summarize():
