@@ -229,25 +229,36 @@ class ClearToolResultsFilter:
 
     def _append(self, rec: _ClearRecords, msgs: list[Message], k: int, new: list[Message]) -> None:
         """Records of ``new``, that is ``msgs[k:]`` (``msgs[:k]`` is ``rec.messages``)."""
-        if self._trusted and len(new) <= 4:  # the agent loop's turn: no array, no check
+        if self._trusted and len(new) <= _TURN_MAX:  # a turn, or a short fresh start: no array, no check
             count = self.counter.count_message
             counts = [count(m) for m in new]
         else:
             counts = self._new_counts(new)
         add_kind = rec.kinds.append
         add_saving = rec.savings.append
+        # calls and owners serve exclude_tools and clear_tool_inputs only (a change of either
+        # starts the records anew); without them a result with text content is recorded inline
+        plain = self._additive and not self.exclude_tools and not self.clear_tool_inputs
+        text, placeholder = self.counter.count_text, self._placeholder_cost
         i = k
         for m in new:
             role = m.role
             if role == "tool":
-                kind, saved = self._result_record(rec, msgs, i, m, counts[i - k])
-                add_kind(kind)
-                add_saving(saved)
+                c = m.content
+                if plain and type(c) is str:
+                    rec.results.append(i)
+                    rec.result_kinds.append(_CLEARABLE)
+                    add_kind(_CLEARABLE)
+                    add_saving(min(max(0, text(c) - placeholder), counts[i - k]))
+                else:
+                    kind, saved = self._result_record(rec, msgs, i, m, counts[i - k])
+                    add_kind(kind)
+                    add_saving(saved)
                 i += 1
                 continue
             if role == "assistant":
                 add_kind(_ASSISTANT)
-                if m.tool_calls:
+                if m.tool_calls and not plain:
                     for p, c in enumerate(m.tool_calls):
                         cid = c.get("id")
                         if cid:
