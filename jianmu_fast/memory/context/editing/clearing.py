@@ -244,12 +244,12 @@ class ClearToolResultsFilter:
         for m in new:
             role = m.role
             if role == "tool":
-                c = m.content
-                if plain and type(c) is str:
+                content = m.content
+                if plain and type(content) is str:
                     rec.results.append(i)
                     rec.result_kinds.append(_CLEARABLE)
                     add_kind(_CLEARABLE)
-                    add_saving(min(max(0, text(c) - placeholder), counts[i - k]))
+                    add_saving(min(max(0, text(content) - placeholder), counts[i - k]))
                 else:
                     kind, saved = self._result_record(rec, msgs, i, m, counts[i - k])
                     add_kind(kind)
