@@ -58,7 +58,7 @@ def _calls_field(calls: Any) -> bytes:
     if type(calls) in _LISTS:
         parts = [b"C", len(calls).to_bytes(8, "little")]
         for c in calls:
-            f = c.get("function") if type(c) in _DICTS and len(c) == 3 else None
+            f: Any = c.get("function") if type(c) in _DICTS and len(c) == 3 else None
             if type(f) not in _DICTS or len(f) != 2:
                 break
             for v in (c.get("id"), c.get("type"), f.get("name"), f.get("arguments")):
@@ -190,8 +190,9 @@ class SummarizingBudgetFilter(TokenBudgetFilter):
         self._hot: Optional[tuple[Any, ...]] = None
         self._inner: dict[int, TokenBudgetFilter] = {}
         self._over_ref: Optional[tuple[list[Message], int]] = None
-        #: (span, its summary message, the history copy it was cut from, the cut)
-        self._last: Optional[tuple[list[Message], Message, list[Message], int]] = None
+        #: (span, its summary message, the history copy it was cut from, the cut, the rolling
+        #: chain's fold state at the span's end, ``_chain[4:]``, or None)
+        self._last: Optional[tuple[list[Message], Message, list[Message], int, Optional[tuple[Any, ...]]]] = None
         #: the rolling summary of the last span (see ``_summary_text``): (the span as a list, or
         #: None; the records it was read from, their version, the span's start in them; its
         #: last fold point, the tokens and units before it, its key and summary; the span's
@@ -359,19 +360,23 @@ class SummarizingBudgetFilter(TokenBudgetFilter):
         last = self._last
         ref = self._over_ref
         assert ref is not None  # (set by _over when it finds the prompt over the budget)
+        rec = inner._rec if self._additive else None
         if grown and last is not None and last[2] is ref[0] and last[3] == cut:
             summary = last[1]  # the same history, grown, and the cut did not move: the same summary
+            self._rebind(last, rec, n_pinned)
         else:
             span = msgs[n_pinned:cut]
             if last is not None and len(last[0]) == len(span) and last[0] == span:
                 summary = last[1]
+                self._rebind(last, rec, n_pinned)
             else:
-                rec = inner._rec if self._additive else None
                 got = self._summary_text(msgs, n_pinned, cut, rec, span) if span else None
                 if got is None:
                     return self._plain._trim(msgs, tools_schema, sanitize)
                 summary = self._summary_message(got[0], len(span), got[1])
-            self._last = (span, summary, ref[0], cut)
+            chain = self._chain
+            self._last = (span, summary, ref[0], cut,
+                          chain[4:] if chain is not None and chain[9] == len(span) and span else None)
         kept.insert(n_pinned, summary)  # (the inner filter's output is a new list: ours to grow)
         out = kept
         if not self._additive and int(self.counter.count_messages(out)) + self._plain.tools_cost(tools_schema) > self.max_tokens:
@@ -381,6 +386,15 @@ class SummarizingBudgetFilter(TokenBudgetFilter):
         if self._additive:
             self._keep_hot(inner, msgs, tools_schema, summary, n_pinned, cut)
         return out, clean
+
+    def _rebind(self, last: tuple[Any, ...], rec: Any, n_pinned: int) -> None:
+        """The span of ``last`` is the current one (same content, at ``n_pinned``): its rolling
+        chain's fold state (``last[4]``), when kept, becomes the chain, read off ``rec`` (the
+        records of the current history) from now on, so the next move of the cut resumes it
+        (``Records.fold_step``) instead of folding the span again."""
+        if last[4] is not None:
+            self._chain = (None if rec is not None else last[0], rec, rec.version if rec is not None else -1,
+                           n_pinned, *last[4])
 
     def _moved(self, hot: tuple[Any, ...], msgs: list[Message], got: tuple[Any, ...], tools_schema: Any,
                sanitize: bool) -> tuple[list[Message], bool]:
