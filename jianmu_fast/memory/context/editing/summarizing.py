@@ -349,10 +349,11 @@ class SummarizingBudgetFilter(TokenBudgetFilter):
             if self.keep_tokens is None:  # (else the limit depends on the pinned prefix)
                 self._keep_hot(inner, msgs, tools_schema, None, n_pinned, 0)
             return kept, clean
-        over, grown = self._over(msgs, tools_schema)
+        over, grown, whole = self._over(msgs, tools_schema, sanitize)
         if not over:
             # everything fits the budget: nothing to summarize (the plain filter keeps it all)
-            whole = self._plain._trim(msgs, tools_schema, sanitize)
+            if whole is None:
+                whole = self._plain._trim(msgs, tools_schema, sanitize)
             if self._additive:  # (so the plain filter keeps all exactly when it is not over)
                 self._keep_hot(self._plain, msgs, tools_schema, None, n_pinned, 0)
             return whole
@@ -443,10 +444,15 @@ class SummarizingBudgetFilter(TokenBudgetFilter):
         self._hot = (inner, rec, inner._turn_counts, inner._cfg or inner._config(), inner._limit(tools_schema), bare,
                      None if summary is None else (summary, n_pinned, cut))
 
-    def _over(self, msgs: list[Message], tools_schema: Any) -> tuple[bool, bool]:
-        """Whether the whole prompt is over the budget, and whether ``msgs`` grew the history
-        last found over (our own copy, extended in place). A history that extends one known to
-        be over (with tools that cost no less) is over too, without counting it again."""
+    def _over(self, msgs: list[Message], tools_schema: Any,
+              sanitize: bool) -> tuple[bool, bool, Optional[tuple[list[Message], bool]]]:
+        """Whether the whole prompt is over the budget, whether ``msgs`` grew the history last
+        found over (our own copy, extended in place), and the plain budget's ``_trim`` output
+        when it was computed (else None). A history that extends one known to be over (with
+        tools that cost no less) is over too, without counting it again. With the library's
+        counters the plain budget keeps everything exactly when the prompt is not over, and its
+        compiled plan over its records (the prompt's new messages only) costs less than
+        counting the whole prompt: its output says."""
         tools = self._plain.tools_cost(tools_schema)
         known = self._over_ref
         if known is not None:
@@ -455,11 +461,21 @@ class SummarizingBudgetFilter(TokenBudgetFilter):
             if tools >= ref_tools and _backend.extends(ref, msgs):
                 if len(msgs) > k:
                     ref.extend(msgs[k:])
-                return True, True
-        over = int(self.counter.count_messages(msgs)) + tools > self.max_tokens
+                return True, True, None
+        whole = None
+        if self._additive:
+            try:
+                whole = self._plain._trim(msgs, tools_schema, sanitize)
+            except ContextBudgetError:  # (the tools alone are over the budget)
+                whole = None
+                over = True
+            else:
+                over = len(whole[0]) != len(msgs)
+        else:
+            over = int(self.counter.count_messages(msgs)) + tools > self.max_tokens
         if over:
             self._over_ref = (msgs[:], tools)
-        return over, False
+        return over, False, whole
 
     def _digest(self, m: Message) -> bytes:
         d = self._digests.get(id(m))
