@@ -26,7 +26,9 @@ else:
             MAX_VALUE, ROLE_CODES, Records, counts_of, plan_window, plan_windows, sanitize_window, sanitize_windows, select_window,
             select_windows, summarizing_trim,
         )
-        from ._editing_core import ClearingTurn, cap_hot_apply, clearing_turn, extend_capped, extends, place_cleared, plan_clearing
+        from ._editing_core import (  # type: ignore[assignment]  # noqa: F401  (ClearingTurn: the twin's class)
+            ClearingTurn, cap_hot_apply, clearing_turn, extend_capped, extends, place_cleared, plan_clearing,
+        )
         from ._batch_core import gather_rows, group_states, intern_rows, need_rows, pack_rows, prefix_groups, table_records, text_sides
     except ImportError as exc:  # pragma: no cover - exercised by a subprocess test
         raise ImportError(

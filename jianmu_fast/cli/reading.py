@@ -104,7 +104,7 @@ def _parquet_rows(path: str, engine: str) -> Iterator[tuple[int, bytes]]:
     if engine == "ray":
         import ray.data
 
-        batches = ray.data.read_parquet(path).iter_batches(batch_size=CHUNK, batch_format="pyarrow")
+        batches: Any = ray.data.read_parquet(path).iter_batches(batch_size=CHUNK, batch_format="pyarrow")
     else:
         try:
             import pyarrow.parquet as pq
