@@ -566,3 +566,22 @@ def test_odd_tool_calls_count_exactly(family, ms, with_tools):
     assert c.count_messages(ms) == plain
     if family.name in LOCAL and not _looks_ahead(c, ms):
         assert c.count_messages([]) + int(c.count_array(ms).sum()) - plain == c.count_messages([]) - c._end_cost(ms[-1].role)
+
+
+@settings(max_examples=60, deadline=None, suppress_health_check=list(HealthCheck))
+@given(ms=conversations(reasoning=False, end_on_assistant=False), data=st.data())
+def test_moving_windows_reuse_the_last_call_exactly(family, ms, data):
+    """Successive calls over windows of one history (extended, cut moved after a pinned first
+    message or not, shrunk, unrelated) reuse the previous call's unit costs only where exact:
+    every count equals a full rendering of its window."""
+    c = family.fresh()
+    for _ in range(6):
+        lo = data.draw(st.integers(0, len(ms) - 1))
+        hi = data.draw(st.integers(lo + 1, len(ms)))
+        window = ms[lo:hi]
+        if lo > 0 and data.draw(st.booleans()):
+            window = ms[:1] + window  # the pinned first message, then the moved cut
+        ref = family.reference(window)
+        if isinstance(ref, Exception):
+            continue
+        assert c.count_messages(window) == ref, (lo, hi)

@@ -86,6 +86,7 @@ carrying the template's message; no count is made up.
 
 from __future__ import annotations
 
+import bisect
 import copy
 import gzip
 import json
@@ -633,7 +634,8 @@ class ChatTemplateTokenCounter:
             if shared is not None:
                 with _TABLES_LOCK:
                     self._frames._frames = _FRAME_TABLES.setdefault(shared, {})
-        self._looks: dict[str, bool] = {}  # message key -> _lookahead (once _sensitive is known)
+        # message key -> (_lookahead, its element of _pattern), once _sensitive is known
+        self._looks: dict[str, tuple[bool, tuple[Any, ...]]] = {}
         self._calls: dict[str, str] = {}  # tool-call id -> key of the assistant message that made it
         self._last: Optional[tuple[list[Any], list[int], list[int]]] = None
         self._ends: dict[str, Optional[int]] = {}
@@ -812,19 +814,22 @@ class ChatTemplateTokenCounter:
                     del self._texts[k]
             self._texts.update(found)
 
-    def _prefill(self, convs: Iterable[tuple[str, ...]]) -> None:
+    def _prefill(self, convs: Sequence[tuple[str, ...]], conv_dicts: Optional[Sequence[list[dict[str, Any]]]] = None) -> None:
         """Render the conversations (message keys, no tools) not counted yet and count them
-        in one tokenizer batch; one the template refuses is left for ``_tokens`` to report."""
+        in one tokenizer batch; one the template refuses is left for ``_tokens`` to report.
+        ``conv_dicts``: their template dicts, where the caller has them."""
         texts = self._texts
         todo: dict[Any, str] = {}
-        for keys in convs:
+        parts_of = self._frame_parts
+        for i, keys in enumerate(convs):
             ck = (keys, None)
             if ck in texts or ck in todo:
                 continue
-            dicts = self._dicts_of(keys)
+            dicts = conv_dicts[i] if conv_dicts is not None else self._dicts_of(keys)
             try:
                 if self._RENDER_FREE:
-                    todo[ck] = self._frames.render(dicts, [self._frame_part(k, d) for k, d in zip(keys, dicts)])
+                    parts = [parts_of.get(k) or self._frame_part(k, d) for k, d in zip(keys, dicts)]
+                    todo[ck] = self._frames.render(dicts, parts)
                 else:
                     todo[ck] = self._render(dicts, None, True)
             except _Refused:
@@ -957,11 +962,16 @@ class ChatTemplateTokenCounter:
             return (call_text and "call_text" in self._sensitive) or (think_text and "think_text" in self._sensitive)
         return False
 
-    def _is_local(self, dicts: Sequence[dict[str, Any]]) -> bool:
+    def _is_local(self, dicts: Sequence[dict[str, Any]], keys: Optional[Sequence[str]] = None) -> bool:
         """Whether a unit with this role pattern costs the same whatever stands around it,
         probed once with stand-in messages of the same pattern (its total cost before every
-        neighbour it may have, and before every role that may follow it)."""
-        pat = self._pattern(dicts)
+        neighbour it may have, and before every role that may follow it). ``keys``: the
+        messages' keys (their pattern elements are cached by them)."""
+        if keys is not None:
+            trait = self._trait
+            pat = tuple([trait(k, d)[1] for k, d in zip(keys, dicts)])
+        else:
+            pat = self._pattern(dicts)
         local = self._local.get(pat)
         if local is None:
             canon = []
@@ -1031,8 +1041,8 @@ class ChatTemplateTokenCounter:
         stand-in unit's dependence on its neighbours is not the real one's (DeepSeek-V3 prints
         indentation before an assistant's text after some neighbours only, which merges with
         the text's first token or not)."""
-        reasoning = any(self._lookahead(d) for d in dicts)
-        local = self._is_local(dicts)
+        reasoning = self._any_lookahead(keys, dicts)
+        local = self._is_local(dicts, keys)
         if reasoning:  # kept after the last user query (nothing closes the unit), or stripped
             succs = list(succs) + ["open"]
         elif local:
@@ -1081,16 +1091,30 @@ class ChatTemplateTokenCounter:
         """``any(self._lookahead(d) for d in dicts)``, cached per message key."""
         looks = self._looks
         for k, d in zip(keys, dicts):
-            v = looks.get(k)
-            if v is None:
-                v = looks[k] = self._lookahead(d)
-                if len(looks) >= self.cache_size:
-                    with self._lock:
-                        for old in list(looks)[: self.cache_size // 4]:
-                            looks.pop(old, None)
-            if v:
+            t = looks.get(k)
+            if t is None:
+                t = self._trait(k, d)
+            if t[0]:
                 return True
         return False
+
+    def _trait(self, k: str, d: Mapping[str, Any]) -> tuple[bool, tuple[Any, ...]]:
+        """``(self._lookahead(d), d's element of self._pattern)``, cached per message key."""
+        t = self._looks.get(k)
+        if t is None:
+            reasoning = _has_reasoning(d)
+            call_text, think_text = _text_features(d)
+            sensitive = self._sensitive
+            look = reasoning or bool(sensitive) and (
+                (call_text and "call_text" in sensitive) or (think_text and "think_text" in sensitive))
+            t = (look, (d["role"], len(d.get("tool_calls") or ()), reasoning, call_text, think_text))
+            looks = self._looks
+            if len(looks) >= self.cache_size:
+                with self._lock:
+                    for old in list(looks)[: self.cache_size // 4]:
+                        looks.pop(old, None)
+            looks[k] = t
+        return t
 
     @staticmethod
     def _starts(dicts: Sequence[Mapping[str, Any]]) -> list[int]:
@@ -1122,15 +1146,17 @@ class ChatTemplateTokenCounter:
         last = dicts[-1]["role"]
         if not self.additive or last not in ("user", "tool") or self._end_cost(last) is None:
             return self._full(keys, dicts)
-        seen = 0  # the previous segmented call's messages had no lookahead: check only the rest
-        if self._last is not None:
-            lkeys = self._last[0]
-            if len(lkeys) <= len(keys) and keys[:len(lkeys)] == lkeys:
-                seen = len(lkeys)
-        if self._any_lookahead(keys[seen:], dicts[seen:]):
-            return self._full(keys, dicts)
+        # the previous segmented call's messages had no lookahead: check only the others
+        ov = self._overlap(keys)
+        if ov is None:
+            if self._any_lookahead(keys, dicts):
+                return self._full(keys, dicts)
+        else:
+            p, _, m = ov
+            if self._any_lookahead(keys[:p], dicts[:p]) or self._any_lookahead(keys[p + m:], dicts[p + m:]):
+                return self._full(keys, dicts)
         try:
-            return self._segments(ms, keys, dicts)
+            return self._segments(ms, keys, dicts, ov)
         except _Refused as exc:
             raise MessageValidationError(f"the chat template refused the conversation: {exc}") from None
 
@@ -1140,42 +1166,76 @@ class ChatTemplateTokenCounter:
         except _Refused as exc:
             raise MessageValidationError(f"the chat template refused the conversation: {exc}") from None
 
-    def _segments(self, ms: Sequence[Any], keys: list[str], dicts: list[dict[str, Any]]) -> int:
+    def _overlap(self, keys: list[str]) -> Optional[tuple[int, int, int]]:
+        """``(p, q, m)`` with ``keys[p:p + m] == last[q:]`` for the previous segmented call's
+        message keys ``last`` (all of them, ``m = len(last) - q``), ``q`` a unit start there,
+        and ``keys[:p] == last[:p]`` when ``p == q``: the prompt extends the last one
+        (``(0, 0, len(last))``), or the trimming moved its cut after a pinned first message
+        (``p`` 1) or none (``p`` 0). None when neither holds."""
+        last = self._last
+        if last is None:
+            return None
+        lkeys, lstarts = last[0], last[1]
+        k, n = len(lkeys), len(keys)
+        if k <= n and keys[:k] == lkeys:
+            return 0, 0, k
+        for p in ((1, 0) if n > 1 and k and keys[0] == lkeys[0] else (0,)):
+            try:
+                q = lkeys.index(keys[p], p)
+            except ValueError:
+                continue
+            m = k - q
+            if m <= n - p and keys[p:p + m] == lkeys[q:]:
+                u = bisect.bisect_left(lstarts, q)
+                if u < len(lstarts) and lstarts[u] == q and (p != q or keys[:p] == lkeys[:p]):
+                    return p, q, m
+        return None
+
+    def _segments(self, ms: Sequence[Any], keys: list[str], dicts: list[dict[str, Any]],
+                  ov: Optional[tuple[int, int, int]] = None) -> int:
         starts = self._starts(dicts)
         n = len(ms)
         last = self._last
-        reuse = 0  # units whose cost is known from the previous call (all but its last unit)
-        costs: list[int] = []
-        if last is not None:
-            lkeys, lstarts, lcosts = last
-            k = len(lkeys)
-            if k <= n and len(lstarts) >= 2 and keys[:k] == lkeys:
-                reuse = len(lstarts) - 1
-                costs = lcosts[:reuse]
-        local_units = self._local_units
-        for u in range(reuse, len(starts)):
-            a = starts[u]
-            b = starts[u + 1] if u + 1 < len(starts) else n
-            ukeys = tuple(keys[a:b])
-            known = local_units.get(ukeys)
-            if known is not None:
-                costs.append(sum(known))
-                continue
-            if self._is_local(dicts[a:b]):  # any neighbours will do: share the cache entry
-                pred, succ = self._canonical(dicts[a]["role"]), "user"
-                unit = self._unit_cost(ukeys, pred, succ)
-                if dicts[a]["role"] != "tool":
-                    self._remember_local(ukeys, unit)
-            else:
-                pred = "first" if a == 0 else self._role_of(dicts[a - 1])
-                succ = "end" if b == n else dicts[b]["role"]
-                unit = self._unit_cost(ukeys, pred, succ)
-            costs.append(sum(unit))
+        # units whose cost is known from the previous call: those of the overlap (``ov``, see
+        # _overlap) but its last unit (what follows it may have changed) and, after a moved cut,
+        # its first (what precedes it changed)
+        head, reused, tail = len(starts), [], len(starts)
+        if last is not None and ov is not None:
+            p, q, m = ov
+            lstarts, lcosts = last[1], last[2]
+            uq = bisect.bisect_left(lstarts, q) + (0 if p == q else 1)
+            ul = len(lstarts) - 1
+            if uq < ul:
+                head = bisect.bisect_left(starts, lstarts[uq] - q + p)
+                reused = lcosts[uq:ul]
+                tail = head + len(reused)
+        costs = [self._unit_total(keys, dicts, starts, u, n) for u in range(head)]
+        costs += reused
+        costs += [self._unit_total(keys, dicts, starts, u, n) for u in range(tail, len(starts))]
         self._last = (keys, starts, costs)
         end = self._end_cost(dicts[-1]["role"])
         if end is None:
             raise _Refused("no end cost")
         return end + sum(costs)
+
+    def _unit_total(self, keys: list[str], dicts: list[dict[str, Any]], starts: list[int], u: int, n: int) -> int:
+        """What unit ``u`` (of ``starts``) costs in the conversation ``keys``."""
+        a = starts[u]
+        b = starts[u + 1] if u + 1 < len(starts) else n
+        ukeys = tuple(keys[a:b])
+        known = self._local_units.get(ukeys)
+        if known is not None:
+            return sum(known)
+        if self._is_local(dicts[a:b], ukeys):  # any neighbours will do: share the cache entry
+            pred, succ = self._canonical(dicts[a]["role"]), "user"
+            unit = self._unit_cost(ukeys, pred, succ)
+            if dicts[a]["role"] != "tool":
+                self._remember_local(ukeys, unit)
+        else:
+            pred = "first" if a == 0 else self._role_of(dicts[a - 1])
+            succ = "end" if b == n else dicts[b]["role"]
+            unit = self._unit_cost(ukeys, pred, succ)
+        return sum(unit)
 
     def count_message(self, message: Any) -> int:
         """What ``message`` adds to a request, as ``count_array([message])`` counts it."""
@@ -1225,32 +1285,59 @@ class ChatTemplateTokenCounter:
         all in one tokenizer batch (the turn's new units: one batch, not one per rendering)."""
         n = len(keys)
         convs: list[tuple[str, ...]] = []
-        todo: list[tuple[tuple[str, ...], str]] = []  # units (not tool-first) to cost after the batch
+        conv_dicts: list[list[dict[str, Any]]] = []
+        # units to cost after the batch: (unit cache key, unit keys, not tool-first, first conversation)
+        jobs: list[tuple[Any, tuple[str, ...], bool, int]] = []
         local_units = self._local_units
+        units = self._units
+        by_key = self._by_key
         for u, a in enumerate(starts):
             b = starts[u + 1] if u + 1 < len(starts) else n
             ukeys = tuple(keys[a:b])
             if ukeys in local_units:
                 continue
             unit = dicts[a:b]
-            if self._any_lookahead(ukeys, unit) or not self._is_local(unit):
+            if self._any_lookahead(ukeys, unit) or not self._is_local(unit, ukeys):
                 continue
             first_role = unit[0]["role"]
-            pred = self._canonical(first_role)
-            if first_role != "tool":
-                todo.append((ukeys, pred))
-            if (ukeys, pred, "user", None) in self._units:
+            pred = "call" if first_role == "tool" else "first"  # _canonical
+            uck = (ukeys, pred, "user", None)
+            known = units.get(uck)
+            if known is not None:
+                if first_role != "tool":
+                    self._remember_local(ukeys, known)
                 continue
             pre, post = self._context(pred, "user")
+            pre_d = [by_key.get(k) or _parse_key(k) for k in pre]
+            post_d = [by_key.get(k) or _parse_key(k) for k in post]
+            jobs.append((uck, ukeys, first_role != "tool", len(convs)))
             convs.append(pre + post)
-            convs.extend(pre + ukeys[:j] + post for j in range(1, b - a + 1))
-        if convs:
-            self._prefill(convs)
-        for ukeys, pred in todo:  # count_array then finds them with one look-up each
-            try:
-                self._remember_local(ukeys, self._unit_cost(ukeys, pred, "user", prefilled=True))
-            except _Refused:
-                pass  # count_array reports the refusal where it renders the unit
+            conv_dicts.append(pre_d + post_d)
+            for j in range(1, b - a + 1):
+                convs.append(pre + ukeys[:j] + post)
+                conv_dicts.append(pre_d + list(unit[:j]) + post_d)
+        if not jobs:
+            return
+        self._prefill(convs, conv_dicts)
+        # each unit's prefix costs, from the batch's counts; a unit with a refused (or already
+        # evicted) rendering is left for count_array, which reports the refusal where it renders it
+        texts = self._texts
+        found: dict[Any, list[int]] = {}
+        found_local: dict[tuple[str, ...], list[int]] = {}
+        for uck, ukeys, not_tool_first, at in jobs:
+            counts = [texts.get((convs[i], None)) for i in range(at, at + len(ukeys) + 1)]
+            if None in counts:
+                continue
+            costs = [counts[j] - counts[j - 1] for j in range(1, len(counts))]  # type: ignore[operator]
+            found[uck] = costs
+            if not_tool_first:
+                found_local[ukeys] = costs
+        with self._lock:
+            for cache, new in ((units, found), (local_units, found_local)):
+                if len(cache) >= self.cache_size:
+                    for k in list(cache)[: self.cache_size // 4]:
+                        cache.pop(k, None)  # type: ignore[arg-type]
+                cache.update(new)  # type: ignore[attr-defined]
 
     def count_tools(self, tools_schema: Optional[Sequence[Mapping[str, Any]]], messages: Optional[Sequence[Any]] = None) -> int:
         """Marginal tokens of ``tools_schema`` in a request of ``messages`` (default: one user
