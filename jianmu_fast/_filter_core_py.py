@@ -1054,7 +1054,10 @@ def summarizing_trim(flt, messages, tools_schema, sanitize):
                             return got
                         got = 1
                     else:
-                        out = _moved_summary(flt, hot, got)
+                        try:
+                            out = _moved_summary(flt, hot, got)
+                        except Exception:  # (_trim_rest's _moved raises it as the filter's error)
+                            out = None
                         if out is not None:
                             return out
         return flt._trim_rest(messages, tools_schema, sanitize, got)
