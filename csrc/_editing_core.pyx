@@ -16,6 +16,8 @@ from cpython.long cimport PyLong_FromVoidPtr
 from cpython.pythread cimport PyThread_get_thread_ident
 from cpython.ref cimport PyObject
 from cpython.weakref cimport PyWeakref_GetObject
+from cpython.unicode cimport PyUnicode_GET_LENGTH
+from cpython.pyport cimport PY_SSIZE_T_MAX
 from libc.stdint cimport int64_t, int8_t
 from libc.stdlib cimport free, malloc
 
@@ -231,16 +233,23 @@ cdef str _ASSISTANT = "assistant"
 cdef str _SYSTEM = "system"
 
 
-def extend_capped(src, ref, out, cache):
+cdef extern from "Python.h":
+    bint PyUnicode_IS_ASCII(object o)
+
+
+def extend_capped(src, ref, out, cache, fits=0):
     """One turn of ``ToolResultCapFilter`` over a growing list; see ``_editing_core_py``."""
-    return _extend_capped(src, ref, out, cache)
+    return _extend_capped(src, ref, out, cache, fits)
 
 
-cdef Py_ssize_t _extend_capped(object src, object ref, object out, object cache) except -1:
-    cdef Py_ssize_t i, n
-    cdef object m, v, e, role
+cdef Py_ssize_t _extend_capped(object src, object ref, object out, object cache, object fits) except -1:
+    cdef Py_ssize_t i, n, k, f
+    cdef object m, v, e, role, c
     if type(src) is not list or type(ref) is not list or type(out) is not list or type(cache) is not dict:
         raise TypeError("src, ref and out must be lists and cache a dict")
+    if type(fits) is not int or fits < 0:
+        raise ValueError(f"fits must be an int >= 0, got {fits!r}")
+    f = fits if fits < PY_SSIZE_T_MAX // 8 else PY_SSIZE_T_MAX // 8
     i = PyList_GET_SIZE(ref)
     if PyList_GET_SIZE(out) != i or PyList_GET_SIZE(src) < i:
         raise ValueError(f"need len(out) == len(ref) <= len(src), got {PyList_GET_SIZE(out)}, {i}, {PyList_GET_SIZE(src)}")
@@ -251,8 +260,17 @@ cdef Py_ssize_t _extend_capped(object src, object ref, object out, object cache)
         if role is _TOOL or role == _TOOL:
             e = (<dict>cache).get(PyLong_FromVoidPtr(<void *>m))  # id(m)
             if e is None or <object>PyWeakref_GetObject((<tuple>e)[0]) is not m:
-                break
-            v = (<tuple>e)[1]
+                if f == 0:
+                    break
+                c = m.content
+                if type(c) is not str:
+                    break
+                k = PyUnicode_GET_LENGTH(c)
+                if not (k * 4 <= f or (k <= f and PyUnicode_IS_ASCII(c))):
+                    break
+                v = m  # certainly within the cap: itself
+            else:
+                v = (<tuple>e)[1]
         else:
             v = m
         PyList_Append(ref, m)
@@ -266,8 +284,8 @@ def cap_hot_apply(flt, src, tools_schema=None):
     """``ToolResultCapFilter._hot_apply`` (no Python frame on the agent loop's turn); see
     ``_editing_core_py``."""
     args = flt._turn_args
-    if type(args) is tuple and len(<tuple>args) == 4 and src is (<tuple>args)[0]:
-        if _extend_capped(src, (<tuple>args)[1], (<tuple>args)[2], (<tuple>args)[3]) == PyList_GET_SIZE(src):
+    if type(args) is tuple and len(<tuple>args) == 5 and src is (<tuple>args)[0]:
+        if _extend_capped(src, (<tuple>args)[1], (<tuple>args)[2], (<tuple>args)[3], (<tuple>args)[4]) == PyList_GET_SIZE(src):
             return (<tuple>args)[2]
     return flt._hot_rest(src, tools_schema)
 

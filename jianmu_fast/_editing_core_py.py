@@ -223,14 +223,17 @@ def extends(previous, current):
     return len(current) >= len(previous) and current[:len(previous)] == previous
 
 
-def extend_capped(src, ref, out, cache):
+def extend_capped(src, ref, out, cache, fits=0):
     """One turn of ``ToolResultCapFilter`` over a growing list: append ``src[len(ref):]`` to
     ``ref`` and, to ``out``, each of those messages as the cap outputs it: a message whose
     ``role`` is not ``"tool"`` as itself, a tool result as its cut found in ``cache`` (the
-    filter's ``ObjectCache`` dict, ``{id(m): (weakref to m, cut)}``). It stops before the first
-    tool result whose cut is not in ``cache`` (the caller computes that one) and returns
-    ``len(ref)`` afterwards: ``len(src)`` when every new message was appended. ``ref`` and
-    ``out`` stay the same length; ``src`` is only read.
+    filter's ``ObjectCache`` dict, ``{id(m): (weakref to m, cut)}``), or, with ``fits > 0``,
+    one not in ``cache`` whose content is a str certainly within the cap (``fits``: the cap,
+    passed only for a byte-level counter, whose tokens are at least one UTF-8 byte each: at
+    most ``fits // 4`` characters, or ASCII of at most ``fits``) as itself, uncounted. It stops
+    before the first other tool result not in ``cache`` (the caller computes that one) and
+    returns ``len(ref)`` afterwards: ``len(src)`` when every new message was appended. ``ref``
+    and ``out`` stay the same length; ``src`` is only read.
 
     >>> import weakref
     >>> from jianmu_fast.message import human, tool
@@ -241,9 +244,14 @@ def extend_capped(src, ref, out, cache):
     >>> cut = tool("cut", tool_call_id="c1")
     >>> extend_capped([a, b, c], ref, out, {id(b): (weakref.ref(b), cut)}), out == [a, cut, c]
     (3, True)
+    >>> ref, out = [], []
+    >>> extend_capped([a, b, c], ref, out, {}, fits=4), out == [a, b, c]  # b: 4 ASCII characters
+    (3, True)
     """
     if type(src) is not list or type(ref) is not list or type(out) is not list or type(cache) is not dict:
         raise TypeError("src, ref and out must be lists and cache a dict")
+    if type(fits) is not int or fits < 0:
+        raise ValueError(f"fits must be an int >= 0, got {fits!r}")
     i = len(ref)
     if len(out) != i or len(src) < i:
         raise ValueError(f"need len(out) == len(ref) <= len(src), got {len(out)}, {i}, {len(src)}")
@@ -252,8 +260,12 @@ def extend_capped(src, ref, out, cache):
         if m.role == "tool":
             e = cache.get(id(m))
             if e is None or e[0]() is not m:
-                break
-            v = e[1]
+                c = m.content if fits else None
+                if type(c) is not str or not (len(c) * 4 <= fits or (len(c) <= fits and c.isascii())):
+                    break
+                v = m  # certainly within the cap: itself
+            else:
+                v = e[1]
         else:
             v = m
         ref.append(m)
@@ -265,8 +277,8 @@ def extend_capped(src, ref, out, cache):
 def cap_hot_apply(flt, src, tools_schema=None):
     """``ToolResultCapFilter._hot_apply`` (the class's method is this function; compiled, the
     agent loop's turn runs no Python frame): when ``src`` is the list of the filter's previous
-    hot call (``flt._turn_args``: that list, the part of it recorded, the filter's own output
-    and its cut cache) and ``extend_capped`` appends every new message (each cut cached), the
+    hot call (``flt._turn_args``: that list, the part of it recorded, the filter's own output,
+    its cut cache and ``fits``) and ``extend_capped`` appends every new message, the
     filter's output, grown; otherwise ``flt._hot_rest(src, tools_schema)`` (a cut to make, or
     any other call).
 
@@ -278,8 +290,8 @@ def cap_hot_apply(flt, src, tools_schema=None):
     (True, True)
     """
     args = flt._turn_args
-    if type(args) is tuple and len(args) == 4 and src is args[0]:
-        if extend_capped(src, args[1], args[2], args[3]) == len(src):
+    if type(args) is tuple and len(args) == 5 and src is args[0]:
+        if extend_capped(src, args[1], args[2], args[3], args[4]) == len(src):
             return args[2]
     return flt._hot_rest(src, tools_schema)
 

@@ -243,14 +243,24 @@ def test_extend_capped_twin_equals_compiled(hist, data):
     for m in hist:
         if m.role == "tool" and data.draw(st.booleans()):
             cuts[id(m)] = (weakref.ref(m), tool("cut", tool_call_id=m.tool_call_id))
+    fits = data.draw(st.sampled_from([0, 0, 3, 8, 60, 400, 10**6]), label="fits")
+
+    def within(m):  # a str content certainly within a byte-level cap of ``fits`` (each token >= 1 byte)
+        c = m.content
+        return bool(fits) and type(c) is str and (len(c) * 4 <= fits or (len(c) <= fits and c.isascii()))
+
     got = []
     for mod in (py, core):
         ref, out = list(hist[:k]), [cuts[id(m)][1] if id(m) in cuts else m for m in hist[:k]]
-        i = mod.extend_capped(hist, ref, out, cuts)
+        i = mod.extend_capped(hist, ref, out, cuts, fits)
         got.append((i, ref, out))
         assert ref == hist[:i] and len(out) == i
-        assert i == len(hist) or (hist[i].role == "tool" and id(hist[i]) not in cuts)
-        assert out[k:] == [cuts[id(m)][1] if m.role == "tool" else m for m in hist[k:i]]
+        assert i == len(hist) or (hist[i].role == "tool" and id(hist[i]) not in cuts and not within(hist[i]))
+        assert out[k:] == [cuts[id(m)][1] if m.role == "tool" and id(m) in cuts else m for m in hist[k:i]]
+        assert all(id(m) in cuts or within(m) for m in hist[k:i] if m.role == "tool")
+        for m in hist[k:i]:  # what passes uncounted fits the cap by the counter itself
+            if m.role == "tool" and id(m) not in cuts:
+                assert COUNTER.count_text(m.content) <= fits
     assert got[0] == got[1]
 
 
@@ -293,6 +303,9 @@ def test_per_turn_routines_name_bad_arguments():
             mod.extend_capped((), [], [], {})
         with pytest.raises(ValueError, match=r"^need len\(out\) == len\(ref\) <= len\(src\), got 1, 0, 0$"):
             mod.extend_capped([], [], [1], {})
+        for bad in (-1, True, 1.0):
+            with pytest.raises(ValueError, match=rf"^fits must be an int >= 0, got {bad!r}$"):
+                mod.extend_capped([], [], [], {}, bad)
         arrays = (array.array("q"), array.array("b"), array.array("q"))
         with pytest.raises(TypeError, match=r"^src, ref, out, results and result_kinds must be lists$"):
             mod.clearing_turn([], [], [], *arrays, (), [], array.array("q", [0] * 7), COUNTER, (0, 0, 0, 0))

@@ -50,7 +50,7 @@ class ToolResultCapFilter:
         self._cutter = Cutter(self.counter)
         self._cache = ObjectCache()
         self._last: Optional[tuple[list[Message], list[Message]]] = None
-        #: (input, its recorded part, output, cut cache) of the hot path's previous call: its input
+        #: (input, its recorded part, output, cut cache, ``_fits()``) of the hot path's previous call: its input
         #: only grows by appends (see _hot_apply), so the next call with it resumes from there
         self._turn_args: Any = None
         self._shared = False  # ``_last[1]`` was handed out by the hot path
@@ -218,7 +218,7 @@ class ToolResultCapFilter:
         try:
             self._turn_args = None
             out = self._apply(src)
-            self._turn_args = (src, self._last[0], out, self._cache._d)  # type: ignore[index]
+            self._turn_args = (src, self._last[0], out, self._cache._d, self._fits())  # type: ignore[index]
             self._shared = True
             return out
         finally:
@@ -253,10 +253,16 @@ class ToolResultCapFilter:
         held; ``ref`` a prefix of ``msgs``): the cached cuts in one compiled call
         (``extend_capped``), a cut not cached yet made here."""
         d = self._cache._d
-        i = _extend_capped(msgs, ref, out, d)
+        fits = self._fits()
+        i = _extend_capped(msgs, ref, out, d, fits)
         while i < len(msgs):
             m = msgs[i]
             c = self.cap(m)
             ref.append(m)
             out.append(c)
-            i = _extend_capped(msgs, ref, out, d)
+            i = _extend_capped(msgs, ref, out, d, fits)
+
+    def _fits(self) -> int:
+        """``extend_capped``'s ``fits``: the cap when the counter is byte-level BPE (a text of at
+        most that many UTF-8 bytes is within it uncounted, see ``Cutter.within``), else 0."""
+        return self.max_tokens if self._cutter._byte_level else 0
