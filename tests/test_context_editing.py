@@ -142,6 +142,39 @@ def test_cap_never_splits_utf8_on_tiktoken_tokens():
         out.content.encode("utf-8")  # a valid str: no lone surrogate, no split character
 
 
+def test_cap_setting_changed_cuts_as_a_new_filter():
+    """Changing ``max_tokens``, ``marker`` or ``counter`` drops the cuts made (and the hot path's
+    lists): ``apply`` and the builder's hot path then give what a new filter with those settings
+    gives. An old pickle (settings stored under their own names) still loads."""
+    import pickle
+
+    big = [tool(f"result {i} " + "word " * (200 + 40 * i), tool_call_id=f"c{i}") for i in range(4)]
+    msgs = [m for i, r in enumerate(big) for m in (human(f"q{i}"), ai(None, tool_calls=[_call(f"c{i}")]), r)]
+    from jianmu_fast.memory.context.editing._common import DEFAULT_CUT_MARKER
+
+    f = ToolResultCapFilter(300, TIKTOKEN)
+    b = ContextBuilder(providers=[StateHistoryProvider(annotate=False)], filters=[f])
+    assert b._hot_plan() is not None  # the builder's hot path
+    state: dict = {"messages": []}
+    settings = {"max_tokens": 300, "marker": DEFAULT_CUT_MARKER, "counter": TIKTOKEN}
+    changes = {4: ("max_tokens", 120), 7: ("marker", "<{omitted} cut>"), 10: ("counter", SIMPLE)}
+    for i, m in enumerate(msgs):
+        state["messages"].append(m)
+        if i in changes:
+            setattr(f, *changes[i])
+            settings[changes[i][0]] = changes[i][1]
+        fresh = ToolResultCapFilter(settings["max_tokens"], settings["counter"], marker=settings["marker"])
+        want = [x.to_openai() for x in fresh.apply(msgs[:i + 1])]
+        if m.role != "assistant":  # (a prompt never ends with a call awaiting its result)
+            assert [x.to_openai() for x in b.build(state)] == want
+        assert [x.to_openai() for x in f.apply(msgs[:i + 1])] == want
+    old = pickle.loads(pickle.dumps(f))
+    old.__setstate__({**{k: v for k, v in old.__dict__.items() if k not in ("_max_tokens", "_marker", "_counter")},
+                      "max_tokens": 50, "marker": "[{omitted}]", "counter": TIKTOKEN})
+    assert (old.max_tokens, old.marker, old.counter) == (50, "[{omitted}]", TIKTOKEN)
+    assert TIKTOKEN.count_text(old.apply(msgs)[2].content) <= 50
+
+
 def test_cap_leaves_other_messages_and_small_results_alone():
     msgs = [system("s" * 5000), human("u" * 5000), ai("a" * 5000), tool("small", tool_call_id="c")]
     out = ToolResultCapFilter(50).apply(msgs)

@@ -38,23 +38,65 @@ class ToolResultCapFilter:
     """
 
     def __init__(self, max_tokens: int, counter: Any = None, *, marker: str = DEFAULT_CUT_MARKER) -> None:
-        self.max_tokens = check_int("max_tokens", max_tokens, 1)
-        if not isinstance(marker, str):
-            raise TypeError(f"marker: expected a str, got {type(marker).__name__}")
-        try:
-            marker.format(omitted=0)
-        except (KeyError, IndexError, ValueError) as exc:
-            raise ValueError(f"marker: a format string whose only field is {{omitted}}, got {marker!r} ({exc})") from None
+        self._lock = threading.Lock()
+        self.max_tokens = max_tokens
         self.marker = marker
-        self.counter = check_counter(counter)
-        self._cutter = Cutter(self.counter)
+        self.counter = counter
+
+    def _forget(self) -> None:
+        """Drop every cut and the hot path's lists (a setting changed: the cuts are made anew)."""
+        lock = self.__dict__.get("_lock")
+        if lock is None:
+            self._reset()
+        else:
+            with lock:
+                self._reset()
+
+    def _reset(self) -> None:
         self._cache = ObjectCache()
         self._last: Optional[tuple[list[Message], list[Message]]] = None
         #: (input, its recorded part, output, cut cache, ``_fits()``) of the hot path's previous call: its input
         #: only grows by appends (see _hot_apply), so the next call with it resumes from there
         self._turn_args: Any = None
         self._shared = False  # ``_last[1]`` was handed out by the hot path
-        self._lock = threading.Lock()
+
+    # the settings the cuts depend on: setting one drops the cuts made (as a new filter would)
+    @property
+    def max_tokens(self) -> int:
+        """The cap: tokens a tool result's content may count."""
+        return self._max_tokens
+
+    @max_tokens.setter
+    def max_tokens(self, value: int) -> None:
+        self._max_tokens = check_int("max_tokens", value, 1)
+        self._forget()
+
+    @property
+    def marker(self) -> str:
+        """What replaces the cut middle (``{omitted}``: the tokens left out)."""
+        return self._marker
+
+    @marker.setter
+    def marker(self, marker: str) -> None:
+        if not isinstance(marker, str):
+            raise TypeError(f"marker: expected a str, got {type(marker).__name__}")
+        try:
+            marker.format(omitted=0)
+        except (KeyError, IndexError, ValueError) as exc:
+            raise ValueError(f"marker: a format string whose only field is {{omitted}}, got {marker!r} ({exc})") from None
+        self._marker = marker
+        self._forget()
+
+    @property
+    def counter(self) -> Any:
+        """The token counter (``count_text``) the cap counts and cuts by."""
+        return self._counter
+
+    @counter.setter
+    def counter(self, counter: Any) -> None:
+        self._counter = check_counter(counter)
+        self._cutter = Cutter(self._counter)
+        self._forget()
 
     def __repr__(self) -> str:
         return f"ToolResultCapFilter(max_tokens={self.max_tokens}, counter={self.counter!r})"
@@ -69,10 +111,11 @@ class ToolResultCapFilter:
         return state
 
     def __setstate__(self, state: dict[str, Any]) -> None:
+        for key in ("max_tokens", "marker", "counter"):  # pickled before these were properties
+            if key in state:
+                state["_" + key] = state.pop(key)
         self.__dict__.update(state)
-        self._cache = ObjectCache()
-        self._turn_args = None
-        self._shared = False
+        self._reset()
         self._lock = threading.Lock()
 
     def cap(self, message: Message) -> Message:
