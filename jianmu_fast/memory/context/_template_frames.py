@@ -1,9 +1,14 @@
 """Render-free messages for ``ChatTemplateTokenCounter``: a template's text around verbatim fields.
 
-A chat template usually prints a message's ``content`` (and ``name``, ``tool_call_id``) as it
-is, between text that depends only on the rest of the conversation. A *frame* is a
-conversation with those top-level string fields of its real messages left out (their
-roles, other fields and the stand-ins around them kept). The frame is rendered twice, with
+A chat template usually prints a message's ``content`` (and ``name``, ``tool_call_id``, and
+its tool calls' ``id``, function ``name`` and ``arguments``) as it is, between text that
+depends only on the rest of the conversation. A *frame* is a conversation with those fields
+of its real messages left out (their roles, other fields and the stand-ins around them
+kept). A tool call's ``arguments`` dict is probed by a ``ProbeDict``: printed through
+``tojson`` with its default options (what transformers' templates do), or truth-tested
+(replayed as "not empty"); any other reading of it renders. A string field passed through
+``strip``/``lstrip``/``rstrip`` (Llama 3.1's ``| trim``) is assembled when the real value has
+nothing to strip (that condition is replayed like a predicate). The frame is rendered twice, with
 each field replaced by a *probe*: a ``str`` subclass that records every operation the template
 performs on it -- truth tests, comparisons, ``in``, method calls (``strip``, ``split``,
 ``startswith``...), slicing, length, hashing, iteration, formatting -- and keeps concatenation
@@ -17,8 +22,9 @@ record of operations, made only of truth tests and predicates (``==``, ``!=``, `
 and field slots, and any conversation of that frame renders as the pieces joined around its
 own field values -- once the recorded predicates, replayed on those values, give the
 recorded answers (the template then takes the very same path). Anything else (a template
-that strips, splits, measures, escapes or serializes a field, compares two fields, or reads
-it any other way) is marked "render" for that frame, and such conversations are rendered.
+that strips a field with something to strip, splits, measures, escapes or serializes a
+field, compares two fields, or reads it any other way) renders that conversation, and a
+frame whose probes were read that way is marked "render".
 
 >>> f = Frames(lambda dicts: "".join(f"<{d['role']}>{d['content']}</>" for d in dicts))
 >>> f.render([{"role": "user", "content": "hi"}]), f.render([{"role": "user", "content": "yo"}])
@@ -37,7 +43,7 @@ import re
 import threading
 from typing import Any, Callable, Optional, Sequence
 
-__all__ = ["Frames", "Probe"]
+__all__ = ["Frames", "Probe", "ProbeDict", "tojson"]
 
 #: truth tests and predicates whose answer, replayed on the real value, decides the same path
 _PREDICATES = frozenset({"__bool__", "__eq__", "__ne__", "__contains__", "startswith", "endswith"})

@@ -34,10 +34,12 @@ token counts of the text between the tokenizer's added tokens (encoded apart whe
 exact: no Metaspace/Prepend step, no whitespace-stripping added token), so a hot-loop turn
 renders and tokenizes only its new units -- and most often does not even render them: a
 conversation whose *frame* (everything but its real messages' ``content``, ``name`` and
-``tool_call_id`` strings) was seen before is assembled from the template's text around those
-fields, learned once with probe strings that record what the template does with them (see
-``_template_frames``: only where it prints them verbatim or as ``tojson`` strings, and its
-truth tests and predicates give the same answers). A unit whose count does not depend on its
+``tool_call_id`` strings and their tool calls' ids, function names and arguments) was seen
+before is assembled from the template's text around those fields, learned once with probes
+that record what the template does with them (see ``_template_frames``: only where it prints
+them verbatim or as ``tojson`` strings -- arguments as ``tojson`` with its default options --,
+strips a field that has nothing to strip, and its truth tests and predicates give the same
+answers; anything else renders). A unit whose count does not depend on its
 neighbours (probed once per role pattern with stand-ins) is rendered with the smallest
 context, shared by every place it appears. The cost of a unit is spread over its messages by
 prefixes (message ``j`` costs ``tokens(unit[:j+1]) - tokens(unit[:j])``), so counts of earlier
