@@ -5,8 +5,8 @@ its tool calls' ``id``, function ``name`` and ``arguments``) as it is, between t
 depends only on the rest of the conversation. A *frame* is a conversation with those fields
 of its real messages left out (their roles, other fields and the stand-ins around them
 kept). A tool call's ``arguments`` dict is probed by a ``ProbeDict``: printed through
-``tojson`` with its default options (what transformers' templates do), or truth-tested
-(replayed as "not empty"); any other reading of it renders. A string field passed through
+``tojson`` with its default options (what transformers' templates do); any other reading of
+it (a truth test included) renders. A string field passed through
 ``strip``/``lstrip``/``rstrip`` (Llama 3.1's ``| trim``) is assembled when the real value has
 nothing to strip (that condition is replayed like a predicate). The frame is rendered twice, with
 each field replaced by a *probe*: a ``str`` subclass that records every operation the template
@@ -177,8 +177,9 @@ def _reject_dict(name: str) -> Callable[..., Any]:
 
 class ProbeDict(dict):
     """A tool call's parsed ``arguments`` as a probe: printing it through ``tojson`` (default
-    options) is accepted, a truth test is recorded (replayed as "not empty"), any other
-    reading (keys, items, length, lookups, comparisons, ``str``) is recorded as a rejection."""
+    options) is accepted, a truth test is recorded (replayed as "not empty"; the two probe
+    families answer it differently, see ``_args_values``), any other reading (keys, items,
+    length, lookups, comparisons, ``str``) is recorded as a rejection."""
 
     _log: list
     _slot: int
@@ -205,13 +206,15 @@ for _name in ("__len__", "__iter__", "__getitem__", "__contains__", "__eq__", "_
 
 
 def _args_values(slot: int) -> tuple[dict, dict]:
-    """The two probe values of a tool call's arguments slot: unsorted keys, nested values,
-    non-ASCII and escaped characters (any ``tojson`` option but the defaults prints them
-    differently), the field's tag once."""
+    """The two probe values of a tool call's arguments slot. The first: unsorted keys, nested
+    values, non-ASCII and escaped characters (any ``tojson`` option but the defaults prints
+    them differently), the field's tag once. The second is empty: its ``tojson`` differs from
+    the first's from the second character on and in length (a template slicing or measuring
+    the printed arguments gives two texts), and a truth test answers differently (a template
+    branching on it renders)."""
     tag = f"QZJ{slot}VQ"
     a = {f"z{tag}": [" \n\"\u00e9<&", {"y": 1, "b": None}], "a": 2.5}
-    b = {"k": {"m": [True, "two three"]}, f"{tag.lower()}W": "\u00fc\\"}
-    return a, b
+    return a, {}
 
 
 def _probe_values(slot: int) -> tuple[str, str, str]:
@@ -228,8 +231,7 @@ class Frames:
     ``render_fn(dicts) -> str`` renders a conversation (raising whatever the template raises).
     ``fields``: the top-level string fields a frame leaves out; with ``calls``, also each
     ``tool_calls`` entry's ``id`` and ``function`` ``name`` (strings) and ``arguments`` (a
-    dict: its slot is printed only as ``tojson`` with default options prints it, and read only
-    by a truth test). ``cache_size`` bounds the frames; ``table``, a dict to keep them in
+    dict: its slot is printed only as ``tojson`` with default options prints it). ``cache_size`` bounds the frames; ``table``, a dict to keep them in
     (shared by renderers that render alike).
     """
 
