@@ -640,6 +640,8 @@ class ChatTemplateTokenCounter:
         self._looks: dict[str, tuple[bool, tuple[Any, ...]]] = {}
         self._calls: dict[str, str] = {}  # tool-call id -> key of the assistant message that made it
         self._last: Optional[tuple[list[Any], list[int], list[int]]] = None
+        # the last count_messages call's messages (immutable Messages only), keys and dicts
+        self._last_ms: Optional[tuple[list[Any], list[str], list[dict[str, Any]]]] = None
         self._ends: dict[str, Optional[int]] = {}
         ends = [e for e in (self._end_cost(r) for r in ("user", "tool", "assistant")) if e is not None]
         self._empty = max(ends) if ends else self._fixed_cost()
@@ -1076,17 +1078,43 @@ class ChatTemplateTokenCounter:
         return "call" if r == "assistant" and d.get("tool_calls") else r
 
     def _entries(self, ms: Sequence[Any]) -> tuple[list[str], list[dict[str, Any]]]:
+        """Keys and template dicts of ``ms``."""
+        keys, dicts, _ = self._entries_stable(ms)
+        return keys, dicts
+
+    def _entries_stable(self, ms: Sequence[Any], offset: int = 0) -> tuple[list[str], list[dict[str, Any]], bool]:
+        """``(keys, dicts, stable)`` of ``ms`` (``offset``: the index of ``ms[0]`` in the call,
+        for error messages); ``stable``: every message is a memoized immutable ``Message``
+        (its key cannot change while it lives)."""
         keys, dicts = [], []
         memo = self._memo
+        stable = True
         for i, m in enumerate(ms):
             e = memo.get(id(m))  # _entry's memo hit, inlined (the hot loop's per-message cost)
             if e is not None and e[1] is None and e[0]() is m:
                 keys.append(e[3])
                 dicts.append(e[2])
                 continue
-            k, d = self._entry(m, i)
+            k, d = self._entry(m, offset + i)
             keys.append(k)
             dicts.append(d)
+            if stable:
+                e = memo.get(id(m))
+                stable = e is not None and e[1] is None and e[0]() is m
+        return keys, dicts, stable
+
+    def _call_entries(self, ms: list[Any]) -> tuple[list[str], list[dict[str, Any]]]:
+        """``_entries(ms)`` for ``count_messages``: when ``ms`` extends the previous call's
+        messages (the same immutable objects, or equal ones), only the new ones are looked up."""
+        last = self._last_ms
+        k = len(last[0]) if last is not None else 0
+        if last is not None and k <= len(ms) and ms[:k] == last[0]:
+            keys, dicts, stable = self._entries_stable(ms[k:], k)
+            keys = last[1] + keys
+            dicts = last[2] + dicts
+        else:
+            keys, dicts, stable = self._entries_stable(ms)
+        self._last_ms = (ms, keys, dicts) if stable else None
         return keys, dicts
 
     def _any_lookahead(self, keys: Sequence[str], dicts: Sequence[Mapping[str, Any]]) -> bool:
@@ -1141,10 +1169,10 @@ class ChatTemplateTokenCounter:
 
         Counted from cached segments, or by rendering the whole template where additivity may
         fail (see the module docstring)."""
-        ms = messages if isinstance(messages, (list, tuple)) else list(messages)
+        ms = list(messages)  # (a copy: the caller may change its list before the next call)
         if not ms:
             return self._empty
-        keys, dicts = self._entries(ms)
+        keys, dicts = self._call_entries(ms)
         last = dicts[-1]["role"]
         if not self.additive or last not in ("user", "tool") or self._end_cost(last) is None:
             return self._full(keys, dicts)
@@ -1195,9 +1223,13 @@ class ChatTemplateTokenCounter:
 
     def _segments(self, ms: Sequence[Any], keys: list[str], dicts: list[dict[str, Any]],
                   ov: Optional[tuple[int, int, int]] = None) -> int:
-        starts = self._starts(dicts)
         n = len(ms)
         last = self._last
+        if last is not None and ov is not None and ov[1] == 0 and ov[0] == 0 and ov[2]:
+            # the prompt extends the last one: its unit starts, then the new messages'
+            starts = last[1] + [i for i in range(ov[2], n) if dicts[i]["role"] != "tool"]
+        else:
+            starts = self._starts(dicts)
         # units whose cost is known from the previous call: those of the overlap (``ov``, see
         # _overlap) but its last unit (what follows it may have changed) and, after a moved cut,
         # its first (what precedes it changed)
@@ -1394,6 +1426,7 @@ class ChatTemplateTokenCounter:
             self._local_units = {}
             self._looks = {}
             self._last = None
+            self._last_ms = None
 
     def _fixed_cost(self) -> int:
         """Tokens the template renders around an empty conversation. Templates that read
