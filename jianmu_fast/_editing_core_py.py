@@ -545,29 +545,30 @@ class ClearingTurn:
         self.changed = None
         if (self.armed and held is not None and src is held[0] and (tools_schema is None or not tools_schema)
                 and threading.get_ident() == held[11]):
-            lock = self.flt._lock
-            got = -1
-            if lock.acquire(False):
-                try:
-                    got = self._turn(held) if self._held is held else -1
-                    if got >= 0:
-                        out = held[2] if got == 0 else self._step(held)
-                        if out is not None:
-                            return out
-                finally:
-                    lock.release()
+            got, out = self._locked_turn(held)
+            if out is not None:
+                return out
             if got == -3:  # a new message not counted yet (the loop's usual turn): counted, then again
                 self.flt._warm(src, len(held[1]))
-                if self.armed and self._held is held and lock.acquire(False):
-                    try:
-                        got = self._turn(held) if self._held is held else -1
-                        if got >= 0:
-                            out = held[2] if got == 0 else self._step(held)
-                            if out is not None:
-                                return out
-                    finally:
-                        lock.release()
+                if self.armed:
+                    got, out = self._locked_turn(held)
+                    if out is not None:
+                        return out
         return self.flt._hot_apply(src, tools_schema)
+
+    def _locked_turn(self, held):
+        """``(got, out)``: the turn under the filter's lock (``got`` -1 when the lock is taken or
+        the turn no longer holds ``held``), ``out`` the output list or ``None``."""
+        lock = self.flt._lock
+        if self._held is not held or not lock.acquire(False):
+            return -1, None
+        try:
+            got = self._turn(held) if self._held is held else -1
+            if got >= 0:
+                return got, (held[2] if got == 0 else self._step(held))
+            return got, None
+        finally:
+            lock.release()
 
     def _step(self, held):
         """A step ``_turn`` took (``state[2]``, the results cleared, grew past the filter's
