@@ -296,6 +296,65 @@ cdef int _is_array(object a, str name, char code) except -1:
     return 0
 
 
+cdef int _new_records(list src, Py_ssize_t k, Py_ssize_t n, dict msgs_cache, dict texts, object mcls,
+                      int64_t placeholder_cost, Py_ssize_t n_pinned, int64_t *new_counts, int8_t *new_kinds,
+                      int64_t *new_savings, int miss) except -2:
+    """The records of ``src[k:n]`` (count, kind, saving) into the three buffers: 0, or ``miss``
+    where a message's count or a result's content count is not cached, -1 for anything else
+    (``mcls``: the exact message type required, or None). Shared by ``clearing_turn`` and
+    ``ClearingTurn._turn`` (the twin's ``_new_records``)."""
+    cdef Py_ssize_t i, j
+    cdef int64_t c, t, saving
+    cdef int8_t kind
+    cdef object m, e, role, content, tv, cv
+    for i in range(k, n):
+        j = i - k
+        m = <object>PyList_GET_ITEM(src, i)
+        if mcls is not None and type(m) is not mcls:
+            return -1
+        e = msgs_cache.get(PyLong_FromVoidPtr(<void *>m))  # id(m)
+        if e is None or type(e) is not tuple or <object>PyWeakref_GetObject((<tuple>e)[0]) is not m:
+            return miss  # (an entry of another message, whose id m reuses: counting m replaces it)
+        cv = (<tuple>e)[1]
+        if type(cv) is not int:
+            return -1
+        c = cv
+        if c < 0 or c > C_MAX:
+            return -1
+        role = m.role
+        if type(role) is not str:
+            return -1
+        saving = 0
+        if role is _TOOL or role == _TOOL:
+            content = m.content
+            if type(content) is not str:
+                return -1
+            tv = texts.get(content)
+            if tv is None:
+                return miss
+            if type(tv) is not int:
+                return -1
+            t = tv
+            saving = t - placeholder_cost
+            if saving < 0:
+                saving = 0
+            if saving > c:
+                saving = c
+            kind = 2
+        elif role is _ASSISTANT or role == _ASSISTANT:
+            kind = 4
+        elif (role is _SYSTEM or role == _SYSTEM) and i == n_pinned:
+            return -1
+        else:
+            kind = 0
+        if PyList_GET_SIZE(src) != n:
+            return -1  # (a role's __eq__ changed src)
+        new_counts[j] = c
+        new_kinds[j] = kind
+        new_savings[j] = saving
+    return 0
+
+
 def clearing_turn(src, ref, out, counts, kinds, savings, results, result_kinds, state, counter, settings):
     """One turn of ``ClearToolResultsFilter`` when the history only grew; see ``_editing_core_py``."""
     cdef int64_t new_counts[C_TURN_MAX]
@@ -306,6 +365,7 @@ def clearing_turn(src, ref, out, counts, kinds, savings, results, result_kinds, 
     cdef Py_ssize_t k, n, i, j, n_pinned
     cdef int8_t kind
     cdef bint work = 0
+    cdef int got
     cdef object m, e, role, content, tv, cv
     cdef object msgs_cache, texts
     if (type(src) is not list or type(ref) is not list or type(out) is not list or type(results) is not list
@@ -331,47 +391,10 @@ def clearing_turn(src, ref, out, counts, kinds, savings, results, result_kinds, 
     if type(msgs_cache) is not dict or type(texts) is not dict:
         return -1
     n_pinned = <Py_ssize_t>st[5]
-    for i in range(k, n):
-        j = i - k
-        m = <object>PyList_GET_ITEM(src, i)
-        e = (<dict>msgs_cache).get(PyLong_FromVoidPtr(<void *>m))  # id(m)
-        if e is None or type(e) is not tuple or <object>PyWeakref_GetObject((<tuple>e)[0]) is not m:
-            return -1
-        cv = (<tuple>e)[1]
-        if type(cv) is not int:
-            return -1
-        c = cv
-        if c < 0 or c > C_MAX:
-            return -1
-        role = m.role
-        if type(role) is not str:
-            return -1
-        saving = 0
-        if role is _TOOL or role == _TOOL:
-            content = m.content
-            if type(content) is not str:
-                return -1
-            tv = (<dict>texts).get(content)
-            if tv is None or type(tv) is not int:
-                return -1
-            t = tv
-            saving = t - placeholder_cost
-            if saving < 0:
-                saving = 0
-            if saving > c:
-                saving = c
-            kind = 2
-        elif role is _ASSISTANT or role == _ASSISTANT:
-            kind = 4
-        elif (role is _SYSTEM or role == _SYSTEM) and i == n_pinned:
-            return -1
-        else:
-            kind = 0
-        if PyList_GET_SIZE(src) != n:
-            return -1  # (a role's __eq__ changed src)
-        new_counts[j] = c
-        new_kinds[j] = kind
-        new_savings[j] = saving
+    got = _new_records(src, k, n, msgs_cache, texts, None, placeholder_cost, n_pinned, new_counts, new_kinds,
+                       new_savings, -1)
+    if got != 0:
+        return got
     total, cleared, limit, pending, n_results = st[1], st[2], st[3], st[4], st[6]
     for j in range(n - k):
         total += new_counts[j]
@@ -568,6 +591,7 @@ cdef class ClearingTurn:
         cdef int64_t *st
         cdef Py_ssize_t k, n, i, j, n_pinned
         cdef int8_t kind
+        cdef int got
         cdef object m, e, role, content, tv, cv, msgs_cache, texts, mcls
         cdef list src = <list>self.src, ref = self.ref, out = self.out
         k = PyList_GET_SIZE(ref)
@@ -586,49 +610,10 @@ cdef class ClearingTurn:
             return -1
         mcls = self.message_cls
         n_pinned = <Py_ssize_t>st[5]
-        for i in range(k, n):
-            j = i - k
-            m = <object>PyList_GET_ITEM(src, i)
-            if type(m) is not mcls:
-                return -1
-            e = (<dict>msgs_cache).get(PyLong_FromVoidPtr(<void *>m))  # id(m)
-            if e is None or type(e) is not tuple or <object>PyWeakref_GetObject((<tuple>e)[0]) is not m:
-                return -3  # (an entry of another message, whose id m reuses: counting m replaces it)
-            cv = (<tuple>e)[1]
-            if type(cv) is not int:
-                return -1
-            c = cv
-            if c < 0 or c > C_MAX:
-                return -1
-            role = m.role
-            if type(role) is not str:
-                return -1
-            saving = 0
-            if role == _TOOL:
-                content = m.content
-                if type(content) is not str:
-                    return -1
-                tv = (<dict>texts).get(content)
-                if tv is None:
-                    return -3
-                if type(tv) is not int:
-                    return -1
-                t = tv
-                saving = t - self.placeholder_cost
-                if saving < 0:
-                    saving = 0
-                if saving > c:
-                    saving = c
-                kind = 2
-            elif role == _ASSISTANT:
-                kind = 4
-            elif role == _SYSTEM and i == n_pinned:
-                return -1
-            else:
-                kind = 0
-            new_counts[j] = c
-            new_kinds[j] = kind
-            new_savings[j] = saving
+        got = _new_records(src, k, n, msgs_cache, texts, mcls, self.placeholder_cost, n_pinned, new_counts,
+                           new_kinds, new_savings, -3)
+        if got != 0:
+            return got
         total = st[1]
         for j in range(n - k):
             total += new_counts[j]
