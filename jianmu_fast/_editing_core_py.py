@@ -301,6 +301,17 @@ def _array(a, name, code):
         raise TypeError(f"{name} must be an array.array of typecode {code!r}")
 
 
+def _check_turn_args(src, ref, out, counts, kinds, savings, results, result_kinds, state):
+    """The types ``clearing_turn`` and ``ClearingTurn.arm`` take, else ``TypeError`` naming the argument."""
+    if (type(src) is not list or type(ref) is not list or type(out) is not list or type(results) is not list
+            or type(result_kinds) is not list):
+        raise TypeError("src, ref, out, results and result_kinds must be lists")
+    _array(counts, "counts", "q")
+    _array(kinds, "kinds", "b")
+    _array(savings, "savings", "q")
+    _array(state, "state", "q")
+
+
 def _new_records(src, k, n, counter, placeholder_cost, n_pinned, message_cls):
     """The records of the new messages ``src[k:n]`` from ``counter``'s caches (see
     ``clearing_turn``): ``(counts, kinds, savings)``, or ``-3`` when a message's count (or a
@@ -413,13 +424,7 @@ def clearing_turn(src, ref, out, counts, kinds, savings, results, result_kinds, 
     >>> list(counts), list(state), out == [first, m]
     ([8, 5], [2, 16, 0, 0, 0, 0, 0], True)
     """
-    if (type(src) is not list or type(ref) is not list or type(out) is not list or type(results) is not list
-            or type(result_kinds) is not list):
-        raise TypeError("src, ref, out, results and result_kinds must be lists")
-    _array(counts, "counts", "q")
-    _array(kinds, "kinds", "b")
-    _array(savings, "savings", "q")
-    _array(state, "state", "q")
+    _check_turn_args(src, ref, out, counts, kinds, savings, results, result_kinds, state)
     placeholder_cost, trigger, step, keep = settings
     k = len(ref)
     n = len(src)
@@ -511,13 +516,7 @@ class ClearingTurn:
 
     def arm(self, src, ref, out, counts, kinds, savings, results, result_kinds, state, counter, settings):
         """Hold the records of the filter's last turn, for calls from this thread with ``src``."""
-        if (type(src) is not list or type(ref) is not list or type(out) is not list or type(results) is not list
-                or type(result_kinds) is not list):
-            raise TypeError("src, ref, out, results and result_kinds must be lists")
-        _array(counts, "counts", "q")
-        _array(kinds, "kinds", "b")
-        _array(savings, "savings", "q")
-        _array(state, "state", "q")
+        _check_turn_args(src, ref, out, counts, kinds, savings, results, result_kinds, state)
         placeholder_cost, trigger, step, keep = settings
         self._held = (src, ref, out, counts, kinds, savings, results, result_kinds, state, counter,
                       (int(placeholder_cost), int(trigger), int(step), int(keep)), threading.get_ident())
