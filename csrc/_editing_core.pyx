@@ -66,6 +66,72 @@ cdef int64_t _room(const int64_t *counts, const int8_t *kinds, const int64_t *sa
     return 0
 
 
+cdef int64_t _room_fast(const int64_t *ps, const int64_t *rs, const int64_t *cs, const int8_t *kinds,
+                        Py_ssize_t n_pinned, Py_ssize_t end, int64_t cleared, int64_t x, int64_t step) noexcept nogil:
+    """``_room``, the same value, by a binary search over prefix sums (``_prefix``): ``acc`` at
+    ``j`` (what the loop of ``_room`` holds there) is ``ps[j] - cs[min(cleared, rs[j])]``, which
+    never decreases as ``j`` grows (a saving is at most its message's count)."""
+    cdef int64_t target, acc, r
+    cdef Py_ssize_t lo, hi, mid
+    cdef int8_t k
+    if x <= 0:
+        return -x
+    target = (x + step - 1) // step * step
+    lo = n_pinned
+    hi = end
+    while lo < hi:  # the first j in [n_pinned, end) whose acc reaches target (end: none)
+        mid = lo + (hi - lo) // 2
+        r = rs[mid]
+        if r > cleared:
+            r = cleared
+        if ps[mid] - cs[r] >= target:
+            hi = mid
+        else:
+            lo = mid + 1
+    while lo < end and lo != n_pinned:  # then the first unit start from there
+        k = kinds[lo]
+        if k != 1 and k != 2:
+            break
+        lo += 1
+    if lo >= end:
+        return 0
+    r = rs[lo]
+    if r > cleared:
+        r = cleared
+    acc = ps[lo] - cs[r]
+    return acc // step * step - x
+
+
+cdef int64_t *_prefix(const int64_t *counts, const int8_t *kinds, const int64_t *savings, Py_ssize_t n,
+                      Py_ssize_t n_pinned) noexcept nogil:
+    """One buffer for ``_room_fast``, NULL when out of memory: ``ps`` (``n + 1`` sums of the
+    counts from ``n_pinned`` to each index), ``rs`` (``n + 1``: the tool results in that span)
+    and ``cs`` (``n + 1``: the savings of the first ``r`` results, in order)."""
+    cdef int64_t *buf = <int64_t *>malloc(3 * (n + 1) * sizeof(int64_t))
+    cdef int64_t *ps
+    cdef int64_t *rs
+    cdef int64_t *cs
+    cdef Py_ssize_t j
+    cdef int64_t p = 0, r = 0
+    cdef int8_t k
+    if buf == NULL:
+        return NULL
+    ps, rs, cs = buf, buf + (n + 1), buf + 2 * (n + 1)
+    cs[0] = 0
+    for j in range(n_pinned + 1):
+        ps[j] = 0
+        rs[j] = 0
+    for j in range(n_pinned, n):
+        k = kinds[j]
+        p += counts[j]
+        if k == 1 or k == 2:
+            cs[r + 1] = cs[r] + savings[j]
+            r += 1
+        ps[j + 1] = p
+        rs[j + 1] = r
+    return buf
+
+
 cdef int64_t *_positions(const int8_t *kinds, Py_ssize_t n) noexcept nogil:
     """The indices of the tool results (kinds 1 and 2), or NULL when out of memory."""
     cdef int64_t *positions = <int64_t *>malloc((n if n > 0 else 1) * sizeof(int64_t))
@@ -87,6 +153,10 @@ cdef int _scan(const int64_t *counts, const int8_t *kinds, const int64_t *saving
     cdef int64_t k, total, cleared, limit, pending, n_pinned, n_results, need, eligible, x
     cdef int64_t best_k, best_saved, saved, r, r0, room
     cdef int64_t *positions = NULL  # the tool results' indices, found when a step is considered
+    cdef int64_t *pre = NULL  # _prefix's buffer (made with positions): _room_fast
+    cdef int64_t *ps = NULL
+    cdef int64_t *rs = NULL
+    cdef int64_t *cs = NULL
     total, cleared, limit, pending, n_pinned, n_results = sc[0], sc[1], sc[2], sc[3], sc[4], sc[5]
     need = step if step > 0 else 1
     for i in range(done, n):
@@ -125,14 +195,19 @@ cdef int _scan(const int64_t *counts, const int8_t *kinds, const int64_t *saving
                 positions = _positions(kinds, n)
                 if positions == NULL:
                     return -1
-            r0 = _room(counts, kinds, savings, n_pinned, i + 1, cleared, x, step)
+                pre = _prefix(counts, kinds, savings, n, n_pinned)
+                if pre == NULL:
+                    free(positions)
+                    return -1
+                ps, rs, cs = pre, pre + (n + 1), pre + 2 * (n + 1)
+            r0 = _room_fast(ps, rs, cs, kinds, n_pinned, i + 1, cleared, x, step)
             best_k = -1
             best_saved = -1
             saved = 0
             for r in range(cleared, eligible):
                 saved += savings[positions[r]]
                 if saved > best_saved and (saved >= need or (r + 1 == eligible and saved > 0)):
-                    room = _room(counts, kinds, savings, n_pinned, i + 1, r + 1, x - saved, step)
+                    room = _room_fast(ps, rs, cs, kinds, n_pinned, i + 1, r + 1, x - saved, step)
                     if 10 * room >= 9 * r0:
                         best_k = r + 1
                         best_saved = saved
@@ -140,9 +215,13 @@ cdef int _scan(const int64_t *counts, const int8_t *kinds, const int64_t *saving
                 total -= best_saved
                 cleared = best_k
                 x = total - trigger
-        limit = x + _room(counts, kinds, savings, n_pinned, i + 1, cleared, x, step)
+        if pre != NULL:
+            limit = x + _room_fast(ps, rs, cs, kinds, n_pinned, i + 1, cleared, x, step)
+        else:
+            limit = x + _room(counts, kinds, savings, n_pinned, i + 1, cleared, x, step)
         pending = 0
     free(positions)
+    free(pre)
     sc[0], sc[1], sc[2], sc[3], sc[4], sc[5] = total, cleared, limit, pending, n_pinned, n_results
     return 0
 
@@ -298,11 +377,13 @@ cdef int _is_array(object a, str name, char code) except -1:
 
 cdef int _new_records(list src, Py_ssize_t k, Py_ssize_t n, dict msgs_cache, dict texts, object mcls,
                       int64_t placeholder_cost, Py_ssize_t n_pinned, int64_t *new_counts, int8_t *new_kinds,
-                      int64_t *new_savings, int miss) except -2:
+                      int64_t *new_savings, int miss, Py_ssize_t *pinned=NULL) except -2:
     """The records of ``src[k:n]`` (count, kind, saving) into the three buffers: 0, or ``miss``
     where a message's count or a result's content count is not cached, -1 for anything else
-    (``mcls``: the exact message type required, or None). Shared by ``clearing_turn`` and
-    ``ClearingTurn._turn`` (the twin's ``_new_records``)."""
+    (``mcls``: the exact message type required, or None). With ``pinned`` (a fresh start), a
+    system message at ``*pinned`` is pinned (kind 3) and ``*pinned`` counts it, as the filter's
+    ``_append`` records it; without, it is -1. Shared by ``clearing_turn`` and
+    ``ClearingTurn._turn`` / ``_restart`` (the twin's ``_new_records``)."""
     cdef Py_ssize_t i, j
     cdef int64_t c, t, saving
     cdef int8_t kind
@@ -344,7 +425,10 @@ cdef int _new_records(list src, Py_ssize_t k, Py_ssize_t n, dict msgs_cache, dic
         elif role is _ASSISTANT or role == _ASSISTANT:
             kind = 4
         elif (role is _SYSTEM or role == _SYSTEM) and i == n_pinned:
-            return -1
+            if pinned == NULL:
+                return -1
+            kind = 3
+            n_pinned += 1
         else:
             kind = 0
         if PyList_GET_SIZE(src) != n:
@@ -352,6 +436,8 @@ cdef int _new_records(list src, Py_ssize_t k, Py_ssize_t n, dict msgs_cache, dic
         new_counts[j] = c
         new_kinds[j] = kind
         new_savings[j] = saving
+    if pinned != NULL:
+        pinned[0] = n_pinned
     return 0
 
 
@@ -513,7 +599,120 @@ cdef class ClearingTurn:
                 out = self._step()
                 if out is not None:
                     return out
+        elif (self.armed and type(src) is list and (tools_schema is None or not tools_schema)
+                and PyThread_get_thread_ident() == self.owner):
+            out = self._restart(<list>src)  # another list: a fresh start (a new conversation, a note put first)
+            if out is not None:
+                return out
         return self.flt._hot_apply(src, tools_schema)
+
+    cdef object _restart(self, list src):
+        """A fresh start on ``src`` (not the held list, at most ``TURN_MAX`` messages, and not
+        an extension of the held records: ``extends`` says no), in place of the filter's general
+        path: the records made anew from the counter's caches (the held lists and arrays
+        emptied and refilled, a new output list), the scan from the start, under the filter's
+        lock. None, with nothing changed, when that cannot be done here (a count not cached
+        after ``_warm``, a message the records cannot take, a scan that clears, the lock busy,
+        the filter's records not the held ones): the filter's ``_hot_apply`` does it then."""
+        cdef int64_t new_counts[C_TURN_MAX]
+        cdef int8_t new_kinds[C_TURN_MAX]
+        cdef int64_t new_savings[C_TURN_MAX]
+        cdef int64_t sc[6]
+        cdef int64_t base, total
+        cdef int64_t *st
+        cdef Py_ssize_t n = PyList_GET_SIZE(src), k, i, j, pinned = 0
+        cdef int got
+        cdef object flt = self.flt, rec, lock, args, msgs_cache, texts, a, b
+        cdef list ref = self.ref, new_out
+        if n == 0 or n > C_TURN_MAX or ref is None or self.out is None or self.state is None:
+            return None
+        # extends(ref, src) is False: src is shorter, or its first message that is not ref's is unequal
+        k = PyList_GET_SIZE(ref)
+        if n >= k:
+            for i in range(k):
+                if PyList_GET_ITEM(src, i) != PyList_GET_ITEM(ref, i):
+                    break
+            else:
+                return None
+            a = <object>PyList_GET_ITEM(src, i)
+            b = <object>PyList_GET_ITEM(ref, i)
+            try:
+                if a == b:
+                    return None  # (equal messages: the general path resumes)
+            except Exception:
+                return None
+            if not self.armed or PyList_GET_SIZE(src) != n:
+                return None
+        msgs_cache = self.counter._msgs
+        texts = self.counter._texts
+        if type(msgs_cache) is not dict or type(texts) is not dict:
+            return None
+        got = _new_records(src, 0, n, msgs_cache, texts, self.message_cls, self.placeholder_cost, 0, new_counts,
+                           new_kinds, new_savings, -3, &pinned)
+        if got == -3:  # counted, then again
+            flt._warm(src, 0)
+            if not self.armed or PyList_GET_SIZE(src) != n or PyThread_get_thread_ident() != self.owner:
+                return None
+            msgs_cache = self.counter._msgs
+            texts = self.counter._texts
+            if type(msgs_cache) is not dict or type(texts) is not dict:
+                return None
+            pinned = 0
+            got = _new_records(src, 0, n, msgs_cache, texts, self.message_cls, self.placeholder_cost, 0, new_counts,
+                               new_kinds, new_savings, -3, &pinned)
+        if got != 0:
+            return None
+        lock = flt._lock
+        if not lock.acquire(False):
+            return None
+        try:
+            rec = flt._rec
+            args = flt._turn_args
+            if (rec.out is not self.out or rec.messages is not ref or rec.state is not self.state
+                    or rec.counts is not self.counts or rec.kinds is not self.kinds or rec.savings is not self.savings
+                    or rec.results is not self.results or rec.result_kinds is not self.result_kinds
+                    or type(args) is not tuple or PyTuple_GET_SIZE(args) != 11 or (<tuple>args)[0] is not self.src
+                    or (<tuple>args)[2] is not self.out or rec.calls or rec.owner or type(rec.base) is not int):
+                return None
+            base = rec.base
+            if base < 0 or base > C_MAX:
+                return None
+            # the scan from the start (plan_clearing's over the new records); one that clears is left
+            # to the general path (its cleared copies)
+            total = base
+            for j in range(n):
+                total += new_counts[j]
+            sc[0], sc[1], sc[2], sc[3], sc[4], sc[5] = base, 0, 0, 0, pinned, 0
+            if _scan(new_counts, new_kinds, new_savings, n, 0, self.trigger, self.step, self.keep, sc) != 0 or sc[1] != 0:
+                return None
+            new_out = PyList_GetSlice(src, 0, n)
+            del ref[:]
+            ref.extend(src)
+            del self.results[:]
+            del self.result_kinds[:]
+            carray.resize_smart(self.counts, n)
+            carray.resize_smart(self.kinds, n)
+            carray.resize_smart(self.savings, n)
+            for j in range(n):
+                self.counts.data.as_longlongs[j] = new_counts[j]
+                self.kinds.data.as_schars[j] = new_kinds[j]
+                self.savings.data.as_longlongs[j] = new_savings[j]
+                if new_kinds[j] == 2:
+                    PyList_Append(self.results, j)
+                    PyList_Append(self.result_kinds, 2)
+            st = <int64_t *>self.state.data.as_longlongs
+            st[0] = n
+            st[1], st[2], st[3], st[4], st[5], st[6] = sc[0], sc[1], sc[2], sc[3], sc[4], sc[5]
+            rec.out = new_out
+            rec.cleared = 0
+            rec.n_pinned = pinned
+            rec.shared = True
+            PyObject_GenericSetAttr(flt, "_turn_args", (src, ref, new_out) + (<tuple>args)[3:])
+            self.src = src
+            self.out = new_out
+            return new_out
+        finally:
+            lock.release()
 
     cdef object _step(self):
         """A step ``_turn`` took (``state[2]``, the results cleared, grew past the filter's

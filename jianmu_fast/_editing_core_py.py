@@ -312,13 +312,15 @@ def _check_turn_args(src, ref, out, counts, kinds, savings, results, result_kind
     _array(state, "state", "q")
 
 
-def _new_records(src, k, n, counter, placeholder_cost, n_pinned, message_cls):
+def _new_records(src, k, n, counter, placeholder_cost, n_pinned, message_cls, pinned=False):
     """The records of the new messages ``src[k:n]`` from ``counter``'s caches (see
     ``clearing_turn``): ``(counts, kinds, savings)``, or ``-3`` when a message's count (or a
     tool result's content count) is not cached, ``-1`` when a message cannot be recorded here
     (content that is not a str, a system message where the pinned prefix may grow, a value of
     an unexpected type, ``src`` changed; with ``message_cls``, a message of another type).
-    ``clearing_turn`` and ``ClearingTurn`` share it (the compiled twin inlines it in both)."""
+    With ``pinned`` (a fresh start), a system message where the pinned prefix may grow is
+    pinned (kind 3), as the filter's ``_append`` records it. ``clearing_turn`` and
+    ``ClearingTurn`` share it (the compiled twin's ``_new_records`` too)."""
     msgs_cache, texts = counter._msgs, counter._texts
     if type(msgs_cache) is not dict or type(texts) is not dict:
         return -1
@@ -351,7 +353,10 @@ def _new_records(src, k, n, counter, placeholder_cost, n_pinned, message_cls):
         elif role == "assistant":
             kind = 4
         elif role == "system" and i == n_pinned:
-            return -1
+            if not pinned:
+                return -1
+            kind = 3
+            n_pinned += 1
         else:
             kind = 0
         if len(src) != n:
@@ -553,7 +558,79 @@ class ClearingTurn:
                     got, out = self._locked_turn(held)
                     if out is not None:
                         return out
+        elif (self.armed and held is not None and type(src) is list and (tools_schema is None or not tools_schema)
+                and threading.get_ident() == held[11]):
+            out = self._restart(held, src)  # another list: a fresh start (a new conversation, a note put first)
+            if out is not None:
+                return out
         return self.flt._hot_apply(src, tools_schema)
+
+    def _restart(self, held, src):
+        """A fresh start on ``src`` (not the held list, at most ``TURN_MAX`` messages, and not an
+        extension of the held records: ``extends`` says no), in place of the filter's general
+        path: the records made anew from the counter's caches (the held lists and arrays emptied
+        and refilled, a new output list), the scan from the start, under the filter's lock.
+        None, with nothing changed, when that cannot be done here (a count not cached after
+        ``_warm``, a message the records cannot take, a scan that clears, the lock busy, the
+        filter's records not the held ones): the filter's ``_hot_apply`` does it then."""
+        flt = self.flt
+        ref, out, counts, kinds, savings, results, result_kinds, state, counter, settings = held[1:11]
+        placeholder_cost, trigger, step, keep = settings
+        n, k = len(src), len(ref)
+        if n == 0 or n > TURN_MAX:
+            return None
+        if n >= k:  # extends(ref, src) is False: its first message that is not ref's is unequal
+            i = next((i for i in range(k) if src[i] is not ref[i]), None)
+            if i is None:
+                return None
+            try:
+                if src[i] == ref[i]:
+                    return None  # (equal messages: the general path resumes)
+            except Exception:
+                return None
+            if not self.armed or len(src) != n:
+                return None
+        got = _new_records(src, 0, n, counter, placeholder_cost, 0, self.message_cls, True)
+        if got == -3:  # counted, then again
+            flt._warm(src, 0)
+            if not self.armed or len(src) != n or threading.get_ident() != self._held[11]:
+                return None
+            got = _new_records(src, 0, n, counter, placeholder_cost, 0, self.message_cls, True)
+        if type(got) is int:
+            return None
+        new_counts, new_kinds, new_savings = got
+        lock = flt._lock
+        if self._held is not held or not lock.acquire(False):
+            return None
+        try:
+            rec, args = flt._rec, flt._turn_args
+            if (rec.out is not out or rec.messages is not ref or rec.state is not state or rec.counts is not counts
+                    or rec.kinds is not kinds or rec.savings is not savings or rec.results is not results
+                    or rec.result_kinds is not result_kinds or type(args) is not tuple or len(args) != 11
+                    or args[0] is not held[0] or args[2] is not out or rec.calls or rec.owner
+                    or type(rec.base) is not int or not 0 <= rec.base <= MAX_VALUE):
+                return None
+            # the scan from the start (plan_clearing's over the new records); one that clears is left
+            # to the general path (its cleared copies)
+            scan = array.array("q", bytes(8 * STATE_LEN))
+            fresh = (array.array("q", new_counts), array.array("b", new_kinds), array.array("q", new_savings))
+            if plan_clearing(*fresh, rec.base, trigger, step, keep, scan)[0] != 0:
+                return None
+            new_out = src[:]
+            ref[:] = src
+            del results[:], result_kinds[:]
+            counts[:], kinds[:], savings[:] = fresh
+            for j, kind in enumerate(new_kinds):
+                if kind == 2:
+                    results.append(j)
+                    result_kinds.append(2)
+            state[:] = scan
+            rec.out, rec.cleared, rec.n_pinned, rec.shared = new_out, 0, new_kinds.count(3), True
+            object.__setattr__(flt, "_turn_args", (src, ref, new_out) + args[3:])
+            self._held = (src, ref, new_out) + held[3:]
+            return new_out
+        finally:
+            lock.release()
 
     def _locked_turn(self, held):
         """``(got, out)``: the turn under the filter's lock (``got`` -1 when the lock is taken or

@@ -77,6 +77,35 @@ def test_monotone_along_growing_histories(rec, trigger, step, keep, data):
     assert long[0] >= short[0]
 
 
+@st.composite
+def long_records(draw):
+    """Long histories of many small results: many steps considered, each over many candidates
+    (the compiled room is a binary search over prefix sums, the twin's a walk)."""
+    n = draw(st.integers(50, 400))
+    n_pinned = draw(st.integers(0, 2))
+    seed = draw(st.integers(0, 2**32 - 1))
+    rng = np.random.default_rng(seed)
+    counts = rng.integers(0, draw(st.sampled_from([50, 400, 3000])), n).astype(np.int64)
+    kinds = rng.choice(np.array([0, 4, 4, 1, 2, 2, 2], dtype=np.int8), n)
+    kinds[:n_pinned] = 3
+    savings = np.where(kinds == 2, (counts * rng.random(n)).astype(np.int64), 0).astype(np.int64)
+    return counts, kinds, savings
+
+
+@settings(max_examples=150, deadline=None)
+@given(long_records(), st.integers(0, 20000), st.integers(1, 5000), st.integers(0, 5), st.data())
+def test_long_scans_twin_equals_compiled_state_and_all(rec, trigger, step, keep, data):
+    counts, kinds, savings = rec
+    cuts = sorted(data.draw(st.lists(st.integers(0, len(counts)), max_size=3)))
+    states = {}
+    for mod in (py, core):
+        state = np.zeros(mod.STATE_LEN, dtype=np.int64)
+        got = [mod.plan_clearing(counts[:k], kinds[:k], savings[:k], 3, trigger, step, keep, state)
+               for k in cuts + [len(counts)]]
+        states[mod] = (got, state.tolist())
+    assert states[py] == states[core]
+
+
 def test_a_step_waits_for_a_message_that_is_not_an_assistant_message():
     # user, result, then a message that moves the budget's cut (x = 200 past the trigger, and
     # no unit start reaches the chunk mark: room 0): a user message takes the step at once,
@@ -354,6 +383,105 @@ def test_clearing_turn_object_twin_equals_compiled_and_the_general_path(hist, da
             got.append([list(x) for x in _records(f)])
         assert got[0] == got[1]
         assert filters[0]._hot_turn.armed == filters[1]._hot_turn.armed
+
+
+@settings(max_examples=200, deadline=None)
+@given(messages(n_max=40), st.data(), st.sampled_from([0, 200, 2000, 20000]), st.sampled_from([0, 1, 300, 2000]),
+       st.integers(0, 4))
+def test_clearing_turn_object_fresh_starts_twin_equals_compiled_and_the_general_path(hist, data, trigger, step, keep):
+    """The builder's hot call handed another list (a new conversation, a note put before the
+    history, a copy of the same prefix): a short one is started afresh in the compiled turn
+    (``_restart``), a long one, one that extends the records or one whose scan clears by the
+    filter's general path; either way the output is a fresh filter's ``apply`` of that list,
+    and the compiled turn and its twin keep the same records."""
+    from jianmu_fast.message import Message
+
+    filters = []
+    for mod in (core, py):
+        f = ClearToolResultsFilter(trigger, COUNTER, keep=keep, clear_at_least=step)
+        object.__setattr__(f, "_hot_turn", mod.ClearingTurn(f, Message))
+        filters.append(f)
+    note = system("history note")
+    COUNTER.count_message(note)
+    srcs: list[list] = [[], []]
+    n = 0
+    while n < len(hist):
+        n = data.draw(st.integers(n + 1, min(len(hist), n + 5)), label="end")
+        how = data.draw(st.sampled_from(["grow", "grow", "new", "note", "copy", "tail"]), label="how")
+        for j, f in enumerate(filters):
+            if how == "grow":
+                srcs[j].extend(hist[len(srcs[j]):n])
+            elif how == "new":
+                srcs[j] = hist[:n]
+            elif how == "note":
+                srcs[j] = hist[:1] + [note] + hist[1:n]
+            elif how == "copy":
+                srcs[j] = list(srcs[j]) + hist[len(srcs[j]):n]
+            else:
+                srcs[j] = hist[max(0, n - 6):n]
+        want = ClearToolResultsFilter(trigger, COUNTER, keep=keep, clear_at_least=step).apply(srcs[0])
+        got = []
+        for j, f in enumerate(filters):
+            out = f._hot_turn(srcs[j], None)
+            assert out == want and out is not srcs[j]
+            got.append([list(x) for x in _records(f)] + [f._rec.cleared, f._rec.n_pinned])
+            if f._hot_turn.armed:
+                assert f._turn_args[0] is srcs[j] and f._turn_args[2] is f._rec.out
+        assert got[0] == got[1]
+        assert filters[0]._hot_turn.armed == filters[1]._hot_turn.armed
+
+
+@pytest.mark.parametrize("mod", [core, py], ids=["compiled", "twin"])
+def test_clearing_turn_object_starts_a_short_new_list_itself(mod):
+    """A short new list (a new conversation, or the history note put before the history) is
+    started afresh by the turn itself, without the filter's ``_hot_apply``; a list that extends
+    the records, one over ``TURN_MAX`` and one whose first scan clears go to ``_hot_apply``."""
+    from jianmu_fast.message import Message
+
+    hist = [system("sys"), human("q")]
+    for i in range(30):
+        hist += [ai(None, tool_calls=[{"id": f"c{i}", "type": "function", "function": {"name": "f", "arguments": "{}"}}]),
+                 tool("result " * 80, tool_call_id=f"c{i}"), ai("ok")]
+    note = system("note")
+    for m in hist + [note]:
+        COUNTER.count_message(m)
+        if m.role == "tool":
+            COUNTER.count_text(m.content)
+    f = ClearToolResultsFilter(1500, COUNTER, keep=2, clear_at_least=300)
+    object.__setattr__(f, "_hot_turn", mod.ClearingTurn(f, Message))
+    calls = []
+    real = f._hot_apply
+
+    def counted(src, tools_schema=None):
+        calls.append(len(src))
+        return real(src, tools_schema)
+
+    object.__setattr__(f, "_hot_apply", counted)
+
+    def fresh(src):
+        return ClearToolResultsFilter(1500, COUNTER, keep=2, clear_at_least=300).apply(src)
+
+    turn = f._hot_turn
+    src = hist[:40]
+    assert turn(src) == fresh(src) and calls == [40]
+    for src in (hist[:3], hist[:1] + [note] + hist[1:6], hist[:2], [note, hist[1]]):
+        assert turn(src) == fresh(src) and turn.armed
+        assert len(calls) == 1  # started by the turn itself
+        assert f._rec.messages == src and f._rec.n_pinned == (2 if src[1].role == "system" else 1)
+        src.append(hist[len(src)])
+        assert turn(src) == fresh(src) and len(calls) == 1  # then its ordinary turn
+    assert turn(hist[:2]) == fresh(hist[:2]) and len(calls) == 1
+    assert turn(hist[:2] + [hist[2]]) == fresh(hist[:3]) and calls[-1] == 3  # extends the records: resumed
+    assert turn(hist[:20]) == fresh(hist[:20]) and calls[-1] == 20  # over TURN_MAX
+    big = [system("s")] + [tool("result " * 400, tool_call_id=f"c{i}") for i in range(6)]
+    for m in big:
+        COUNTER.count_message(m)
+        COUNTER.count_text(m.content) if m.role == "tool" else None
+    g = ClearToolResultsFilter(1500, COUNTER, keep=2)
+    object.__setattr__(g, "_hot_turn", mod.ClearingTurn(g, Message))
+    g._hot_turn(hist[:3])
+    out = g._hot_turn(big)  # its first scan clears: the general path
+    assert out == ClearToolResultsFilter(1500, COUNTER, keep=2).apply(big) and out[1].content == "[cleared]"
 
 
 def test_clearing_turn_object_falls_back_off_its_thread_and_after_a_direct_call():
