@@ -19,7 +19,7 @@ from cpython.weakref cimport PyWeakref_GetObject
 from cpython.unicode cimport PyUnicode_GET_LENGTH
 from cpython.pyport cimport PY_SSIZE_T_MAX
 from libc.stdint cimport int64_t, int8_t
-from libc.stdlib cimport free, malloc
+from libc.stdlib cimport free, malloc, realloc
 
 import array
 
@@ -40,51 +40,101 @@ cdef int _check(str name, int64_t value) except -1:
     return 0
 
 
-cdef int64_t _room(const int64_t *counts, const int8_t *kinds, const int64_t *savings,
-                   Py_ssize_t n_pinned, Py_ssize_t end, int64_t cleared, int64_t x, int64_t step) noexcept nogil:
-    """Room of the chunked cut over ``[:end]`` with the first ``cleared`` results cleared."""
-    cdef int64_t target, acc, r, c
-    cdef Py_ssize_t j
+cdef struct Prefix:
+    # what ``_room_fast`` and a step's candidates read, over records ``[0, n)``: ``ps[j]`` the sum
+    # of ``counts[:j]``, ``rs[j]`` the tool results among them, ``cs[r]`` the savings of the
+    # first ``r`` results and ``pos[r]`` the index of result ``r`` (``r`` results so far);
+    # ``cap`` entries allocated (``cap + 1`` for ``ps``, ``rs``, ``cs``). Extended as the records
+    # grow (``_prefix_upto``): a ``ClearingTurn`` keeps one over the records it holds.
+    int64_t *ps
+    int64_t *rs
+    int64_t *cs
+    int64_t *pos
+    Py_ssize_t cap
+    Py_ssize_t n
+    Py_ssize_t r
+
+
+cdef void _prefix_free(Prefix *p) noexcept nogil:
+    free(p.ps)
+    free(p.rs)
+    free(p.cs)
+    free(p.pos)
+    p.ps = p.rs = p.cs = p.pos = NULL
+    p.cap = p.n = p.r = 0
+
+
+cdef int _prefix_upto(Prefix *p, const int64_t *counts, const int8_t *kinds, const int64_t *savings,
+                      Py_ssize_t n) noexcept nogil:
+    """``p`` over the records ``[0, n)`` (those up to ``p.n`` already in it): 0, or -1 when out
+    of memory (``p`` then emptied)."""
+    cdef Py_ssize_t j, cap
+    cdef int64_t *q
     cdef int8_t k
-    cdef bint tool
-    if x <= 0:
-        return -x
-    target = (x + step - 1) // step * step
-    acc = 0
-    r = 0
-    for j in range(n_pinned, end):
+    if n > p.cap:
+        cap = 2 * p.cap if 2 * p.cap > n else n
+        if cap < 64:
+            cap = 64
+        q = <int64_t *>realloc(p.ps, (cap + 1) * sizeof(int64_t))
+        if q == NULL:
+            _prefix_free(p)
+            return -1
+        p.ps = q
+        q = <int64_t *>realloc(p.rs, (cap + 1) * sizeof(int64_t))
+        if q == NULL:
+            _prefix_free(p)
+            return -1
+        p.rs = q
+        q = <int64_t *>realloc(p.cs, (cap + 1) * sizeof(int64_t))
+        if q == NULL:
+            _prefix_free(p)
+            return -1
+        p.cs = q
+        q = <int64_t *>realloc(p.pos, (cap + 1) * sizeof(int64_t))
+        if q == NULL:
+            _prefix_free(p)
+            return -1
+        p.pos = q
+        p.cap = cap
+    if p.n == 0:
+        p.ps[0] = 0
+        p.rs[0] = 0
+        p.cs[0] = 0
+        p.r = 0
+    for j in range(p.n, n):
         k = kinds[j]
-        tool = k == 1 or k == 2
-        if (j == n_pinned or not tool) and acc >= target:
-            return acc // step * step - x
-        c = counts[j]
-        if tool:
-            if r < cleared:
-                c -= savings[j]
-            r += 1
-        acc += c
+        if k == 1 or k == 2:
+            p.pos[p.r] = j
+            p.cs[p.r + 1] = p.cs[p.r] + savings[j]
+            p.r += 1
+        p.ps[j + 1] = p.ps[j] + counts[j]
+        p.rs[j + 1] = p.r
+    if n > p.n:
+        p.n = n
     return 0
 
 
-cdef int64_t _room_fast(const int64_t *ps, const int64_t *rs, const int64_t *cs, const int8_t *kinds,
-                        Py_ssize_t n_pinned, Py_ssize_t end, int64_t cleared, int64_t x, int64_t step) noexcept nogil:
-    """``_room``, the same value, by a binary search over prefix sums (``_prefix``): ``acc`` at
-    ``j`` (what the loop of ``_room`` holds there) is ``ps[j] - cs[min(cleared, rs[j])]``, which
-    never decreases as ``j`` grows (a saving is at most its message's count)."""
-    cdef int64_t target, acc, r
+cdef int64_t _room_fast(const Prefix *p, const int8_t *kinds, Py_ssize_t n_pinned, Py_ssize_t end,
+                        int64_t cleared, int64_t x, int64_t step) noexcept nogil:
+    """``_room``, the same value, by a binary search over the prefix sums ``p`` (over at least
+    ``[0, end)``): ``acc`` at ``j`` (what the loop of ``_room`` holds there) is ``ps[j] -
+    ps[n_pinned] - cs[min(cleared, rs[j])]`` (no result is pinned), which never decreases as
+    ``j`` grows (a saving is at most its message's count)."""
+    cdef int64_t target, acc, r, base
     cdef Py_ssize_t lo, hi, mid
     cdef int8_t k
     if x <= 0:
         return -x
     target = (x + step - 1) // step * step
+    base = p.ps[n_pinned]
     lo = n_pinned
     hi = end
     while lo < hi:  # the first j in [n_pinned, end) whose acc reaches target (end: none)
         mid = lo + (hi - lo) // 2
-        r = rs[mid]
+        r = p.rs[mid]
         if r > cleared:
             r = cleared
-        if ps[mid] - cs[r] >= target:
+        if p.ps[mid] - base - p.cs[r] >= target:
             hi = mid
         else:
             lo = mid + 1
@@ -95,68 +145,27 @@ cdef int64_t _room_fast(const int64_t *ps, const int64_t *rs, const int64_t *cs,
         lo += 1
     if lo >= end:
         return 0
-    r = rs[lo]
+    r = p.rs[lo]
     if r > cleared:
         r = cleared
-    acc = ps[lo] - cs[r]
+    acc = p.ps[lo] - base - p.cs[r]
     return acc // step * step - x
 
 
-cdef int64_t *_prefix(const int64_t *counts, const int8_t *kinds, const int64_t *savings, Py_ssize_t n,
-                      Py_ssize_t n_pinned) noexcept nogil:
-    """One buffer for ``_room_fast``, NULL when out of memory: ``ps`` (``n + 1`` sums of the
-    counts from ``n_pinned`` to each index), ``rs`` (``n + 1``: the tool results in that span)
-    and ``cs`` (``n + 1``: the savings of the first ``r`` results, in order)."""
-    cdef int64_t *buf = <int64_t *>malloc(3 * (n + 1) * sizeof(int64_t))
-    cdef int64_t *ps
-    cdef int64_t *rs
-    cdef int64_t *cs
-    cdef Py_ssize_t j
-    cdef int64_t p = 0, r = 0
-    cdef int8_t k
-    if buf == NULL:
-        return NULL
-    ps, rs, cs = buf, buf + (n + 1), buf + 2 * (n + 1)
-    cs[0] = 0
-    for j in range(n_pinned + 1):
-        ps[j] = 0
-        rs[j] = 0
-    for j in range(n_pinned, n):
-        k = kinds[j]
-        p += counts[j]
-        if k == 1 or k == 2:
-            cs[r + 1] = cs[r] + savings[j]
-            r += 1
-        ps[j + 1] = p
-        rs[j + 1] = r
-    return buf
-
-
-cdef int64_t *_positions(const int8_t *kinds, Py_ssize_t n) noexcept nogil:
-    """The indices of the tool results (kinds 1 and 2), or NULL when out of memory."""
-    cdef int64_t *positions = <int64_t *>malloc((n if n > 0 else 1) * sizeof(int64_t))
-    cdef Py_ssize_t i, r = 0
-    if positions != NULL:
-        for i in range(n):
-            if kinds[i] == 1 or kinds[i] == 2:
-                positions[r] = i
-                r += 1
-    return positions
-
-
 cdef int _scan(const int64_t *counts, const int8_t *kinds, const int64_t *savings, Py_ssize_t n, Py_ssize_t done,
-               int64_t trigger, int64_t step, int64_t keep, int64_t *sc) noexcept nogil:
+               int64_t trigger, int64_t step, int64_t keep, int64_t *sc, Prefix *kept=NULL) noexcept nogil:
     """``plan_clearing``'s scan of ``[done:n]`` over checked records; ``sc`` holds ``total,
-    cleared, limit, pending, n_pinned, n_results`` (in and out). -1 when out of memory (``sc``
-    then unchanged), else 0."""
+    cleared, limit, pending, n_pinned, n_results`` (in and out). ``kept``: prefix sums over
+    these records kept between calls (extended here when a step is considered), or NULL (made
+    here when needed, and freed). -1 when out of memory (``sc`` then unchanged), else 0."""
     cdef Py_ssize_t i
     cdef int64_t k, total, cleared, limit, pending, n_pinned, n_results, need, eligible, x
     cdef int64_t best_k, best_saved, saved, r, r0, room
-    cdef int64_t *positions = NULL  # the tool results' indices, found when a step is considered
-    cdef int64_t *pre = NULL  # _prefix's buffer (made with positions): _room_fast
-    cdef int64_t *ps = NULL
-    cdef int64_t *rs = NULL
-    cdef int64_t *cs = NULL
+    cdef Prefix local
+    cdef Prefix *pre = kept if kept != NULL else &local
+    cdef bint ready = False  # pre covers [0, n)
+    local.ps = local.rs = local.cs = local.pos = NULL
+    local.cap = local.n = local.r = 0
     total, cleared, limit, pending, n_pinned, n_results = sc[0], sc[1], sc[2], sc[3], sc[4], sc[5]
     need = step if step > 0 else 1
     for i in range(done, n):
@@ -168,15 +177,15 @@ cdef int _scan(const int64_t *counts, const int8_t *kinds, const int64_t *saving
         x = total - trigger
         if step == 0:
             if x > 0 and eligible > cleared:
-                if positions == NULL:
-                    positions = _positions(kinds, n)
-                    if positions == NULL:
+                if not ready:
+                    if _prefix_upto(pre, counts, kinds, savings, n) != 0:
                         return -1
+                    ready = True
                 best_k = -1
                 best_saved = 0
                 saved = 0
                 for r in range(cleared, eligible):
-                    saved += savings[positions[r]]
+                    saved += savings[pre.pos[r]]
                     if saved >= need:
                         best_k = r + 1
                         best_saved = saved
@@ -190,24 +199,19 @@ cdef int _scan(const int64_t *counts, const int8_t *kinds, const int64_t *saving
             pending = 1
         if not pending or k == 4:
             continue
+        if not ready:
+            if _prefix_upto(pre, counts, kinds, savings, n) != 0:
+                return -1
+            ready = True
         if eligible > cleared:
-            if positions == NULL:
-                positions = _positions(kinds, n)
-                if positions == NULL:
-                    return -1
-                pre = _prefix(counts, kinds, savings, n, n_pinned)
-                if pre == NULL:
-                    free(positions)
-                    return -1
-                ps, rs, cs = pre, pre + (n + 1), pre + 2 * (n + 1)
-            r0 = _room_fast(ps, rs, cs, kinds, n_pinned, i + 1, cleared, x, step)
+            r0 = _room_fast(pre, kinds, n_pinned, i + 1, cleared, x, step)
             best_k = -1
             best_saved = -1
             saved = 0
             for r in range(cleared, eligible):
-                saved += savings[positions[r]]
+                saved += savings[pre.pos[r]]
                 if saved > best_saved and (saved >= need or (r + 1 == eligible and saved > 0)):
-                    room = _room_fast(ps, rs, cs, kinds, n_pinned, i + 1, r + 1, x - saved, step)
+                    room = _room_fast(pre, kinds, n_pinned, i + 1, r + 1, x - saved, step)
                     if 10 * room >= 9 * r0:
                         best_k = r + 1
                         best_saved = saved
@@ -215,13 +219,9 @@ cdef int _scan(const int64_t *counts, const int8_t *kinds, const int64_t *saving
                 total -= best_saved
                 cleared = best_k
                 x = total - trigger
-        if pre != NULL:
-            limit = x + _room_fast(ps, rs, cs, kinds, n_pinned, i + 1, cleared, x, step)
-        else:
-            limit = x + _room(counts, kinds, savings, n_pinned, i + 1, cleared, x, step)
+        limit = x + _room_fast(pre, kinds, n_pinned, i + 1, cleared, x, step)
         pending = 0
-    free(positions)
-    free(pre)
+    _prefix_free(&local)
     sc[0], sc[1], sc[2], sc[3], sc[4], sc[5] = total, cleared, limit, pending, n_pinned, n_results
     return 0
 
@@ -536,6 +536,14 @@ cdef class ClearingTurn:
     cdef carray.array counts, kinds, savings, state
     cdef int64_t placeholder_cost, trigger, step, keep
     cdef unsigned long owner
+    cdef Prefix pre  # the scan's prefix sums over the held records (emptied when they are replaced)
+
+    def __cinit__(self, *args, **kwargs):
+        self.pre.ps = self.pre.rs = self.pre.cs = self.pre.pos = NULL
+        self.pre.cap = self.pre.n = self.pre.r = 0
+
+    def __dealloc__(self):
+        _prefix_free(&self.pre)
 
     def __init__(self, flt, message_cls):
         self.flt = flt
@@ -556,6 +564,7 @@ cdef class ClearingTurn:
         self.src, self.ref, self.out, self.results, self.result_kinds = src, ref, out, results, result_kinds
         self.counts, self.kinds, self.savings, self.state = counts, kinds, savings, state
         self.counter = counter
+        self.pre.n = 0  # (records the prefix sums may not be of)
         self.owner = PyThread_get_thread_ident()
         self.armed = 1
 
@@ -564,6 +573,7 @@ cdef class ClearingTurn:
         unless ``hold`` (then ``rearm`` may take it up again)."""
         self.armed = 0
         if not hold:
+            self.pre.n = 0
             self.src = self.ref = self.out = self.results = self.result_kinds = None
             self.counts = self.kinds = self.savings = self.state = None
             self.counter = None
@@ -686,6 +696,7 @@ cdef class ClearingTurn:
             if _scan(new_counts, new_kinds, new_savings, n, 0, self.trigger, self.step, self.keep, sc) != 0 or sc[1] != 0:
                 return None
             new_out = PyList_GetSlice(src, 0, n)
+            self.pre.n = 0
             del ref[:]
             ref.extend(src)
             del self.results[:]
@@ -838,7 +849,7 @@ cdef class ClearingTurn:
         sc[0], sc[1], sc[2], sc[3], sc[4], sc[5] = st[1], st[2], st[3], st[4], st[5], st[6]
         if _scan(<const int64_t *>self.counts.data.as_longlongs, <const int8_t *>self.kinds.data.as_schars,
                  <const int64_t *>self.savings.data.as_longlongs, n, k,
-                 self.trigger, self.step, self.keep, sc) != 0:
+                 self.trigger, self.step, self.keep, sc, &self.pre) != 0:
             return 1  # (out of memory: the state is left for plan_clearing)
         st[0] = n
         st[1], st[2], st[3], st[4], st[5], st[6] = sc[0], sc[1], sc[2], sc[3], sc[4], sc[5]
