@@ -307,6 +307,11 @@ def extends(previous, current):
     return True
 
 
+#: references to a ClearingTurn's output list that are the filter's own (its records' ``out``,
+#: its ``_turn_args`` and the turn's ``out``): with no other, no one can see it change
+cdef enum:
+    OWN_REFS = 3
+
 cdef str _TOOL = "tool"
 cdef str _ASSISTANT = "assistant"
 cdef str _SYSTEM = "system"
@@ -314,6 +319,7 @@ cdef str _SYSTEM = "system"
 
 cdef extern from "Python.h":
     bint PyUnicode_IS_ASCII(object o)
+    Py_ssize_t _refs "Py_REFCNT"(PyObject *o)  # (of a borrowed pointer: no temporary reference)
 
 
 def extend_capped(src, ref, out, cache, fits=0):
@@ -730,10 +736,13 @@ cdef class ClearingTurn:
         ``cleared``): the filter's output as a new list with the newly cleared results' copies
         (cached, or made by the filter's ``_cleared_result``), made the filter's and held, under
         the filter's lock; None, with nothing changed, when the lock is busy, the filter's
-        records are not the held ones or a copy fails (its ``_hot_apply`` does it then)."""
-        cdef Py_ssize_t r, i, start, stop, n
+        records are not the held ones or a copy fails (its ``_hot_apply`` does it then). When
+        nothing but the filter's records, its ``_turn_args`` and this turn reference the output
+        list (``OWN_REFS``), nobody can see it change: the copies are put in it in place (no copy
+        of the whole list; the twin always copies, which no one can tell apart)."""
+        cdef Py_ssize_t r, i, start, stop, n, j
         cdef object flt = self.flt, rec, lock, args, m, e, c, kind, cache
-        cdef list new_out, patched, originals
+        cdef list new_out, patched, originals, copies
         lock = flt._lock
         if not lock.acquire(False):
             return None
@@ -753,8 +762,7 @@ cdef class ClearingTurn:
             cache = flt._cleared_cache._d
             if type(cache) is not dict:
                 return None
-            new_out = PyList_GetSlice(self.out, 0, n)
-            patched, originals = [], []
+            patched, originals, copies = [], [], []
             for r in range(start, stop):
                 kind = <object>PyList_GET_ITEM(self.result_kinds, r)
                 if not (type(kind) is int and kind == 2):
@@ -771,15 +779,27 @@ cdef class ClearingTurn:
                         c = flt._cleared_result(m)
                     except Exception:
                         return None  # (the filter's path reports it)
-                    if PyList_GET_SIZE(self.ref) != n or PyList_GET_SIZE(new_out) != n:
+                    if (PyList_GET_SIZE(self.ref) != n or PyList_GET_SIZE(self.out) != n or rec.out is not self.out
+                            or flt._turn_args is not args):
                         return None
-                new_out[i] = c
                 PyList_Append(patched, i)
                 PyList_Append(originals, m)
-            rec.out = new_out
-            rec.cleared = stop
-            PyObject_GenericSetAttr(flt, "_turn_args", (<tuple>args)[:2] + (new_out,) + (<tuple>args)[3:])
-            self.out = new_out
+                PyList_Append(copies, c)
+            if _refs(<PyObject *>self.out) == OWN_REFS:  # no one else holds it: in place
+                new_out = self.out
+                for j in range(PyList_GET_SIZE(patched)):
+                    i = <object>PyList_GET_ITEM(patched, j)
+                    new_out[i] = <object>PyList_GET_ITEM(copies, j)
+                rec.cleared = stop
+            else:
+                new_out = PyList_GetSlice(self.out, 0, n)
+                for j in range(PyList_GET_SIZE(patched)):
+                    i = <object>PyList_GET_ITEM(patched, j)
+                    new_out[i] = <object>PyList_GET_ITEM(copies, j)
+                rec.out = new_out
+                rec.cleared = stop
+                PyObject_GenericSetAttr(flt, "_turn_args", (<tuple>args)[:2] + (new_out,) + (<tuple>args)[3:])
+                self.out = new_out
             self.changed = (new_out, patched, originals)
             return new_out
         finally:

@@ -484,6 +484,73 @@ def test_clearing_turn_object_starts_a_short_new_list_itself(mod):
     assert out == ClearToolResultsFilter(1500, COUNTER, keep=2).apply(big) and out[1].content == "[cleared]"
 
 
+@settings(max_examples=150, deadline=None)
+@given(messages(n_max=40), st.data(), st.sampled_from([200, 2000]), st.sampled_from([0, 300, 2000]),
+       st.integers(0, 3), st.booleans())
+def test_clearing_turn_object_step_in_place_only_when_no_one_else_holds_the_output(hist, data, trigger, step, keep, hold):
+    """A step's cleared copies go into the output list in place only when nothing but the
+    filter and its turn reference it (the compiled turn; the twin copies): a list the caller
+    still holds never changes but by appends while it is returned again, and either way every
+    output is a fresh filter's ``apply``."""
+    from jianmu_fast.message import Message
+
+    ends = []
+    while not ends or ends[-1] < len(hist):
+        last = ends[-1] if ends else 0
+        ends.append(data.draw(st.integers(last + 1, min(len(hist), last + 3)), label="end") if hist else 0)
+        if not hist:
+            break
+    results = []
+    for mod in (core, py):
+        f = ClearToolResultsFilter(trigger, COUNTER, keep=keep, clear_at_least=step)
+        object.__setattr__(f, "_hot_turn", mod.ClearingTurn(f, Message))
+        src: list = []
+        held: list = []
+        ids = []
+        for n in ends:
+            src.extend(hist[len(src):n])
+            out = f._hot_turn(src, None)
+            assert out == ClearToolResultsFilter(trigger, COUNTER, keep=keep, clear_at_least=step).apply(src)
+            ids.append([m.content for m in out])
+            if hold:
+                held.append((out, list(out)))
+            del out
+        for out, snapshot in held:  # what the caller holds only ever grew
+            assert all(a is b for a, b in zip(out, snapshot))
+        results.append(ids)
+    assert results[0] == results[1]
+
+
+def test_compiled_step_edits_in_place_only_an_output_no_one_else_holds():
+    from jianmu_fast.message import Message
+
+    hist = [human("q")]
+    for i in range(30):
+        hist += [ai(None, tool_calls=[{"id": f"c{i}", "type": "function", "function": {"name": "f", "arguments": "{}"}}]),
+                 tool("result " * 80, tool_call_id=f"c{i}"), ai("ok")]
+    for m in hist:
+        COUNTER.count_message(m)
+        if m.role == "tool":
+            COUNTER.count_text(m.content)
+    for hold in (False, True):
+        f = ClearToolResultsFilter(1500, COUNTER, keep=2, clear_at_least=300)
+        turn = core.ClearingTurn(f, Message)
+        object.__setattr__(f, "_hot_turn", turn)
+        src, kept, same, new = [], [], 0, 0
+        for m in hist:
+            src.append(m)
+            before, cleared = id(f._rec.out), f._rec.cleared
+            out = turn(src)
+            assert out == ClearToolResultsFilter(1500, COUNTER, keep=2, clear_at_least=300).apply(src)
+            if turn.changed is not None and f._rec.cleared > cleared:
+                same += id(out) == before
+                new += id(out) != before
+            if hold:
+                kept.append(out)
+            del out
+        assert (same, new > 0) == (0, True) if hold else (same > 0 and new == 0)
+
+
 def test_clearing_turn_object_falls_back_off_its_thread_and_after_a_direct_call():
     """A call from another thread than the one that armed it, with tools, with another list, or
     after ``apply`` (which disarms it) is the filter's ``_hot_apply``; a change of a setting
