@@ -531,6 +531,18 @@ def clearing_turn(src, ref, out, counts, kinds, savings, results, result_kinds, 
     return 0
 
 
+cdef bint _ids_differ(object a, object b):
+    """Two messages of the message class whose ``id`` fields are different strs: unequal, as
+    ``a == b`` says (a field differs), without running its Python code."""
+    cdef object x, y
+    try:
+        x = (<dict>a.__dict__).get("id") if type(a.__dict__) is dict else None
+        y = (<dict>b.__dict__).get("id") if type(b.__dict__) is dict else None
+    except Exception:
+        return False
+    return type(x) is str and type(y) is str and not (x == y)
+
+
 @cython.auto_pickle(False)
 cdef class ClearingTurn:
     """``ClearToolResultsFilter``'s hot turn as one compiled call; see ``_editing_core_py``."""
@@ -652,11 +664,12 @@ cdef class ClearingTurn:
                 return None
             a = <object>PyList_GET_ITEM(src, i)
             b = <object>PyList_GET_ITEM(ref, i)
-            try:
-                if a == b:
-                    return None  # (equal messages: the general path resumes)
-            except Exception:
-                return None
+            if not (type(a) is self.message_cls and type(b) is self.message_cls and _ids_differ(a, b)):
+                try:
+                    if a == b:
+                        return None  # (equal messages: the general path resumes)
+                except Exception:
+                    return None
             if not self.armed or PyList_GET_SIZE(src) != n:
                 return None
         msgs_cache = self.counter._msgs

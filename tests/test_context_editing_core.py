@@ -472,6 +472,12 @@ def test_clearing_turn_object_starts_a_short_new_list_itself(mod):
         assert turn(src) == fresh(src) and len(calls) == 1  # then its ordinary turn
     assert turn(hist[:2]) == fresh(hist[:2]) and len(calls) == 1
     assert turn(hist[:2] + [hist[2]]) == fresh(hist[:3]) and calls[-1] == 3  # extends the records: resumed
+    twin = hist[1].model_copy()  # equal (the same id), another object: extends by equality, resumed
+    assert twin == hist[1] and twin is not hist[1]
+    assert turn([hist[0], twin, hist[2], hist[3]]) == fresh(hist[:4]) and calls[-1] == 4
+    other = human(hist[1].content)  # equal but for its id: unequal, started afresh by the turn
+    assert other != hist[1]
+    assert turn([hist[0], other, hist[2]]) == fresh([hist[0], other, hist[2]]) and calls[-1] == 4
     assert turn(hist[:20]) == fresh(hist[:20]) and calls[-1] == 20  # over TURN_MAX
     big = [system("s")] + [tool("result " * 400, tool_call_id=f"c{i}") for i in range(6)]
     for m in big:
