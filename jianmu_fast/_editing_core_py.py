@@ -483,7 +483,11 @@ class ClearingTurn:
     (armed again with it, for the calling thread). An armed call from the arming thread, with ``src`` and no tools,
     whose new messages ``clearing_turn`` would record (not ``-1``) records them, scans them and
     returns ``out`` when no step was taken; every other call is ``flt._hot_apply(src,
-    tools_schema)`` (after the records and the scan, for a step).
+    tools_schema)`` (after the records and the scan, for a step), but for a short other list
+    (at most :data:`TURN_MAX` messages that the records do not extend: a new conversation, or
+    the history note put before the history), which the turn starts afresh itself when it can
+    (``_restart``: the held records refilled in place, a new output list, the scan from the
+    start; one that clears goes to ``_hot_apply``).
 
     The compiled twin runs no Python code in that turn (exact types only: a ``message_cls``
     instance, ``str`` roles and contents, ``int`` counts and dict look-ups by ``int`` and
@@ -498,6 +502,8 @@ class ClearingTurn:
     but after a call whose step ``_step`` took: then ``(out, positions, originals)``, the
     new list, the positions it replaced (ascending) and the messages they held, which keep
     their role and ids (the builder hands it to the next stage's records: ``Records.hint``).
+    (The compiled twin puts the copies into the output list itself when nothing but the
+    filter and the turn reference it, so no one can see the difference.)
 
     >>> from jianmu_fast.memory.context import ClearToolResultsFilter, TiktokenTokenCounter
     >>> from jianmu_fast.message import human
