@@ -89,6 +89,7 @@ carrying the template's message; no count is made up.
 from __future__ import annotations
 
 import bisect
+import collections
 import copy
 import gzip
 import json
@@ -104,7 +105,8 @@ from ...errors import MessageValidationError, TokenizerLoadError
 from ...message import Message
 from ...message.model import FrozenList, coerce_message
 from . import _encodings
-from ._template_frames import Frames
+from ._template_frames import Frames, dumps_parsed, ops_hold
+from ._template_frames import _json_inside
 from ._template_frames import tojson as _frames_tojson
 
 __all__ = ["ChatTemplateTokenCounter", "has_chat_template", "message_to_template_dict"]
@@ -295,6 +297,95 @@ def _plain_head(d: Mapping[str, Any]) -> Optional[str]:
             return None
         out += ', "' + k + '": ' + _ENC_STR(v)
     return out + "}"
+
+
+def _call_entry(m: Message) -> Optional[tuple[dict[str, Any], str, tuple[Any, tuple[str, ...]]]]:
+    """``(message_to_template_dict(m), _message_key(d), Frames().frame_of(d))`` in one pass
+    for the usual tool-call message (calls with ``str`` ids, types and function names,
+    ``arguments`` a string; no ``name``, ``tool_call_id`` or extra fields): the arguments are
+    parsed once and printed once, for the key and the frame's slot. None for any other message.
+
+    >>> call = [{"id": "c1", "type": "function", "function": {"name": "f", "arguments": '{"x": 1}'}}]
+    >>> from jianmu_fast.message import ai
+    >>> d, key, part = _call_entry(ai("On it.", tool_calls=call))
+    >>> key == _message_key(d) and part == Frames(lambda ds: "").frame_of(d)
+    True
+    >>> part[1]
+    ('On it.', 'c1', 'f', '{"x": 1}')
+    """
+    if not m.tool_calls or m.extra or m.name is not None or m.tool_call_id is not None:
+        return None
+    content = m.content
+    if content is None:
+        content = ""
+    elif type(content) is not str:
+        return None
+    enc = _ENC_STR
+    calls = []
+    heads = []
+    values = [content] if content else []
+    cshapes: list[tuple[tuple[str, Any], ...]] = []
+    for call in m.tool_calls:  # type: ignore[union-attr]
+        c: dict[str, Any] = {}
+        head = []
+        cshape: list[tuple[str, Any]] = []
+        fn = None
+        for k, v in call.items():
+            if k == "function":
+                fn = v
+            elif v is None:
+                continue
+            elif type(v) is not str or k not in ("id", "type"):
+                return None
+            else:
+                c[k] = v
+                head.append('"' + k + '": ' + enc(v))
+                if k == "id" and v:
+                    values.append(v)
+                    cshape.append((k, None))
+                else:
+                    cshape.append((k, ("str", v)))
+        if fn is None or not isinstance(fn, dict):
+            return None
+        f: dict[str, Any] = {}
+        fhead = []
+        fshape: list[tuple[str, Any]] = []
+        for k, v in fn.items():
+            if v is None:
+                continue
+            if type(v) is not str or k not in ("name", "arguments"):
+                return None
+            if k == "arguments":
+                args = _parse_arguments(v)
+                if type(args) is not dict:
+                    return None
+                f[k] = args
+                text = dumps_parsed(args)
+                fhead.append('"arguments": ' + text)
+                values.append(text)
+                fshape.append((k, ("A",)))
+            else:
+                f[k] = v
+                fhead.append('"name": ' + enc(v))
+                if v:
+                    values.append(v)
+                    fshape.append((k, None))
+                else:
+                    fshape.append((k, ("str", v)))
+        c["function"] = f
+        head.append('"function": {' + ", ".join(fhead) + "}")
+        cshape.append(("function", ("F", tuple(fshape), None)))
+        calls.append(c)
+        heads.append("{" + ", ".join(head) + "}")
+        cshapes.append(tuple(cshape))
+    if not calls:
+        return None
+    role = m.role
+    d = {"role": role, "content": content, "tool_calls": calls}
+    key = '{"role": ' + enc(role) + ', "content": null, "tool_calls": [' + ", ".join(heads) + "]}\0" + content
+    shape = (("role", ("str", role)), ("content", None) if content else ("content", ("str", "")),
+             ("tool_calls", ("C", tuple(cshapes), None)))
+    return d, key, (shape, tuple(values))
 
 
 def _parse_key(key: str) -> dict[str, Any]:
@@ -502,7 +593,11 @@ class _Refused(Exception):
 #: ``Frames`` tables shared per (tokenizer sha256, template, special tokens, template
 #: variables) in a process (a frame's text is the template's alone)
 _FRAME_TABLES: dict[tuple[Any, ...], dict[Any, Any]] = {}
+#: unit plans (see ``ChatTemplateTokenCounter._plan``), shared as the frame tables are
+_PLAN_TABLES: dict[tuple[Any, ...], dict[Any, Any]] = {}
 _TABLES_LOCK = threading.Lock()
+#: ``_plan``'s answer for a unit whose frames are not all learned yet (build it next time)
+_NOT_YET = object()
 
 
 class ChatTemplateTokenCounter:
@@ -616,6 +711,10 @@ class ChatTemplateTokenCounter:
         # (see _template_frames); message key -> (frame part, field values)
         self._frames = Frames(self._render_plain, cache_size=cache_size)
         self._frame_parts: dict[str, tuple[Any, tuple[str, ...]]] = {}
+        # (pred, the unit's frame shapes) -> its plan (see _plan), or None (no plan: render)
+        self._plans: dict[Any, Any] = {}
+        self._plan_ok = self._split is not None and self._split_is_prefix_free()
+        self._search: Any = self._split.__self__.search if self._split is not None else None
         self._memo: dict[int, tuple[Any, ...]] = {}  # id(message) -> (weakref, snapshot, dict, key)
         self._by_key: dict[str, dict[str, Any]] = dict(_STANDIN_DICTS)  # message key -> template dict
         self._texts: dict[Any, int] = {}  # key of a rendered conversation -> tokens
@@ -636,6 +735,7 @@ class ChatTemplateTokenCounter:
             if shared is not None:
                 with _TABLES_LOCK:
                     self._frames._frames = _FRAME_TABLES.setdefault(shared, {})
+                    self._plans = _PLAN_TABLES.setdefault(shared, {})
         # message key -> (_lookahead, its element of _pattern), once _sensitive is known
         self._looks: dict[str, tuple[bool, tuple[Any, ...]]] = {}
         self._calls: dict[str, str] = {}  # tool-call id -> key of the assistant message that made it
@@ -771,6 +871,29 @@ class ChatTemplateTokenCounter:
                 totals[i] += sum(found[piece] for piece in parts[::2] if piece in found)
         return totals
 
+    def _piece_counts(self, pieces: list[str]) -> dict[str, int]:
+        """Tokens of each piece (text without added tokens), cached; the new ones encoded in
+        one batch."""
+        cache = self._pieces
+        out = {}
+        missing: dict[str, None] = {}
+        for piece in pieces:
+            n = cache.get(piece)
+            if n is None:
+                missing[piece] = None
+            else:
+                out[piece] = n
+        if missing:
+            new = list(missing)
+            found = dict(zip(new, self._encode_lengths(new)))
+            with self._lock:
+                if len(cache) >= self.cache_size:
+                    for k in list(cache)[: self.cache_size // 4]:
+                        cache.pop(k, None)
+                cache.update(found)
+            out.update(found)
+        return out
+
     def _piecewise_splitter(self) -> Any:
         """A function splitting text around the tokenizer's added tokens, when counting the
         pieces apart is exact: the tokenizer extracts added tokens first and encodes what lies
@@ -798,6 +921,123 @@ class ChatTemplateTokenCounter:
             return None
         pattern = re.compile("(" + "|".join(re.escape(c) for c in sorted(contents, key=len, reverse=True)) + ")")
         return pattern.split
+
+    def _split_is_prefix_free(self) -> bool:
+        """Whether no added token's text holds another's (then a text run between added tokens
+        that holds none, and does not run into the next one, splits as the plan says; see
+        ``_plan``)."""
+        tokens = [t.content for t in self._tok.get_added_tokens_decoder().values()]
+        return not any(a != b and a in b for a in tokens for b in tokens)
+
+    # -- unit plans: a new unit's costs from its field values, without assembling renderings --
+
+    def _plan(self, pred: str, shapes: tuple[Any, ...]) -> Any:
+        """How to cost a neighbour-independent unit whose messages have these frame shapes
+        (``Frames.frame_of``), after the stand-in ``pred``, from its field values alone.
+
+        The canonical renderings of its prefixes (``pre + unit[:j] + post``) are frames: text
+        pieces around the field values. Split at the tokenizer's added tokens (what
+        ``_count_many`` does to a rendering), a frame is added tokens, runs of fixed text and
+        runs that hold field values; so ``T_j`` (the tokens of prefix ``j``'s rendering) is a
+        constant plus the counts of its value runs, and message ``j`` costs ``T_j - T_{j-1}``:
+        a constant, plus the value runs ``T_j`` has and ``T_{j-1}`` has not, minus the
+        reverse. The plan is ``(ops, runs, steps)``: every frame's recorded predicates (see
+        ``_template_frames``), the value runs (``(items, next added token)``; an item is fixed
+        text or a slot), and per message ``(constant, runs added, runs removed)``. A unit
+        follows its plan when the predicates hold on its values and each value run, followed
+        by its added token, holds no added token but that one (``_plan_texts``): then each
+        rendering splits as planned (no added token's text holds another's,
+        ``_split_is_prefix_free``), and the costs are exactly those of the renderings.
+
+        None: no plan (a frame that renders); ``_NOT_YET``: a frame not learned yet."""
+        key = (pred, shapes)
+        plan = self._plans.get(key, _NOT_YET)
+        if plan is not _NOT_YET:
+            return plan
+        pre, post = self._context(pred, "user")
+        table = self._frames._frames
+        frames = []
+        for j in range(1, len(shapes) + 1):
+            entry = table.get(pre + shapes[:j] + post, _NOT_YET)
+            if entry is _NOT_YET:
+                return _NOT_YET
+            frames.append(entry)
+        try:
+            plan = self._build_plan(self._tokens(pre + post), frames) if None not in frames else None
+        except _Refused:
+            plan = None
+        with self._lock:
+            plans = self._plans
+            if len(plans) >= self.cache_size:
+                for old in list(plans)[: self.cache_size // 4]:
+                    plans.pop(old, None)
+            plans[key] = plan
+        return plan
+
+    def _build_plan(self, t0: int, frames: list[Any]) -> Any:
+        """``_plan``'s plan from the prefix frames (``t0``: the tokens of the stand-ins alone)."""
+        split = self._split
+        run_ids: dict[Any, int] = {}
+        ops: dict[Any, None] = {}
+        steps = []
+        prev_const, prev_runs = t0, collections.Counter()  # type: ignore[var-annotated]
+        for pieces, slots, frame_ops in frames:
+            ops.update(dict.fromkeys(frame_ops))
+            runs: collections.Counter = collections.Counter()
+            fixed: list[str] = []
+            n_added = 0
+            items: list[Any] = []
+
+            def close(next_token: str) -> None:
+                merged: list[Any] = []
+                for x in items:  # adjacent fixed texts joined, empty ones dropped
+                    if type(x) is str and merged and type(merged[-1]) is str:
+                        merged[-1] += x
+                    elif x != "":
+                        merged.append(x)
+                if any(type(x) is int for x in merged):
+                    runs[(tuple(merged), next_token)] += 1
+                elif merged:
+                    fixed.append(merged[0])
+
+            for i, piece in enumerate(pieces):
+                parts = split(piece)
+                items.append(parts[0])
+                for t in range(1, len(parts), 2):
+                    close(parts[t])
+                    n_added += 1
+                    items = [parts[t + 1]]
+                if i < len(slots):
+                    items.append(slots[i])
+            close("")
+            const = n_added + sum(self._count_many(fixed))
+            for run in runs:
+                run_ids.setdefault(run, len(run_ids))
+            plus = tuple(run_ids[r] for r in (runs - prev_runs).elements())
+            minus = tuple(run_ids[r] for r in (prev_runs - runs).elements())
+            steps.append((const - prev_const, plus, minus))
+            prev_const, prev_runs = const, runs
+        return tuple(ops), tuple(run_ids), tuple(steps)
+
+    def _plan_texts(self, plan: Any, values: Sequence[str]) -> Optional[list[str]]:
+        """The texts of ``plan``'s value runs for a unit's field ``values``; None when the unit
+        does not follow the plan (see ``_plan``)."""
+        ops, runs, _ = plan
+        if ops and not ops_hold(ops, values):
+            return None
+        search = self._search
+        texts = []
+        for items, next_token in runs:
+            text = "".join([x if type(x) is str else values[x] if x >= 0 else _json_inside(values[-1 - x])
+                            for x in items])
+            if next_token:
+                m = search(text + next_token)
+                if m.start() != len(text):  # (it finds next_token at least)
+                    return None
+            elif search(text) is not None:
+                return None
+            texts.append(text)
+        return texts
 
     def _tokens(self, keys: tuple[Any, ...], dicts: Optional[list[dict[str, Any]]] = None, tools_key: Any = None,
                 tools: Any = None) -> int:
@@ -853,15 +1093,26 @@ class ChatTemplateTokenCounter:
         e = self._memo.get(id(m))
         if e is not None and e[0]() is m and (e[1] is None or (m.content, m.tool_calls) == e[1]):
             return e[3], e[2]
-        if isinstance(m, Message):
+        if type(m) is Message or isinstance(m, Message):
             msg = m
         elif isinstance(m, Mapping) and "role" in m and not isinstance(m, Message):
             msg = coerce_message(m, f"messages[{i}]")
         else:
             raise MessageValidationError(f"messages[{i}]: expected a Message or a chat-completions dict, got {type(m).__name__}")
-        d = message_to_template_dict(msg)
-        key = _message_key(d)
+        part = None
+        got = _call_entry(msg) if msg.tool_calls else None
+        if got is not None:
+            d, key, part = got
+        else:
+            d = message_to_template_dict(msg)
+            key = _message_key(d)
         calls = d.get("tool_calls")
+        if part is not None and key not in self._frame_parts:
+            with self._lock:
+                if len(self._frame_parts) >= self.cache_size:
+                    for old in list(self._frame_parts)[: self.cache_size // 4]:
+                        self._frame_parts.pop(old, None)
+                self._frame_parts[key] = part
         if calls:
             with self._lock:  # which assistant message made each call (for tool-first slices)
                 if len(self._calls) >= self.cache_size:
@@ -1279,8 +1530,13 @@ class ChatTemplateTokenCounter:
         """One int64 cost per message (see the module docstring): summed over a kept prompt,
         plus ``count_messages([])``, never below its exact count, and equal for units whose
         rendering does not depend on their neighbours."""
+        return np.array(self._count_list(messages), dtype=np.int64)
+
+    def _count_list(self, messages: Sequence[Any]) -> list[int]:
+        """``count_array(messages)`` as a list of ints (what ``TokenBudgetFilter`` takes for a
+        turn's new messages)."""
         ms = messages if isinstance(messages, (list, tuple)) else list(messages)
-        out = np.zeros(len(ms), dtype=np.int64)
+        out = [0] * len(ms)
         if not ms:
             return out
         keys, dicts = self._entries(ms)
@@ -1325,6 +1581,9 @@ class ChatTemplateTokenCounter:
         local_units = self._local_units
         units = self._units
         by_key = self._by_key
+        # units costed by their plan (see _plan): (unit cache key, not tool-first, steps, run texts)
+        planned: list[tuple[Any, bool, Any, list[str]]] = []
+        parts_of = self._frame_parts if self._RENDER_FREE and self._plan_ok else None
         for u, a in enumerate(starts):
             b = starts[u + 1] if u + 1 < len(starts) else n
             ukeys = tuple(keys[a:b])
@@ -1341,6 +1600,18 @@ class ChatTemplateTokenCounter:
                 if first_role != "tool":
                     self._remember_local(ukeys, known)
                 continue
+            if parts_of is not None:
+                parts = [parts_of.get(k) or self._frame_part(k, d) for k, d in zip(ukeys, unit)]
+                if parts[0][1]:  # (every prefix has a field value: a frame)
+                    try:
+                        plan = self._plan(pred, tuple([p[0] for p in parts]))
+                    except TypeError:  # a field value that cannot be a key (as Frames.render)
+                        plan = None
+                    if plan is not None and plan is not _NOT_YET:
+                        run_texts = self._plan_texts(plan, [v for p in parts for v in p[1]])
+                        if run_texts is not None:
+                            planned.append((uck, first_role != "tool", plan[2], run_texts))
+                            continue
             pre, post = self._context(pred, "user")
             pre_d = [by_key.get(k) or _parse_key(k) for k in pre]
             post_d = [by_key.get(k) or _parse_key(k) for k in post]
@@ -1350,14 +1621,23 @@ class ChatTemplateTokenCounter:
             for j in range(1, b - a + 1):
                 convs.append(pre + ukeys[:j] + post)
                 conv_dicts.append(pre_d + list(unit[:j]) + post_d)
-        if not jobs:
+        if not jobs and not planned:
             return
-        self._prefill(convs, conv_dicts)
+        found: dict[Any, list[int]] = {}
+        found_local: dict[tuple[str, ...], list[int]] = {}
+        if planned:
+            counts_of = self._piece_counts([t for p in planned for t in p[3]])
+            for uck, not_tool_first, steps, run_texts in planned:
+                got = [counts_of[t] for t in run_texts]
+                costs = [base + sum([got[i] for i in plus]) - sum([got[i] for i in minus]) for base, plus, minus in steps]
+                found[uck] = costs
+                if not_tool_first:
+                    found_local[uck[0]] = costs
+        if jobs:
+            self._prefill(convs, conv_dicts)
         # each unit's prefix costs, from the batch's counts; a unit with a refused (or already
         # evicted) rendering is left for count_array, which reports the refusal where it renders it
         texts = self._texts
-        found: dict[Any, list[int]] = {}
-        found_local: dict[tuple[str, ...], list[int]] = {}
         for uck, ukeys, not_tool_first, at in jobs:
             counts = [texts.get((convs[i], None)) for i in range(at, at + len(ukeys) + 1)]
             if None in counts:
@@ -1427,6 +1707,7 @@ class ChatTemplateTokenCounter:
             self._looks = {}
             self._last = None
             self._last_ms = None
+            self._plans.clear()  # (shared with the counters of this template: a cache all the same)
 
     def _fixed_cost(self) -> int:
         """Tokens the template renders around an empty conversation. Templates that read

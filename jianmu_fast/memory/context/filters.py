@@ -58,6 +58,7 @@ from ... import _backend
 from ...errors import ContextBudgetError, JianmuError, TrimmingError
 from ...message import Message
 from ...message.model import coerce_message, thaw
+from .chat_template import ChatTemplateTokenCounter
 from .counters import HFTokenCounter, SimpleTokenCounter, TiktokenTokenCounter
 
 __all__ = ["MaxMessagesFilter", "TokenBudgetFilter", "split_units"]
@@ -131,7 +132,10 @@ _ROLE_BIT = {r: 1 << c for r, c in _ROLE.items()}
 def _list_counter(counter: Any) -> Any:
     """For the library's cached counters, ``counter._counts`` without its Python frame (the
     compiled ``counts_of`` bound to the counter): a turn's new messages counted as a list of
-    ints in range; None for other counters."""
+    ints in range (``ChatTemplateTokenCounter``: its own list of per-message costs, no array
+    to check); None for other counters."""
+    if type(counter) is ChatTemplateTokenCounter:
+        return counter._count_list
     return partial(_backend.counts_of, counter) if type(counter) in _CACHED_COUNTERS else None
 
 
