@@ -393,6 +393,7 @@ cdef int _new_records(list src, Py_ssize_t k, Py_ssize_t n, dict msgs_cache, dic
     cdef Py_ssize_t i, j
     cdef int64_t c, t, saving
     cdef int8_t kind
+    cdef bint full
     cdef object m, e, role, content, tv, cv
     for i in range(k, n):
         j = i - k
@@ -408,17 +409,23 @@ cdef int _new_records(list src, Py_ssize_t k, Py_ssize_t n, dict msgs_cache, dic
         c = cv
         if c < 0 or c > C_MAX:
             return -1
-        role = m.role
+        full = PyTuple_GET_SIZE(e) == 4  # (ref, count, role, content count): _fill's entry
+        role = (<tuple>e)[2] if full else m.role
         if type(role) is not str:
             return -1
         saving = 0
         if role is _TOOL or role == _TOOL:
-            content = m.content
-            if type(content) is not str:
-                return -1
-            tv = texts.get(content)
-            if tv is None:
-                return miss
+            if full:
+                tv = (<tuple>e)[3]
+                if tv is None:
+                    return -1  # (content that is not a str)
+            else:
+                content = m.content
+                if type(content) is not str:
+                    return -1
+                tv = texts.get(content)
+                if tv is None:
+                    return miss
             if type(tv) is not int:
                 return -1
             t = tv

@@ -1488,10 +1488,15 @@ cdef int _fill(counter, ms, list missing, list out, str where) except -1:
             n = texts_cache.get(c)
             if n is None:
                 need[c] = None
-                rows.append((i, m, fixed, c, m is ms[i]))
+                rows.append((i, m, fixed, c, m is ms[i], role, c))
             else:
-                rows.append((i, m, fixed + n, None, m is ms[i]))
+                rows.append((i, m, fixed + n, None, m is ms[i], role, n))
             continue
+        cc = None
+        if type(c) is str:
+            cc = texts_cache.get(c)
+            if cc is None:
+                cc = c
         texts = []
         if isinstance(c, str):
             texts.append(c)
@@ -1527,7 +1532,7 @@ cdef int _fill(counter, ms, list missing, list out, str where) except -1:
             else:
                 fixed += n
         keep = m is ms[i] and type(c) is not list and (tc is None or type(tc) is counter._frozen_list)
-        rows.append((i, m, fixed, rest if rest else None, keep))
+        rows.append((i, m, fixed, rest if rest else None, keep, role, cc))
     cdef dict got = None
     new = None
     counts = None
@@ -1579,7 +1584,10 @@ cdef int _fill(counter, ms, list missing, list out, str where) except -1:
             out[<Py_ssize_t>row[0]] = total
             if row[4]:
                 m = row[1]
-                cache[id(m)] = (ref(m), total)
+                cc = row[6]
+                if type(cc) is str:
+                    cc = got[cc]
+                cache[id(m)] = (ref(m), total, row[5], cc)
         size = counter.cache_size
         if len(cache) > size:
             for key in list(islice(iter(cache), len(cache) - (size * 3) // 4)):

@@ -335,17 +335,23 @@ def _new_records(src, k, n, counter, placeholder_cost, n_pinned, message_cls, pi
         c = e[1]
         if type(c) is not int or c < 0 or c > MAX_VALUE:
             return -1
-        role = m.role
+        full = len(e) == 4  # (weakref, count, role, content count): the entry _fill writes
+        role = e[2] if full else m.role
         if type(role) is not str:
             return -1
         saving = 0
         if role == "tool":
-            content = m.content
-            if type(content) is not str:
-                return -1
-            t = texts.get(content)
-            if t is None:
-                return -3
+            if full:
+                t = e[3]
+                if t is None:
+                    return -1  # (content that is not a str)
+            else:
+                content = m.content
+                if type(content) is not str:
+                    return -1
+                t = texts.get(content)
+                if t is None:
+                    return -3
             if type(t) is not int:
                 return -1
             saving = min(max(0, t - placeholder_cost), c)
@@ -397,8 +403,9 @@ def clearing_turn(src, ref, out, counts, kinds, savings, results, result_kinds, 
     records), ``results`` and ``result_kinds`` (the tool results' indices and kinds) and
     ``state`` (``array.array("q")`` of :data:`STATE_LEN` entries: ``plan_clearing``'s state,
     having scanned every record) are the filter's, extended in place. ``counter`` has the
-    caches of ``CachedChatCounter`` (``_msgs``: ``{id(m): (weakref to m, count, ...)}``,
-    ``_texts``: ``{text: count}``); ``settings`` is ``(placeholder_cost, trigger, step,
+    caches of ``CachedChatCounter`` (``_msgs``: ``{id(m): (weakref to m, count, role,
+    content count)}``, as ``_fill`` writes them, or ``(weakref to m, count)``; ``_texts``:
+    ``{text: count}``, for the content count of the shorter entries); ``settings`` is ``(placeholder_cost, trigger, step,
     keep)``. A new message's record: its cached count; kind ``2`` and saving ``count of its
     content - placeholder_cost`` (clipped to ``[0, count]``) for a tool result with a text
     content, ``4`` for an assistant message, ``0`` otherwise.

@@ -1122,30 +1122,41 @@ def _fill(counter, ms, missing, out, where):
     distinct text once, in order of first use); then one acquisition of ``counter._lock``
     stores the new texts (``_put_texts``) and the messages that may be cached: each one
     that was not coerced here and whose counted lists are frozen (the message cache then
-    evicts its oldest entries down to three quarters of ``cache_size`` when over it)."""
+    evicts its oldest entries down to three quarters of ``cache_size`` when over it). A
+    message's entry is ``(weakref to it, count, role, content count)``, the content count
+    that of its content when that is a str, else None: what the clearing's records need
+    (``_editing_core``), in the one look-up that finds the count."""
     message_type = counter._message_type
     tget = counter._texts.get
     role_base = counter._role_base
     count_id = counter.COUNT_TOOL_CALL_ID
-    rows = []  # (index, message, cost known so far, texts still to add: None, a str or a list, cacheable)
+    # (index, message, cost known so far, texts still to add: None, a str or a list, cacheable,
+    #  role, content count: an int, the content (a str still to count) or None (not a str))
+    rows = []
     need = {}
     for i in missing:
         m = ms[i]
         if type(m) is not message_type:
             m = counter._coerce(m, f"{where}[{i}]" if where == "messages" else where)
-        fixed = role_base.get(m.role)
+        role = m.role
+        fixed = role_base.get(role)
         if fixed is None:
-            fixed = counter._role_cost(m.role)
+            fixed = counter._role_cost(role)
         c = m.content
         tc = m.tool_calls
         if tc is None and type(c) is str and m.name is None and (not count_id or m.tool_call_id is None):
             n = tget(c)
             if n is None:
                 need[c] = None
-                rows.append((i, m, fixed, c, m is ms[i]))
+                rows.append((i, m, fixed, c, m is ms[i], role, c))
             else:
-                rows.append((i, m, fixed + n, None, m is ms[i]))
+                rows.append((i, m, fixed + n, None, m is ms[i], role, n))
             continue
+        cc = None
+        if type(c) is str:
+            cc = tget(c)
+            if cc is None:
+                cc = c
         texts = []
         if isinstance(c, str):
             texts.append(c)
@@ -1178,7 +1189,7 @@ def _fill(counter, ms, missing, out, where):
             else:
                 fixed += n
         keep = m is ms[i] and type(c) is not list and (tc is None or type(tc) is counter._frozen_list)
-        rows.append((i, m, fixed, rest or None, keep))
+        rows.append((i, m, fixed, rest or None, keep, role, cc))
     got = {}
     new = []
     counts = []
@@ -1215,7 +1226,7 @@ def _fill(counter, ms, missing, out, where):
             if len(texts_cache) > counter.cache_size or counter._chars > counter.MAX_CACHED_CHARS:
                 counter._evict_texts()
         cache = counter._msgs
-        for i, m, total, rest, keep in rows:
+        for i, m, total, rest, keep, role, cc in rows:
             if rest is not None:
                 if type(rest) is str:
                     total += got[rest]
@@ -1224,7 +1235,9 @@ def _fill(counter, ms, missing, out, where):
                         total += got[t]
             out[i] = total
             if keep:
-                cache[id(m)] = (ref(m), total)
+                if type(cc) is str:
+                    cc = got[cc]
+                cache[id(m)] = (ref(m), total, role, cc)
         size = counter.cache_size
         if len(cache) > size:
             for key in list(islice(iter(cache), len(cache) - (size * 3) // 4)):

@@ -226,8 +226,35 @@ def messages(draw, n_max=30):
             COUNTER.count_message(m)
             if m.role == "tool" and isinstance(m.content, str) and draw(st.integers(0, 5)):
                 COUNTER.count_text(m.content)
+            e = COUNTER._msgs.get(id(m))
+            if e is not None and e[0]() is m and draw(st.integers(0, 3)) == 0:
+                COUNTER._msgs[id(m)] = e[:2]  # an entry without role and content count: read from m
         out.append(m)
     return out
+
+
+@pytest.mark.parametrize("pure", [False, True])
+def test_message_cache_entries_carry_role_and_content_count(pure, monkeypatch):
+    """``_fill`` (both backends) caches ``(weakref, count, role, content count)``: the clearing's
+    records in one look-up; the content count is None for content that is not a str."""
+    from jianmu_fast import _backend, _filter_core_py
+
+    if pure:
+        monkeypatch.setattr(_backend, "counts_of", _filter_core_py.counts_of)
+    c = TiktokenTokenCounter("o200k_base")
+    c.count_text("known result")  # one content count from the text cache, the others tokenized
+    call = [{"id": "c1", "type": "function", "function": {"name": "f", "arguments": "{}"}}]
+    ms = [system("Be brief."), human("hi"), ai(None, tool_calls=call), tool("known result", tool_call_id="c1"),
+          tool("new result 中文", tool_call_id="c1", name="f"), tool([{"type": "text", "text": "x"}], tool_call_id="c1"),
+          ai("done")]
+    counts = c._counts(ms)
+    for m, n in zip(ms, counts):
+        e = c._msgs.get(id(m))
+        if type(m.content) is list:
+            assert e is None  # (content blocks: never cached)
+            continue
+        assert e[0]() is m and e[1] == n and e[2] == m.role
+        assert e[3] == (c.count_text(m.content) if type(m.content) is str else None)
 
 
 def _records(f):

@@ -7,7 +7,9 @@ Two bounded caches per counter, both safe to share between threads:
   nothing else holds it any more; the cache holds at most ``cache_size`` entries and at most
   ``MAX_CACHED_CHARS`` characters of keys (texts over 1/64 of that are not kept), and when
   full evicts the oldest-inserted entries down to three quarters of both bounds.
-- **message cache**: ``id(message) -> (weakref(message), count)``. A recount of an unchanged
+- **message cache**: ``id(message) -> (weakref(message), count, role, content count)`` (the
+  last two, the content's count when it is a str, else None, are what the clearing's records
+  read, in the same look-up). A recount of an unchanged
   ``Message`` object is one dict hit. The weak reference proves the entry belongs to this very
   object (an ``id`` reused by a new object never matches), keeps nothing alive, and makes a
   copy (``model_copy(update=...)``, same ``id`` field, other content) a different key. A
@@ -15,7 +17,7 @@ Two bounded caches per counter, both safe to share between threads:
   frozen copies, see ``jianmu_fast.message.model``; ``metadata`` is never counted), so an
   entry never goes stale; a message whose lists are not frozen (made with
   ``model_construct``, bypassing validation) is counted but never cached. About 200 bytes per
-  entry, at most ``cache_size`` entries.
+  entry (~220 with the role and content count), at most ``cache_size`` entries.
 
 Cache misses of a ``count_array`` call are collected first, de-duplicated, and tokenized in
 one pass by the subclass's ``_encode_counts(texts)``; the loop over the messages (cache

@@ -219,7 +219,7 @@ class _Hot:
     the clearing their own, grown only by appends while it is the same object; see
     ``_hot_filter_kind``)."""
 
-    __slots__ = ("heads", "static", "history", "n", "last", "dicts", "kinds", "steps")
+    __slots__ = ("heads", "static", "history", "n", "last", "dicts", "kinds", "steps", "pair")
 
     def __init__(self, providers: list[Any], filters: list[Any], kinds: list[int]) -> None:
         trims_last = kinds[-1] == 2
@@ -247,6 +247,14 @@ class _Hot:
         self.steps: tuple[tuple[int, Any, int, Any, Any], ...] = tuple(
             (i, f, k, _hot_call(f) if k == 1 else None, _hint_to(f, filters[i + 1] if i + 1 < len(filters) else None))
             for i, (f, k) in enumerate(zip(filters, kinds)))
+        #: ``(call, turn, last)`` when the filters are exactly a compiled turn that hints the
+        #: trimming filter after it, last (the clearing before the budget: ``_filter_hot``'s
+        #: loop unrolled, the same calls in the same order), else None
+        self.pair: Optional[tuple[Any, Any, Any]] = None
+        if self.n == 2 and self.last is not None and kinds[0] == 1:
+            hint = self.steps[0][4]
+            if hint is not None and hint[1] is self.last:
+                self.pair = (self.steps[0][3], hint[0], self.last)
 
 
 class _Turn:
@@ -575,6 +583,23 @@ class ContextBuilder:
         (the prompt, which only grows by appends while it is the same object, or the previous
         stage's own list, under the same rule) and hands on its own list: one that is not a
         new one is copied before it leaves the builder."""
+        pair = hot.pair
+        if pair is not None and self.sanitize:  # the loop below for [compiled turn, trimming filter]
+            call, turn, last = pair
+            messages = prompt
+            try:
+                messages = call(prompt, tools_schema)
+                changed = turn.changed
+                if changed is not None:  # a step: the next stage's records patch its positions
+                    rec = last._rec
+                    if rec is not None:
+                        rec.hint(*changed)
+            except JianmuError:
+                raise
+            except Exception:
+                logger.exception("filters[%d] (%s) failed; it is skipped", 0, type(hot.steps[0][1]).__name__)
+            out, clean = last._trim(messages, tools_schema, True)
+            return out if clean else self._finish(out, tools_schema)
         messages = prompt
         own = True  # ``messages`` is the builder's prompt or a stage's own list: never handed out
         last = hot.last
