@@ -10,7 +10,7 @@ results and error messages (proven by tests/test_context_editing_core.py).
 cimport cython
 from cpython cimport array as carray
 from cpython.list cimport PyList_Append, PyList_GET_ITEM, PyList_GET_SIZE, PyList_GetSlice
-from cpython.object cimport PyObject_GenericSetAttr
+from cpython.object cimport PyObject_GenericSetAttr, Py_SIZE
 from cpython.tuple cimport PyTuple_GET_SIZE
 from cpython.long cimport PyLong_FromVoidPtr
 from cpython.pythread cimport PyThread_get_thread_ident
@@ -381,7 +381,7 @@ cdef int _is_array(object a, str name, char code) except -1:
     return 0
 
 
-cdef int _new_records(list src, Py_ssize_t k, Py_ssize_t n, dict msgs_cache, dict texts, object mcls,
+cdef int _new_records(list src, Py_ssize_t k, Py_ssize_t n, dict msgs_cache, object counter, object mcls,
                       int64_t placeholder_cost, Py_ssize_t n_pinned, int64_t *new_counts, int8_t *new_kinds,
                       int64_t *new_savings, int miss, Py_ssize_t *pinned=NULL) except -2:
     """The records of ``src[k:n]`` (count, kind, saving) into the three buffers: 0, or ``miss``
@@ -394,7 +394,7 @@ cdef int _new_records(list src, Py_ssize_t k, Py_ssize_t n, dict msgs_cache, dic
     cdef int64_t c, t, saving
     cdef int8_t kind
     cdef bint full
-    cdef object m, e, role, content, tv, cv
+    cdef object m, e, role, content, tv, cv, texts = None
     for i in range(k, n):
         j = i - k
         m = <object>PyList_GET_ITEM(src, i)
@@ -423,7 +423,11 @@ cdef int _new_records(list src, Py_ssize_t k, Py_ssize_t n, dict msgs_cache, dic
                 content = m.content
                 if type(content) is not str:
                     return -1
-                tv = texts.get(content)
+                if texts is None:  # (the text cache: only for an entry without the content count)
+                    texts = counter._texts
+                    if type(texts) is not dict:
+                        return -1
+                tv = (<dict>texts).get(content)
                 if tv is None:
                     return miss
             if type(tv) is not int:
@@ -486,11 +490,10 @@ def clearing_turn(src, ref, out, counts, kinds, savings, results, result_kinds, 
     if k == 0 or n - k > C_TURN_MAX:
         return -1  # (a fresh scan starts from ``base``: plan_clearing's)
     msgs_cache = counter._msgs
-    texts = counter._texts
-    if type(msgs_cache) is not dict or type(texts) is not dict:
+    if type(msgs_cache) is not dict:
         return -1
     n_pinned = <Py_ssize_t>st[5]
-    got = _new_records(src, k, n, msgs_cache, texts, None, placeholder_cost, n_pinned, new_counts, new_kinds,
+    got = _new_records(src, k, n, msgs_cache, counter, None, placeholder_cost, n_pinned, new_counts, new_kinds,
                        new_savings, -1)
     if got != 0:
         return got
@@ -680,21 +683,19 @@ cdef class ClearingTurn:
             if not self.armed or PyList_GET_SIZE(src) != n:
                 return None
         msgs_cache = self.counter._msgs
-        texts = self.counter._texts
-        if type(msgs_cache) is not dict or type(texts) is not dict:
+        if type(msgs_cache) is not dict:
             return None
-        got = _new_records(src, 0, n, msgs_cache, texts, self.message_cls, self.placeholder_cost, 0, new_counts,
+        got = _new_records(src, 0, n, msgs_cache, self.counter, self.message_cls, self.placeholder_cost, 0, new_counts,
                            new_kinds, new_savings, -3, &pinned)
         if got == -3:  # counted, then again
             flt._warm(src, 0)
             if not self.armed or PyList_GET_SIZE(src) != n or PyThread_get_thread_ident() != self.owner:
                 return None
             msgs_cache = self.counter._msgs
-            texts = self.counter._texts
-            if type(msgs_cache) is not dict or type(texts) is not dict:
+            if type(msgs_cache) is not dict:
                 return None
             pinned = 0
-            got = _new_records(src, 0, n, msgs_cache, texts, self.message_cls, self.placeholder_cost, 0, new_counts,
+            got = _new_records(src, 0, n, msgs_cache, self.counter, self.message_cls, self.placeholder_cost, 0, new_counts,
                                new_kinds, new_savings, -3, &pinned)
         if got != 0:
             return None
@@ -848,19 +849,18 @@ cdef class ClearingTurn:
         n = PyList_GET_SIZE(src)
         if k == 0 or n < k or n - k > C_TURN_MAX:
             return -1
-        if ( PyList_GET_SIZE(out) != k or len(self.counts) != k
-                or len(self.kinds) != k or len(self.savings) != k or len(self.state) != STATE_LEN):
+        if (PyList_GET_SIZE(out) != k or Py_SIZE(self.counts) != k
+                or Py_SIZE(self.kinds) != k or Py_SIZE(self.savings) != k or Py_SIZE(self.state) != STATE_LEN):
             return -1
         st = <int64_t *>self.state.data.as_longlongs
         if st[0] != k:
             return -1
         msgs_cache = self.counter._msgs
-        texts = self.counter._texts
-        if type(msgs_cache) is not dict or type(texts) is not dict:
+        if type(msgs_cache) is not dict:
             return -1
         mcls = self.message_cls
         n_pinned = <Py_ssize_t>st[5]
-        got = _new_records(src, k, n, msgs_cache, texts, mcls, self.placeholder_cost, n_pinned, new_counts,
+        got = _new_records(src, k, n, msgs_cache, self.counter, mcls, self.placeholder_cost, n_pinned, new_counts,
                            new_kinds, new_savings, -3)
         if got != 0:
             return got

@@ -321,9 +321,10 @@ def _new_records(src, k, n, counter, placeholder_cost, n_pinned, message_cls, pi
     With ``pinned`` (a fresh start), a system message where the pinned prefix may grow is
     pinned (kind 3), as the filter's ``_append`` records it. ``clearing_turn`` and
     ``ClearingTurn`` share it (the compiled twin's ``_new_records`` too)."""
-    msgs_cache, texts = counter._msgs, counter._texts
-    if type(msgs_cache) is not dict or type(texts) is not dict:
+    msgs_cache = counter._msgs
+    if type(msgs_cache) is not dict:
         return -1
+    texts = None  # the text cache, read only for an entry without the content count
     new_counts, new_kinds, new_savings = [], [], []
     for i in range(k, n):
         m = src[i]
@@ -349,6 +350,10 @@ def _new_records(src, k, n, counter, placeholder_cost, n_pinned, message_cls, pi
                 content = m.content
                 if type(content) is not str:
                     return -1
+                if texts is None:
+                    texts = counter._texts
+                    if type(texts) is not dict:
+                        return -1
                 t = texts.get(content)
                 if t is None:
                     return -3
