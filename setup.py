@@ -53,6 +53,7 @@ extensions = [
     ),
     Extension("jianmu_fast._editing_core", ["csrc/_editing_core.pyx"], extra_compile_args=compile_args, extra_link_args=link_args),
     Extension("jianmu_fast._batch_core", ["csrc/_batch_core.pyx"], extra_compile_args=compile_args, extra_link_args=link_args),
+    Extension("jianmu_fast._template_core", ["csrc/_template_core.pyx"], extra_compile_args=compile_args, extra_link_args=link_args),
 ]
 
 setup(

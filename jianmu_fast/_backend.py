@@ -7,7 +7,7 @@ extension must import, and a missing one is an ImportError that says how to fix 
 from __future__ import annotations
 
 import os
-from typing import Literal
+from typing import Any, Literal
 
 BACKEND: Literal["cython", "python"]
 
@@ -37,4 +37,23 @@ else:
         ) from exc
     BACKEND = "cython"
 
-__all__ = ["BACKEND", "MAX_VALUE", "Records", "plan_clearing", "select_window", "select_windows"]
+
+
+def template_core() -> Any:
+    """The hot path of ``ChatTemplateTokenCounter``: the compiled ``_template_core``, or its
+    twin ``_template_core_py`` under ``JIANMU_FAST_PURE_PYTHON=1``. Imported on first use (by
+    ``memory.context.chat_template``): the filter cores' users never load it."""
+    if BACKEND == "python":
+        from . import _template_core_py as core
+    else:
+        try:
+            from . import _template_core as core  # type: ignore[no-redef]
+        except ImportError as exc:  # pragma: no cover - a build without the new extension
+            raise ImportError(
+                "jianmu_fast._template_core is not compiled: run `pip install -e .` (or `make install`) "
+                "in the source tree, or set JIANMU_FAST_PURE_PYTHON=1 for the pure-Python reference"
+            ) from exc
+    return core
+
+
+__all__ = ["BACKEND", "MAX_VALUE", "Records", "plan_clearing", "select_window", "select_windows", "template_core"]

@@ -59,17 +59,18 @@ def test_backend_matches_the_environment():
 
 
 @pytest.mark.skipif(os.environ.get("JIANMU_FAST_PURE_PYTHON") == "1", reason="checks the compiled core")
-def test_compiled_stub_is_honest(tmp_path):
-    """mypy's stubtest checks jianmu_fast/_filter_core.pyi against the compiled module.
+@pytest.mark.parametrize("module", ["_filter_core", "_template_core"])
+def test_compiled_stub_is_honest(tmp_path, module):
+    """mypy's stubtest checks jianmu_fast/<module>.pyi against the compiled module.
 
     Type errors elsewhere in the package are not this test's business, so the config only
     reports on the compiled module's stub."""
     pytest.importorskip("mypy")
     config = tmp_path / "mypy.ini"
     config.write_text("[mypy]\n\n[mypy-jianmu_fast.*]\nignore_errors = True\n\n"
-                      "[mypy-jianmu_fast._filter_core]\nignore_errors = False\n")
+                      f"[mypy-jianmu_fast.{module}]\nignore_errors = False\n")
     proc = subprocess.run(
-        [sys.executable, "-m", "mypy.stubtest", "jianmu_fast._filter_core", "--mypy-config-file", str(config)],
+        [sys.executable, "-m", "mypy.stubtest", f"jianmu_fast.{module}", "--mypy-config-file", str(config)],
         capture_output=True, text=True, timeout=300, cwd=PKG.parent,
     )
     assert proc.returncode == 0, proc.stdout + proc.stderr

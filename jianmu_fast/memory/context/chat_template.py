@@ -88,7 +88,6 @@ carrying the template's message; no count is made up.
 
 from __future__ import annotations
 
-import bisect
 import collections
 import copy
 import gzip
@@ -103,15 +102,23 @@ import numpy as np
 
 from ...errors import MessageValidationError, TokenizerLoadError
 from ...message import Message
-from ...message.model import FrozenList, coerce_message
+from ... import _backend
+from ..._template_core_py import _has_reasoning, _text_features
 from . import _encodings
-from ._template_frames import Frames, dumps_parsed, ops_hold
-from ._template_frames import _json_inside
+from ._template_frames import Frames
+from ..._template_base import Refused as _Refused
 from ._template_frames import tojson as _frames_tojson
+
+#: the hot path (``jianmu_fast._template_core``, compiled, or its twin ``_template_core_py``):
+#: ChatTemplateTokenCounter's per-message and per-unit methods, bound below
+_tc = _backend.template_core()
+message_to_template_dict = _tc.message_to_template_dict
+_message_key = _tc.message_key  # (the tests name them here)
+_parse_key = _tc.parse_key
+_call_entry = _tc.call_entry
 
 __all__ = ["ChatTemplateTokenCounter", "has_chat_template", "message_to_template_dict"]
 
-_REASONING_FIELDS = ("reasoning_content", "thinking", "reasoning")
 _SPECIAL_KEYS = ("bos_token", "eos_token", "unk_token", "pad_token")
 
 # Stand-in neighbours. Distinct contents, so templates comparing messages (Mistral's
@@ -197,222 +204,13 @@ _FEATURE_PROBES: dict[str, list[list[tuple[Any, ...]]]] = {
 }
 
 
-def _parse_arguments(args: Any) -> Any:
-    if isinstance(args, str):
-        try:
-            return json.loads(args)
-        except ValueError:
-            return args
-    return args
 
 
-def message_to_template_dict(m: Message) -> dict[str, Any]:
-    """The dict a chat template receives for ``m``, as transformers users and vLLM pass it.
-
-    >>> from jianmu_fast.message import ai
-    >>> call = [{"id": "c1", "type": "function", "function": {"name": "f", "arguments": '{"x": 1}'}}]
-    >>> message_to_template_dict(ai(None, tool_calls=call))
-    {'role': 'assistant', 'content': '', 'tool_calls': [{'id': 'c1', 'type': 'function', 'function': {'name': 'f', 'arguments': {'x': 1}}}]}
-    """
-    content = m.content
-    if type(content) is str and m.tool_calls is None and not m.extra:  # a plain text message
-        d: dict[str, Any] = {"role": m.role, "content": content}
-        if m.name is not None:
-            d["name"] = m.name
-        if m.tool_call_id is not None:
-            d["tool_call_id"] = m.tool_call_id
-        return d
-    d = {"role": m.role}
-    if content is None and m.tool_calls:
-        content = ""
-    if content is not None:
-        d["content"] = copy.deepcopy(content) if isinstance(content, list) else content
-    if m.name is not None:
-        d["name"] = m.name
-    if m.tool_call_id is not None:
-        d["tool_call_id"] = m.tool_call_id
-    if m.tool_calls is not None:
-        calls = []
-        for call in m.tool_calls:
-            c = {k: v for k, v in call.items() if v is not None and k != "function"}
-            fn = call.get("function")
-            if isinstance(fn, Mapping):
-                f = {k: v for k, v in fn.items() if v is not None}
-                if "arguments" in f:
-                    f["arguments"] = _parse_arguments(f["arguments"])
-                c["function"] = f
-            calls.append(c)
-        d["tool_calls"] = calls
-    for k, v in m.extra.items():
-        if v is not None and k not in d:
-            d[k] = copy.deepcopy(v)
-    reasoning = next((d[k] for k in _REASONING_FIELDS if d.get(k) is not None), None)
-    if reasoning is not None:  # transformers' _alias_reasoning_fields
-        d = {"thinking": reasoning, **d, "reasoning_content": reasoning}
-    return d
 
 
-def _message_key(d: Mapping[str, Any]) -> str:
-    """A string naming the template dict ``d`` exactly (``_parse_key`` gives ``d`` back).
-
-    A str ``content`` is kept out of the JSON (escaping a 4 kB tool result costs ~10 us a
-    message): the key is the JSON of ``d`` with ``content`` null, a NUL, then the content.
-    JSON never holds a raw NUL, so the first one ends the JSON part, and a key without one is
-    plain JSON (a dict without a str content; the stand-ins').
-
-    >>> k = _message_key({"role": "tool", "content": 'a "b"\\x00', "name": "f"})
-    >>> k
-    '{"role": "tool", "content": null, "name": "f"}\\x00a "b"\\x00'
-    >>> _parse_key(k)
-    {'role': 'tool', 'content': 'a "b"\\x00', 'name': 'f'}
-    """
-    content = d.get("content")
-    if type(content) is not str:
-        return _DUMPS(d)
-    head = _plain_head(d)
-    if head is None:
-        head = _DUMPS({**d, "content": None})
-    return head + "\0" + content
 
 
-#: ``json.dumps(x, ensure_ascii=False)`` without building an encoder per call
-_DUMPS = json.JSONEncoder(ensure_ascii=False).encode
-_ENC_STR = json.encoder.encode_basestring  # (ensure_ascii off: the C encoder where available)
-_PLAIN_KEYS = frozenset(("role", "content", "name", "tool_call_id"))
 
-
-def _plain_head(d: Mapping[str, Any]) -> Optional[str]:
-    """``_DUMPS({**d, "content": None})`` built directly for a dict of ``role``, ``content``
-    and optional ``name``/``tool_call_id`` strings in that order (a tool result, a user or
-    assistant text); None for any other dict."""
-    if len(d) > 4 or not _PLAIN_KEYS.issuperset(d):
-        return None
-    it = iter(d)
-    if next(it) != "role" or next(it) != "content" or type(d["role"]) is not str:
-        return None
-    out = '{"role": ' + _ENC_STR(d["role"]) + ', "content": null'
-    for k in it:
-        v = d[k]
-        if type(v) is not str:
-            return None
-        out += ', "' + k + '": ' + _ENC_STR(v)
-    return out + "}"
-
-
-def _call_entry(m: Message) -> Optional[tuple[dict[str, Any], str, tuple[Any, tuple[str, ...]]]]:
-    """``(message_to_template_dict(m), _message_key(d), Frames().frame_of(d))`` in one pass
-    for the usual tool-call message (calls with ``str`` ids, types and function names,
-    ``arguments`` a string; no ``name``, ``tool_call_id`` or extra fields): the arguments are
-    parsed once and printed once, for the key and the frame's slot. None for any other message.
-
-    >>> call = [{"id": "c1", "type": "function", "function": {"name": "f", "arguments": '{"x": 1}'}}]
-    >>> from jianmu_fast.message import ai
-    >>> d, key, part = _call_entry(ai("On it.", tool_calls=call))
-    >>> key == _message_key(d) and part == Frames(lambda ds: "").frame_of(d)
-    True
-    >>> part[1]
-    ('On it.', 'c1', 'f', '{"x": 1}')
-    """
-    if not m.tool_calls or m.extra or m.name is not None or m.tool_call_id is not None:
-        return None
-    content = m.content
-    if content is None:
-        content = ""
-    elif type(content) is not str:
-        return None
-    enc = _ENC_STR
-    calls = []
-    heads = []
-    values = [content] if content else []
-    cshapes: list[tuple[tuple[str, Any], ...]] = []
-    for call in m.tool_calls:  # type: ignore[union-attr]
-        c: dict[str, Any] = {}
-        head = []
-        cshape: list[tuple[str, Any]] = []
-        fn = None
-        for k, v in call.items():
-            if k == "function":
-                fn = v
-            elif v is None:
-                continue
-            elif type(v) is not str or k not in ("id", "type"):
-                return None
-            else:
-                c[k] = v
-                head.append('"' + k + '": ' + enc(v))
-                if k == "id" and v:
-                    values.append(v)
-                    cshape.append((k, None))
-                else:
-                    cshape.append((k, ("str", v)))
-        if fn is None or not isinstance(fn, dict):
-            return None
-        f: dict[str, Any] = {}
-        fhead = []
-        fshape: list[tuple[str, Any]] = []
-        for k, v in fn.items():
-            if v is None:
-                continue
-            if type(v) is not str or k not in ("name", "arguments"):
-                return None
-            if k == "arguments":
-                args = _parse_arguments(v)
-                if type(args) is not dict:
-                    return None
-                f[k] = args
-                text = dumps_parsed(args)
-                fhead.append('"arguments": ' + text)
-                values.append(text)
-                fshape.append((k, ("A",)))
-            else:
-                f[k] = v
-                fhead.append('"name": ' + enc(v))
-                if v:
-                    values.append(v)
-                    fshape.append((k, None))
-                else:
-                    fshape.append((k, ("str", v)))
-        c["function"] = f
-        head.append('"function": {' + ", ".join(fhead) + "}")
-        cshape.append(("function", ("F", tuple(fshape), None)))
-        calls.append(c)
-        heads.append("{" + ", ".join(head) + "}")
-        cshapes.append(tuple(cshape))
-    if not calls:
-        return None
-    role = m.role
-    d = {"role": role, "content": content, "tool_calls": calls}
-    key = '{"role": ' + enc(role) + ', "content": null, "tool_calls": [' + ", ".join(heads) + "]}\0" + content
-    shape = (("role", ("str", role)), ("content", None) if content else ("content", ("str", "")),
-             ("tool_calls", ("C", tuple(cshapes), None)))
-    return d, key, (shape, tuple(values))
-
-
-def _parse_key(key: str) -> dict[str, Any]:
-    """The template dict that ``_message_key`` named ``key`` (key order kept)."""
-    head, sep, content = key.partition("\0")
-    d: dict[str, Any] = json.loads(head)
-    if sep:
-        d["content"] = content
-    return d
-
-
-def _has_reasoning(d: Mapping[str, Any]) -> bool:
-    return any(d.get(k) is not None for k in _REASONING_FIELDS)
-
-
-def _text_features(d: Mapping[str, Any]) -> tuple[bool, bool]:
-    """``(call_text, think_text)``: a tool-call message that carries text (gpt-oss shows it as
-    analysis only while no final answer follows), an assistant text holding ``</think>``
-    (Qwen3 reads it as reasoning, kept or stripped by where the last user query is)."""
-    content = d.get("content")
-    call_text = bool(content) and bool(d.get("tool_calls"))
-    if d.get("role") != "assistant" or not content:
-        return call_text, False
-    if isinstance(content, str):
-        return call_text, "</think>" in content
-    texts = (b.get("text") for b in content if isinstance(b, Mapping)) if isinstance(content, list) else ()
-    return call_text, any(isinstance(t, str) and "</think>" in t for t in texts)
 
 
 def _compile(template: str) -> Any:
@@ -586,9 +384,6 @@ def _load_dir(path: str) -> tuple[Any, str, dict[str, str], Optional[str]]:
     return tok, template, special, digest
 
 
-class _Refused(Exception):
-    pass
-
 
 #: ``Frames`` tables shared per (tokenizer sha256, template, special tokens, template
 #: variables) in a process (a frame's text is the template's alone)
@@ -596,8 +391,6 @@ _FRAME_TABLES: dict[tuple[Any, ...], dict[Any, Any]] = {}
 #: unit plans (see ``ChatTemplateTokenCounter._plan``), shared as the frame tables are
 _PLAN_TABLES: dict[tuple[Any, ...], dict[Any, Any]] = {}
 _TABLES_LOCK = threading.Lock()
-#: ``_plan``'s answer for a unit whose frames are not all learned yet (build it next time)
-_NOT_YET = object()
 
 
 class ChatTemplateTokenCounter:
@@ -760,6 +553,23 @@ class ChatTemplateTokenCounter:
         for role in ("system", "user", "assistant"):
             self._is_local([{"role": role}])
 
+    # the hot path, from jianmu_fast._template_core (see _CORE_METHODS)
+    count_messages = _tc.count_messages
+    _count_list = _tc.count_list
+    _prefill_units = _tc.prefill_units
+    _plan = _tc.plan
+    _plan_texts = _tc.plan_texts
+    _piece_counts = _tc.piece_counts
+    _frame_part = _tc.frame_part
+    _entries_stable = _tc.entries_stable
+    _call_entries = _tc.call_entries
+    _entry = _tc.entry
+    _any_lookahead = _tc.any_lookahead
+    _trait = _tc.trait
+    _overlap = _tc.overlap
+    _segments = _tc.segments
+    _unit_total = _tc.unit_total
+
     def __repr__(self) -> str:
         tail = f", engine={self.engine!r}" if self.engine != "auto" else ""
         if self.path:
@@ -800,19 +610,6 @@ class ChatTemplateTokenCounter:
 
     def _render_plain(self, dicts: list[dict[str, Any]]) -> str:
         return self._render(dicts, None, True)
-
-    def _frame_part(self, key: str, d: dict[str, Any]) -> tuple[Any, tuple[str, ...]]:
-        """``Frames.frame_of(d)`` for a real message (cached by key); a stand-in (its key has
-        no NUL: a JSON dict) is fixed text of its frame."""
-        part = self._frame_parts.get(key)
-        if part is None:
-            part = self._frames.frame_of(d) if "\0" in key else (key, ())
-            with self._lock:
-                if len(self._frame_parts) >= self.cache_size:
-                    for old in list(self._frame_parts)[: self.cache_size // 4]:
-                        self._frame_parts.pop(old, None)
-                self._frame_parts[key] = part
-        return part
 
     def _count(self, text: str) -> int:
         """Tokens of a rendering, as ``tokenizer.encode(text, add_special_tokens=False)``
@@ -871,29 +668,6 @@ class ChatTemplateTokenCounter:
                 totals[i] += sum(found[piece] for piece in parts[::2] if piece in found)
         return totals
 
-    def _piece_counts(self, pieces: list[str]) -> dict[str, int]:
-        """Tokens of each piece (text without added tokens), cached; the new ones encoded in
-        one batch."""
-        cache = self._pieces
-        out = {}
-        missing: dict[str, None] = {}
-        for piece in pieces:
-            n = cache.get(piece)
-            if n is None:
-                missing[piece] = None
-            else:
-                out[piece] = n
-        if missing:
-            new = list(missing)
-            found = dict(zip(new, self._encode_lengths(new)))
-            with self._lock:
-                if len(cache) >= self.cache_size:
-                    for k in list(cache)[: self.cache_size // 4]:
-                        cache.pop(k, None)
-                cache.update(found)
-            out.update(found)
-        return out
-
     def _piecewise_splitter(self) -> Any:
         """A function splitting text around the tokenizer's added tokens, when counting the
         pieces apart is exact: the tokenizer extracts added tokens first and encodes what lies
@@ -930,49 +704,6 @@ class ChatTemplateTokenCounter:
         return not any(a != b and a in b for a in tokens for b in tokens)
 
     # -- unit plans: a new unit's costs from its field values, without assembling renderings --
-
-    def _plan(self, pred: str, shapes: tuple[Any, ...]) -> Any:
-        """How to cost a neighbour-independent unit whose messages have these frame shapes
-        (``Frames.frame_of``), after the stand-in ``pred``, from its field values alone.
-
-        The canonical renderings of its prefixes (``pre + unit[:j] + post``) are frames: text
-        pieces around the field values. Split at the tokenizer's added tokens (what
-        ``_count_many`` does to a rendering), a frame is added tokens, runs of fixed text and
-        runs that hold field values; so ``T_j`` (the tokens of prefix ``j``'s rendering) is a
-        constant plus the counts of its value runs, and message ``j`` costs ``T_j - T_{j-1}``:
-        a constant, plus the value runs ``T_j`` has and ``T_{j-1}`` has not, minus the
-        reverse. The plan is ``(ops, runs, steps)``: every frame's recorded predicates (see
-        ``_template_frames``), the value runs (``(items, next added token)``; an item is fixed
-        text or a slot), and per message ``(constant, runs added, runs removed)``. A unit
-        follows its plan when the predicates hold on its values and each value run, followed
-        by its added token, holds no added token but that one (``_plan_texts``): then each
-        rendering splits as planned (no added token's text holds another's,
-        ``_split_is_prefix_free``), and the costs are exactly those of the renderings.
-
-        None: no plan (a frame that renders); ``_NOT_YET``: a frame not learned yet."""
-        key = (pred, shapes)
-        plan = self._plans.get(key, _NOT_YET)
-        if plan is not _NOT_YET:
-            return plan
-        pre, post = self._context(pred, "user")
-        table = self._frames._frames
-        frames = []
-        for j in range(1, len(shapes) + 1):
-            entry = table.get(pre + shapes[:j] + post, _NOT_YET)
-            if entry is _NOT_YET:
-                return _NOT_YET
-            frames.append(entry)
-        try:
-            plan = self._build_plan(self._tokens(pre + post), frames) if None not in frames else None
-        except _Refused:
-            plan = None
-        with self._lock:
-            plans = self._plans
-            if len(plans) >= self.cache_size:
-                for old in list(plans)[: self.cache_size // 4]:
-                    plans.pop(old, None)
-            plans[key] = plan
-        return plan
 
     def _build_plan(self, t0: int, frames: list[Any]) -> Any:
         """``_plan``'s plan from the prefix frames (``t0``: the tokens of the stand-ins alone)."""
@@ -1018,26 +749,6 @@ class ChatTemplateTokenCounter:
             steps.append((const - prev_const, plus, minus))
             prev_const, prev_runs = const, runs
         return tuple(ops), tuple(run_ids), tuple(steps)
-
-    def _plan_texts(self, plan: Any, values: Sequence[str]) -> Optional[list[str]]:
-        """The texts of ``plan``'s value runs for a unit's field ``values``; None when the unit
-        does not follow the plan (see ``_plan``)."""
-        ops, runs, _ = plan
-        if ops and not ops_hold(ops, values):
-            return None
-        search = self._search
-        texts = []
-        for items, next_token in runs:
-            text = "".join([x if type(x) is str else values[x] if x >= 0 else _json_inside(values[-1 - x])
-                            for x in items])
-            if next_token:
-                m = search(text + next_token)
-                if m.start() != len(text):  # (it finds next_token at least)
-                    return None
-            elif search(text) is not None:
-                return None
-            texts.append(text)
-        return texts
 
     def _tokens(self, keys: tuple[Any, ...], dicts: Optional[list[dict[str, Any]]] = None, tools_key: Any = None,
                 tools: Any = None) -> int:
@@ -1088,55 +799,6 @@ class ChatTemplateTokenCounter:
         return [by_key.get(k) or _parse_key(k) for k in keys]
 
     # -- messages -> template dicts, memoized by identity -------------------------------------
-
-    def _entry(self, m: Any, i: int) -> tuple[str, dict[str, Any]]:
-        e = self._memo.get(id(m))
-        if e is not None and e[0]() is m and (e[1] is None or (m.content, m.tool_calls) == e[1]):
-            return e[3], e[2]
-        if type(m) is Message or isinstance(m, Message):
-            msg = m
-        elif isinstance(m, Mapping) and "role" in m and not isinstance(m, Message):
-            msg = coerce_message(m, f"messages[{i}]")
-        else:
-            raise MessageValidationError(f"messages[{i}]: expected a Message or a chat-completions dict, got {type(m).__name__}")
-        part = None
-        got = _call_entry(msg) if msg.tool_calls else None
-        if got is not None:
-            d, key, part = got
-        else:
-            d = message_to_template_dict(msg)
-            key = _message_key(d)
-        calls = d.get("tool_calls")
-        if part is not None and key not in self._frame_parts:
-            with self._lock:
-                if len(self._frame_parts) >= self.cache_size:
-                    for old in list(self._frame_parts)[: self.cache_size // 4]:
-                        self._frame_parts.pop(old, None)
-                self._frame_parts[key] = part
-        if calls:
-            with self._lock:  # which assistant message made each call (for tool-first slices)
-                if len(self._calls) >= self.cache_size:
-                    for k in list(self._calls)[: self.cache_size // 4]:
-                        del self._calls[k]
-                for call in calls:
-                    if isinstance(call.get("id"), str):
-                        self._calls[call["id"]] = key
-        if msg is m:
-            snap = None  # frozen lists (every validated Message) cannot change: no snapshot
-            if calls is not None or type(m.content) is not str:
-                if (isinstance(m.content, list) and type(m.content) is not FrozenList) or (
-                        m.tool_calls is not None and type(m.tool_calls) is not FrozenList):
-                    snap = (copy.deepcopy(m.content), copy.deepcopy(m.tool_calls))
-            with self._lock:
-                if len(self._memo) >= self.cache_size:
-                    for old_id in list(self._memo)[: self.cache_size // 4]:
-                        del self._memo[old_id]
-                self._memo[id(m)] = (weakref.ref(m), snap, d, key)
-                if len(self._by_key) >= self.cache_size:
-                    for old_key in list(self._by_key)[: self.cache_size // 4]:
-                        del self._by_key[old_key]
-                self._by_key[key] = d
-        return key, d
 
     # -- unit costs ------------------------------------------------------------------------------
 
@@ -1333,70 +995,6 @@ class ChatTemplateTokenCounter:
         keys, dicts, _ = self._entries_stable(ms)
         return keys, dicts
 
-    def _entries_stable(self, ms: Sequence[Any], offset: int = 0) -> tuple[list[str], list[dict[str, Any]], bool]:
-        """``(keys, dicts, stable)`` of ``ms`` (``offset``: the index of ``ms[0]`` in the call,
-        for error messages); ``stable``: every message is a memoized immutable ``Message``
-        (its key cannot change while it lives)."""
-        keys, dicts = [], []
-        memo = self._memo
-        stable = True
-        for i, m in enumerate(ms):
-            e = memo.get(id(m))  # _entry's memo hit, inlined (the hot loop's per-message cost)
-            if e is not None and e[1] is None and e[0]() is m:
-                keys.append(e[3])
-                dicts.append(e[2])
-                continue
-            k, d = self._entry(m, offset + i)
-            keys.append(k)
-            dicts.append(d)
-            if stable:
-                e = memo.get(id(m))
-                stable = e is not None and e[1] is None and e[0]() is m
-        return keys, dicts, stable
-
-    def _call_entries(self, ms: list[Any]) -> tuple[list[str], list[dict[str, Any]]]:
-        """``_entries(ms)`` for ``count_messages``: when ``ms`` extends the previous call's
-        messages (the same immutable objects, or equal ones), only the new ones are looked up."""
-        last = self._last_ms
-        k = len(last[0]) if last is not None else 0
-        if last is not None and k <= len(ms) and ms[:k] == last[0]:
-            keys, dicts, stable = self._entries_stable(ms[k:], k)
-            keys = last[1] + keys
-            dicts = last[2] + dicts
-        else:
-            keys, dicts, stable = self._entries_stable(ms)
-        self._last_ms = (ms, keys, dicts) if stable else None
-        return keys, dicts
-
-    def _any_lookahead(self, keys: Sequence[str], dicts: Sequence[Mapping[str, Any]]) -> bool:
-        """``any(self._lookahead(d) for d in dicts)``, cached per message key."""
-        looks = self._looks
-        for k, d in zip(keys, dicts):
-            t = looks.get(k)
-            if t is None:
-                t = self._trait(k, d)
-            if t[0]:
-                return True
-        return False
-
-    def _trait(self, k: str, d: Mapping[str, Any]) -> tuple[bool, tuple[Any, ...]]:
-        """``(self._lookahead(d), d's element of self._pattern)``, cached per message key."""
-        t = self._looks.get(k)
-        if t is None:
-            reasoning = _has_reasoning(d)
-            call_text, think_text = _text_features(d)
-            sensitive = self._sensitive
-            look = reasoning or bool(sensitive) and (
-                (call_text and "call_text" in sensitive) or (think_text and "think_text" in sensitive))
-            t = (look, (d["role"], len(d.get("tool_calls") or ()), reasoning, call_text, think_text))
-            looks = self._looks
-            if len(looks) >= self.cache_size:
-                with self._lock:
-                    for old in list(looks)[: self.cache_size // 4]:
-                        looks.pop(old, None)
-            looks[k] = t
-        return t
-
     @staticmethod
     def _starts(dicts: Sequence[Mapping[str, Any]]) -> list[int]:
         return [i for i, d in enumerate(dicts) if i == 0 or d["role"] != "tool"]
@@ -1414,113 +1012,11 @@ class ChatTemplateTokenCounter:
             raise TypeError(f"text must be a str, got {type(text).__name__}")
         return self._count(text)
 
-    def count_messages(self, messages: Iterable[Any]) -> int:
-        """Exact tokens of ``messages`` as one request with the generation prompt, without tools
-        (``count_messages([])`` is the template's fixed cost: what it renders around nothing).
-
-        Counted from cached segments, or by rendering the whole template where additivity may
-        fail (see the module docstring)."""
-        ms = list(messages)  # (a copy: the caller may change its list before the next call)
-        if not ms:
-            return self._empty
-        keys, dicts = self._call_entries(ms)
-        last = dicts[-1]["role"]
-        if not self.additive or last not in ("user", "tool") or self._end_cost(last) is None:
-            return self._full(keys, dicts)
-        # the previous segmented call's messages had no lookahead: check only the others
-        ov = self._overlap(keys)
-        if ov is None:
-            if self._any_lookahead(keys, dicts):
-                return self._full(keys, dicts)
-        else:
-            p, _, m = ov
-            if self._any_lookahead(keys[:p], dicts[:p]) or self._any_lookahead(keys[p + m:], dicts[p + m:]):
-                return self._full(keys, dicts)
-        try:
-            return self._segments(ms, keys, dicts, ov)
-        except _Refused as exc:
-            raise MessageValidationError(f"the chat template refused the conversation: {exc}") from None
-
     def _full(self, keys: list[str], dicts: list[dict[str, Any]], tools: Any = None, tools_key: Any = None) -> int:
         try:
             return self._tokens(tuple(keys), dicts, tools_key, tools)
         except _Refused as exc:
             raise MessageValidationError(f"the chat template refused the conversation: {exc}") from None
-
-    def _overlap(self, keys: list[str]) -> Optional[tuple[int, int, int]]:
-        """``(p, q, m)`` with ``keys[p:p + m] == last[q:]`` for the previous segmented call's
-        message keys ``last`` (all of them, ``m = len(last) - q``), ``q`` a unit start there,
-        and ``keys[:p] == last[:p]`` when ``p == q``: the prompt extends the last one
-        (``(0, 0, len(last))``), or the trimming moved its cut after a pinned first message
-        (``p`` 1) or none (``p`` 0). None when neither holds."""
-        last = self._last
-        if last is None:
-            return None
-        lkeys, lstarts = last[0], last[1]
-        k, n = len(lkeys), len(keys)
-        if k <= n and keys[:k] == lkeys:
-            return 0, 0, k
-        for p in ((1, 0) if n > 1 and k and keys[0] == lkeys[0] else (0,)):
-            try:
-                q = lkeys.index(keys[p], p)
-            except ValueError:
-                continue
-            m = k - q
-            if m <= n - p and keys[p:p + m] == lkeys[q:]:
-                u = bisect.bisect_left(lstarts, q)
-                if u < len(lstarts) and lstarts[u] == q and (p != q or keys[:p] == lkeys[:p]):
-                    return p, q, m
-        return None
-
-    def _segments(self, ms: Sequence[Any], keys: list[str], dicts: list[dict[str, Any]],
-                  ov: Optional[tuple[int, int, int]] = None) -> int:
-        n = len(ms)
-        last = self._last
-        if last is not None and ov is not None and ov[1] == 0 and ov[0] == 0 and ov[2]:
-            # the prompt extends the last one: its unit starts, then the new messages'
-            starts = last[1] + [i for i in range(ov[2], n) if dicts[i]["role"] != "tool"]
-        else:
-            starts = self._starts(dicts)
-        # units whose cost is known from the previous call: those of the overlap (``ov``, see
-        # _overlap) but its last unit (what follows it may have changed) and, after a moved cut,
-        # its first (what precedes it changed)
-        head, reused, tail = len(starts), [], len(starts)
-        if last is not None and ov is not None:
-            p, q, m = ov
-            lstarts, lcosts = last[1], last[2]
-            uq = bisect.bisect_left(lstarts, q) + (0 if p == q else 1)
-            ul = len(lstarts) - 1
-            if uq < ul:
-                head = bisect.bisect_left(starts, lstarts[uq] - q + p)
-                reused = lcosts[uq:ul]
-                tail = head + len(reused)
-        costs = [self._unit_total(keys, dicts, starts, u, n) for u in range(head)]
-        costs += reused
-        costs += [self._unit_total(keys, dicts, starts, u, n) for u in range(tail, len(starts))]
-        self._last = (keys, starts, costs)
-        end = self._end_cost(dicts[-1]["role"])
-        if end is None:
-            raise _Refused("no end cost")
-        return end + sum(costs)
-
-    def _unit_total(self, keys: list[str], dicts: list[dict[str, Any]], starts: list[int], u: int, n: int) -> int:
-        """What unit ``u`` (of ``starts``) costs in the conversation ``keys``."""
-        a = starts[u]
-        b = starts[u + 1] if u + 1 < len(starts) else n
-        ukeys = tuple(keys[a:b])
-        known = self._local_units.get(ukeys)
-        if known is not None:
-            return sum(known)
-        if self._is_local(dicts[a:b], ukeys):  # any neighbours will do: share the cache entry
-            pred, succ = self._canonical(dicts[a]["role"]), "user"
-            unit = self._unit_cost(ukeys, pred, succ)
-            if dicts[a]["role"] != "tool":
-                self._remember_local(ukeys, unit)
-        else:
-            pred = "first" if a == 0 else self._role_of(dicts[a - 1])
-            succ = "end" if b == n else dicts[b]["role"]
-            unit = self._unit_cost(ukeys, pred, succ)
-        return sum(unit)
 
     def count_message(self, message: Any) -> int:
         """What ``message`` adds to a request, as ``count_array([message])`` counts it."""
@@ -1531,127 +1027,6 @@ class ChatTemplateTokenCounter:
         plus ``count_messages([])``, never below its exact count, and equal for units whose
         rendering does not depend on their neighbours."""
         return np.array(self._count_list(messages), dtype=np.int64)
-
-    def _count_list(self, messages: Sequence[Any]) -> list[int]:
-        """``count_array(messages)`` as a list of ints (what ``TokenBudgetFilter`` takes for a
-        turn's new messages)."""
-        ms = messages if isinstance(messages, (list, tuple)) else list(messages)
-        out = [0] * len(ms)
-        if not ms:
-            return out
-        keys, dicts = self._entries(ms)
-        starts = self._starts(dicts)
-        n = len(ms)
-        self._prefill_units(keys, dicts, starts)
-        local_units = self._local_units
-        for u, a in enumerate(starts):
-            b = starts[u + 1] if u + 1 < len(starts) else n
-            first_role = dicts[a]["role"]
-            known = local_units.get(tuple(keys[a:b])) if first_role != "tool" else None
-            if known is not None:
-                out[a:b] = known
-                continue
-            if a > 0:
-                true_pred: Optional[str] = self._role_of(dicts[a - 1])
-            elif first_role == "system":
-                true_pred = "first"
-            else:
-                true_pred = None
-            preds = self._preds(first_role, true_pred)
-            true_succ = "end" if b == n else dicts[b]["role"]
-            succs = [true_succ] if b < n else ["user", "assistant", "system"]
-            exact_pred = true_pred if true_pred is not None else ("tool" if first_role == "tool" else "user")
-            caller = None
-            if first_role == "tool" and true_pred is None:
-                # a slice that starts inside a unit: stand the assistant that made the call before it
-                exact_pred = "call"
-                caller = self._calls.get(dicts[a].get("tool_call_id") or "")
-            costs = self._upper_costs(tuple(keys[a:b]), dicts[a:b], preds, succs, (exact_pred, true_succ), caller)
-            out[a:b] = costs
-        return out
-
-    def _prefill_units(self, keys: Sequence[str], dicts: Sequence[dict[str, Any]], starts: Sequence[int]) -> None:
-        """Render every not-yet-costed neighbour-independent unit's prefixes, and count them
-        all in one tokenizer batch (the turn's new units: one batch, not one per rendering)."""
-        n = len(keys)
-        convs: list[tuple[str, ...]] = []
-        conv_dicts: list[list[dict[str, Any]]] = []
-        # units to cost after the batch: (unit cache key, unit keys, not tool-first, first conversation)
-        jobs: list[tuple[Any, tuple[str, ...], bool, int]] = []
-        local_units = self._local_units
-        units = self._units
-        by_key = self._by_key
-        # units costed by their plan (see _plan): (unit cache key, not tool-first, steps, run texts)
-        planned: list[tuple[Any, bool, Any, list[str]]] = []
-        parts_of = self._frame_parts if self._RENDER_FREE and self._plan_ok else None
-        for u, a in enumerate(starts):
-            b = starts[u + 1] if u + 1 < len(starts) else n
-            ukeys = tuple(keys[a:b])
-            if ukeys in local_units:
-                continue
-            unit = dicts[a:b]
-            if self._any_lookahead(ukeys, unit) or not self._is_local(unit, ukeys):
-                continue
-            first_role = unit[0]["role"]
-            pred = "call" if first_role == "tool" else "first"  # _canonical
-            uck = (ukeys, pred, "user", None)
-            known = units.get(uck)
-            if known is not None:
-                if first_role != "tool":
-                    self._remember_local(ukeys, known)
-                continue
-            if parts_of is not None:
-                parts = [parts_of.get(k) or self._frame_part(k, d) for k, d in zip(ukeys, unit)]
-                if parts[0][1]:  # (every prefix has a field value: a frame)
-                    try:
-                        plan = self._plan(pred, tuple([p[0] for p in parts]))
-                    except TypeError:  # a field value that cannot be a key (as Frames.render)
-                        plan = None
-                    if plan is not None and plan is not _NOT_YET:
-                        run_texts = self._plan_texts(plan, [v for p in parts for v in p[1]])
-                        if run_texts is not None:
-                            planned.append((uck, first_role != "tool", plan[2], run_texts))
-                            continue
-            pre, post = self._context(pred, "user")
-            pre_d = [by_key.get(k) or _parse_key(k) for k in pre]
-            post_d = [by_key.get(k) or _parse_key(k) for k in post]
-            jobs.append((uck, ukeys, first_role != "tool", len(convs)))
-            convs.append(pre + post)
-            conv_dicts.append(pre_d + post_d)
-            for j in range(1, b - a + 1):
-                convs.append(pre + ukeys[:j] + post)
-                conv_dicts.append(pre_d + list(unit[:j]) + post_d)
-        if not jobs and not planned:
-            return
-        found: dict[Any, list[int]] = {}
-        found_local: dict[tuple[str, ...], list[int]] = {}
-        if planned:
-            counts_of = self._piece_counts([t for p in planned for t in p[3]])
-            for uck, not_tool_first, steps, run_texts in planned:
-                got = [counts_of[t] for t in run_texts]
-                costs = [base + sum([got[i] for i in plus]) - sum([got[i] for i in minus]) for base, plus, minus in steps]
-                found[uck] = costs
-                if not_tool_first:
-                    found_local[uck[0]] = costs
-        if jobs:
-            self._prefill(convs, conv_dicts)
-        # each unit's prefix costs, from the batch's counts; a unit with a refused (or already
-        # evicted) rendering is left for count_array, which reports the refusal where it renders it
-        texts = self._texts
-        for uck, ukeys, not_tool_first, at in jobs:
-            counts = [texts.get((convs[i], None)) for i in range(at, at + len(ukeys) + 1)]
-            if None in counts:
-                continue
-            costs = [counts[j] - counts[j - 1] for j in range(1, len(counts))]  # type: ignore[operator]
-            found[uck] = costs
-            if not_tool_first:
-                found_local[ukeys] = costs
-        with self._lock:
-            for cache, new in ((units, found), (local_units, found_local)):
-                if len(cache) >= self.cache_size:
-                    for k in list(cache)[: self.cache_size // 4]:
-                        cache.pop(k, None)  # type: ignore[arg-type]
-                cache.update(new)  # type: ignore[attr-defined]
 
     def count_tools(self, tools_schema: Optional[Sequence[Mapping[str, Any]]], messages: Optional[Sequence[Any]] = None) -> int:
         """Marginal tokens of ``tools_schema`` in a request of ``messages`` (default: one user

@@ -1,0 +1,68 @@
+"""What the chat-template counter's hot path shares with its frames (``_template_frames``) and
+its compiled twin (``_template_core``): one definition of each, outside the ``memory.context``
+package (the cores import nothing from it, so importing them never starts that package)."""
+
+import json
+from typing import Any, Sequence
+
+__all__ = ["NOT_YET", "Refused", "dumps_parsed", "json_inside", "ops_hold"]
+
+
+class Refused(Exception):
+    """The template refused to render a conversation (``raise_exception``, or any error it
+    raised); the counter reports it as ``MessageValidationError``."""
+
+
+#: a cache's answer for "not known yet" (None being a known answer)
+NOT_YET = object()
+#: ``json.dumps(x, ensure_ascii=False)`` without building an encoder per call
+_DUMPS = json.JSONEncoder(ensure_ascii=False).encode
+_C_ENCODER = getattr(json.encoder, "c_make_encoder", None)
+#: the C encoder ``_DUMPS`` builds on each call, built once, without the circular-reference
+#: check (only for JSON parsed from text, which cannot hold a cycle)
+_ENCODE_PARSED = (_C_ENCODER(None, json.JSONEncoder().default, json.encoder.encode_basestring, None, ": ", ", ",
+                             False, False, True) if _C_ENCODER is not None else None)
+
+
+def dumps_parsed(x: Any) -> str:
+    """``json.dumps(x, ensure_ascii=False)`` for ``x`` parsed from JSON text (no cycles).
+
+    >>> dumps_parsed({"a": [1, 2.5, None, "é\\n"]}) == json.dumps({"a": [1, 2.5, None, "é\\n"]}, ensure_ascii=False)
+    True
+    """
+    if _ENCODE_PARSED is None or type(x) is str:
+        return _DUMPS(x)
+    return "".join(_ENCODE_PARSED(x, 0))
+
+
+def ops_hold(ops: Sequence[tuple[Any, ...]], values: Sequence[str]) -> bool:
+    """Whether a frame's recorded truth tests and predicates (``ops``), replayed on the
+    field ``values``, give the recorded answers (then the template takes the same path).
+
+    >>> ops_hold([(0, "startswith", ("a",), True), (1, "__bool__", (), True)], ["abc", "x"])
+    True
+    >>> ops_hold([(0, "__contains__", ("x",), False)], ["xyz"])
+    False
+    """
+    for slot, name, args, res in ops:
+        v = values[slot]
+        if name == "__bool__":
+            got = len(v) > 0
+        elif name == "__dictbool__":
+            got = v != "{}"
+        elif name[0] == "=":
+            got = getattr(str, name[1:])(v) == v
+        else:
+            got = getattr(str, name)(v, *args)
+        if got != res:
+            return False
+    return True
+
+
+def json_inside(v: str) -> str:
+    """What ``tojson`` prints for the string ``v``, without its quotes.
+
+    >>> json_inside('a "b"')
+    'a \\\\"b\\\\"'
+    """
+    return json.dumps(v, ensure_ascii=False)[1:-1]

@@ -1,0 +1,128 @@
+"""The compiled chat-template hot path (``_template_core``) equals its pure-Python twin.
+
+``csrc/_template_core.pyx`` includes the twin's source, so they can differ only where Cython's
+semantics differ from Python's; these tests hold them equal on the counter's hot loop (random
+conversations with tool calls, turn by turn through ``TokenBudgetFilter``, and whole) and on
+the message helpers (template dicts, keys, one-pass tool-call entries).
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import os
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from jianmu_fast import _template_core_py as twin
+from jianmu_fast.memory.context import ChatTemplateTokenCounter, TokenBudgetFilter
+from jianmu_fast.message import Message
+
+compiled = pytest.importorskip("jianmu_fast._template_core")
+
+_HERE = os.path.join(os.path.dirname(__file__), "data", "chat_templates")
+_spec = importlib.util.spec_from_file_location("_ct_data_core", os.path.join(_HERE, "make_tokenizer.py"))
+mk = importlib.util.module_from_spec(_spec)
+_spec.loader.exec_module(mk)  # type: ignore[union-attr]
+
+FAMILIES = ["qwen3", "hermes", "llama3.1", "mistral", "gpt-oss", "deepseek-v3"]
+#: the core's functions that are ChatTemplateTokenCounter's methods (attribute names)
+METHODS = {"count_messages": "count_messages", "count_list": "_count_list", "prefill_units": "_prefill_units",
+           "plan": "_plan", "plan_texts": "_plan_texts", "piece_counts": "_piece_counts", "frame_part": "_frame_part",
+           "entries_stable": "_entries_stable", "call_entries": "_call_entries", "entry": "_entry",
+           "any_lookahead": "_any_lookahead", "trait": "_trait", "overlap": "_overlap", "segments": "_segments",
+           "unit_total": "_unit_total"}
+
+
+def _bound(core):
+    """ChatTemplateTokenCounter with its hot path taken from ``core``."""
+    attrs = {attr: getattr(core, name) for name, attr in METHODS.items()}
+    return type(f"Counter_{core.__name__.rsplit('.', 1)[-1]}", (ChatTemplateTokenCounter,), attrs)
+
+
+TwinCounter = _bound(twin)
+CompiledCounter = _bound(compiled)
+
+
+def test_the_class_binds_every_core_method():
+    for name, attr in METHODS.items():
+        assert getattr(ChatTemplateTokenCounter, attr).__name__ == name
+    assert set(METHODS) | {"message_to_template_dict", "message_key", "parse_key", "call_entry"} == set(twin.__all__)
+    assert set(twin.__all__) == set(compiled.__all__)
+
+
+@pytest.fixture(scope="module")
+def model_dirs(tmp_path_factory):
+    return {f: mk.model_dir(f, str(tmp_path_factory.mktemp(f))) for f in FAMILIES}
+
+
+_text = st.one_of(st.sampled_from(["Paris", "sunny, 21°C", "", " x ", "数据", '"q"\\', "<tool_call>", "</think>",
+                                   "<think>\nhm\n</think>\n\nok", "<|im_end|>", "[INST]", "x" * 40]),
+                  st.text(max_size=10))
+
+
+@st.composite
+def _conversation(draw):
+    ms = [Message(role="system", content=draw(_text))] if draw(st.booleans()) else []
+    ms.append(Message(role="user", content=draw(_text)))
+    n = 0
+    for _ in range(draw(st.integers(1, 6))):
+        kind = draw(st.integers(0, 2))
+        if kind == 0:
+            calls, results = [], []
+            for _ in range(draw(st.integers(1, 3))):
+                n += 1
+                args = draw(st.one_of(st.dictionaries(_text, _text, max_size=2).map(json.dumps), st.just("not json")))
+                calls.append({"id": f"call_{n}", "type": "function", "function": {"name": "get_weather", "arguments": args}})
+                results.append(Message(role="tool", content=draw(_text), tool_call_id=f"call_{n}", name="get_weather"))
+            extra = {"reasoning_content": draw(_text)} if draw(st.integers(0, 5)) == 0 else {}
+            ms.append(Message(role="assistant", content=draw(st.one_of(st.none(), _text)), tool_calls=calls, extra=extra))
+            ms.extend(results)
+        else:
+            ms.append(Message(role="assistant", content=draw(_text)))
+            if kind == 1:
+                ms.append(Message(role="user", content=draw(_text)))
+    return ms
+
+
+def _run(cls, path, ms):
+    """What the hot loop sees: per-turn prompt counts and per-message costs (or the error)."""
+    c = cls(path, engine="tokenizers")
+    flt = TokenBudgetFilter(300, counter=c)
+    out: list = []
+    history: list[Message] = []
+    for m in ms:
+        history.append(m)
+        if m.role in ("user", "tool"):
+            try:
+                kept = flt.apply(history)
+                out.append((len(kept), c.count_messages(kept), c.count_array(kept).tolist()))
+            except Exception as exc:  # the template refuses, or nothing fits: the same error
+                out.append((type(exc).__name__, str(exc)))
+    try:
+        out.append((c.count_messages(ms), c.count_array(ms).tolist()))
+    except Exception as exc:
+        out.append((type(exc).__name__, str(exc)))
+    return out
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+@settings(max_examples=40, deadline=None, suppress_health_check=list(HealthCheck))
+@given(ms=_conversation())
+def test_compiled_hot_path_equals_the_twin(model_dirs, family, ms):
+    path = model_dirs[family]
+    assert _run(CompiledCounter, path, ms) == _run(TwinCounter, path, ms)
+
+
+@settings(max_examples=300, deadline=None, suppress_health_check=list(HealthCheck))
+@given(ms=_conversation())
+def test_compiled_message_helpers_equal_the_twin(ms):
+    for m in ms:
+        d = twin.message_to_template_dict(m)
+        assert compiled.message_to_template_dict(m) == d
+        key = twin.message_key(d)
+        assert compiled.message_key(d) == key
+        assert compiled.parse_key(key) == twin.parse_key(key) == d
+        assert compiled.call_entry(m) == twin.call_entry(m)
