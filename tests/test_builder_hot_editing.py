@@ -232,6 +232,39 @@ def test_a_failing_editing_stage_is_skipped_as_on_the_general_path(sanitize, cap
     assert dump(b.build(state)) == outcome(ref, state, None)[1]
 
 
+def test_clearing_then_trimming_filter_runs_unrolled():
+    """[clearing, trimming filter last] is ``_filter_hot``'s loop unrolled (``_Hot.pair``): the same
+    outputs and errors as the general path (a counter that fails: the clearing's TrimmingError)."""
+    def builder(counter: Any, filters: Callable[[Any], list[Any]], sanitize: bool = True) -> ContextBuilder:
+        return ContextBuilder(providers=[StaticPromptProvider("x"), StateHistoryProvider()],
+                              filters=filters(counter), sanitize=sanitize)
+
+    pair = lambda c: [ClearToolResultsFilter(60, c, keep=1), TokenBudgetFilter(400, c)]  # noqa: E731
+    b, ref = builder(Boom(), pair), general(builder(Boom(), pair))
+    b._hot_plan()
+    assert b._hot.pair is not None and b._hot.pair[2] is b.filters[1]
+    for filters in (lambda c: [ClearToolResultsFilter(60, c), MaxMessagesFilter(9), TokenBudgetFilter(400, c)],
+                    lambda c: [TokenBudgetFilter(400, c), ClearToolResultsFilter(60, c)],
+                    lambda c: [ToolResultCapFilter(60, c), TokenBudgetFilter(400, c)]):
+        other = builder(SIMPLE, filters)
+        other._hot_plan()
+        assert other._hot is not None and other._hot.pair is None
+    unsanitized = builder(SIMPLE, pair, sanitize=False)
+    unsanitized._hot_plan()
+    assert unsanitized._hot.pair is not None  # (not taken: the loop runs when nothing is sanitized)
+    call = lambda i: [ai(None, tool_calls=[{"id": f"c{i}", "type": "function",  # noqa: E731
+                                            "function": {"name": "f", "arguments": "{}"}}])]
+    state: dict[str, Any] = {"messages": [human("q")]}
+    for i in range(6):
+        state["messages"] += call(i) + [tool(f"result {i} " + "word " * 15, tool_call_id=f"c{i}"), ai(f"done {i}")]
+        assert outcome(b, state, None) == outcome(ref, state, None)
+    assert b._turn is not None and ref._turn is None  # (the hot path ran, unrolled)
+    state["messages"] += call(9) + [tool("BOOM " * 20, tool_call_id="c9")]  # the clearing's count raises
+    got = outcome(b, state, None)
+    assert got == outcome(ref, state, None)
+    assert got[:2] == ("error", "TrimmingError") and got[2].startswith("ClearToolResultsFilter: could not clear")
+
+
 def test_a_failing_summarizer_falls_back_as_on_the_general_path():
     def bad(messages: list[Message]) -> str:
         raise RuntimeError("model down")
