@@ -22,9 +22,11 @@ from .message import Message
 from .message.model import FrozenList, coerce_message
 
 __all__ = [
-    "any_lookahead", "call_entries", "call_entry", "count_list", "count_messages", "entries_stable", "entry",
-    "frame_part", "message_to_template_dict", "message_key", "overlap", "parse_key", "piece_counts", "plan",
-    "plan_texts", "prefill_units", "segments", "trait", "unit_total",
+    "any_lookahead", "call_entries", "call_entry", "count_list", "count_messages", "encode_lengths", "end_cost",
+    "entries_stable",
+    "entry", "frame_part", "is_local", "local_pattern", "message_to_template_dict", "message_key", "overlap",
+    "parse_key", "piece_counts", "plain_frame", "plan", "plan_texts", "prefill_units", "segments", "trait",
+    "unit_starts", "unit_total",
 ]
 
 _REASONING_FIELDS = ("reasoning_content", "thinking", "reasoning")
@@ -247,6 +249,19 @@ def _text_features(d: Mapping[str, Any]) -> tuple[bool, bool]:
     return call_text, any(isinstance(t, str) and "</think>" in t for t in texts)
 
 
+def unit_starts(dicts: Sequence[Mapping[str, Any]]) -> list[int]:
+    """Where the units of ``dicts`` start: the first message and every one but a tool result.
+
+    >>> unit_starts([{"role": "tool"}, {"role": "assistant"}, {"role": "tool"}, {"role": "user"}])
+    [0, 1, 3]
+    """
+    out = []
+    for i, d in enumerate(dicts):
+        if i == 0 or d["role"] != "tool":
+            out.append(i)
+    return out
+
+
 def count_list(self, messages: Sequence[Any]) -> list[int]:
     """``count_array(messages)`` as a list of ints (what ``TokenBudgetFilter`` takes for a
     turn's new messages)."""
@@ -255,7 +270,7 @@ def count_list(self, messages: Sequence[Any]) -> list[int]:
     if not ms:
         return out
     keys, dicts, _ = entries_stable(self, ms)
-    starts = self._starts(dicts)
+    starts = unit_starts(dicts)
     n = len(ms)
     prefill_units(self, keys, dicts, starts)
     local_units = self._local_units
@@ -306,7 +321,7 @@ def prefill_units(self, keys: Sequence[str], dicts: Sequence[dict[str, Any]], st
         if ukeys in local_units:
             continue
         unit = dicts[a:b]
-        if any_lookahead(self, ukeys, unit) or not self._is_local(unit, ukeys):
+        if not is_local(self, ukeys, unit):
             continue
         first_role = unit[0]["role"]
         pred = "call" if first_role == "tool" else "first"  # _canonical
@@ -418,7 +433,7 @@ def plan_texts(self, plan: Any, values: Sequence[str]) -> Optional[list[str]]:
     """The texts of ``plan``'s value runs for a unit's field ``values``; None when the unit
     does not follow the plan (see ``_plan``)."""
     ops, runs, _ = plan
-    if ops and not ops_hold(ops, values):
+    if ops and not _ops_hold(ops, values):
         return None
     search = self._search
     texts = []
@@ -435,28 +450,75 @@ def plan_texts(self, plan: Any, values: Sequence[str]) -> Optional[list[str]]:
     return texts
 
 
+def _ops_hold(ops: Sequence[tuple[Any, ...]], values: Sequence[str]) -> bool:
+    """``_template_base.ops_hold`` (the same code, compiled with this module)."""
+    for slot, name, args, res in ops:
+        v = values[slot]
+        if name == "__bool__":
+            got = len(v) > 0
+        elif name == "__dictbool__":
+            got = v != "{}"
+        elif name[0] == "=":
+            got = getattr(str, name[1:])(v) == v
+        else:
+            got = getattr(str, name)(v, *args)
+        if got != res:
+            return False
+    return True
+
+
+#: a value run longer than this is encoded without the piece cache (a turn's new text: hashing
+#: it costs more than the cache saves; its unit's costs are cached)
+_UNCACHED_RUN = 256
+
+
 def piece_counts(self, pieces: list[str]) -> dict[str, int]:
     """Tokens of each piece (text without added tokens), cached; the new ones encoded in
     one batch."""
     cache = self._pieces
     out = {}
     missing: dict[str, None] = {}
+    long: list[str] = []
     for piece in pieces:
+        if len(piece) > _UNCACHED_RUN:
+            long.append(piece)
+            continue
         n = cache.get(piece)
         if n is None:
             missing[piece] = None
         else:
             out[piece] = n
-    if missing:
+    if missing or long:
         new = list(missing)
-        found = dict(zip(new, self._encode_lengths(new)))
-        with self._lock:
-            if len(cache) >= self.cache_size:
-                for k in list(cache)[: self.cache_size // 4]:
-                    cache.pop(k, None)
-            cache.update(found)
+        got = encode_lengths(self, new + long)
+        found = dict(zip(new, got))
+        if found:
+            with self._lock:
+                if len(cache) >= self.cache_size:
+                    for k in list(cache)[: self.cache_size // 4]:
+                        cache.pop(k, None)
+                cache.update(found)
         out.update(found)
+        out.update(zip(long, got[len(new):]))
     return out
+
+
+def encode_lengths(self, texts: list[str]) -> list[int]:
+    """``self._encode_lengths(texts)``: a small batch on fastokens (the turn's new value runs)
+    encoded here, text by text (what ``_encodings.fastokens_counts`` does below
+    ``self._FAST_LOOP_CHARS`` characters); anything else through ``_encode_lengths``."""
+    fast = self._fast
+    if fast is not None:
+        total = 0
+        for t in texts:
+            total += len(t)
+        if total < self._FAST_LOOP_CHARS:
+            encode = fast.encode
+            try:
+                return [len(encode(t, add_special_tokens=False)) for t in texts]
+            except Exception:  # _encode_lengths falls back to tokenizers
+                pass
+    return list(self._encode_lengths(texts))
 
 
 def frame_part(self, key: str, d: dict[str, Any]) -> tuple[Any, tuple[str, ...]]:
@@ -464,13 +526,40 @@ def frame_part(self, key: str, d: dict[str, Any]) -> tuple[Any, tuple[str, ...]]
     no NUL: a JSON dict) is fixed text of its frame."""
     part = self._frame_parts.get(key)
     if part is None:
-        part = self._frames.frame_of(d) if "\0" in key else (key, ())
+        if "\0" not in key:
+            part = (key, ())
+        else:
+            part = plain_frame(self._frames._fields, d) if "tool_calls" not in d else None
+            if part is None:
+                part = self._frames.frame_of(d)
         with self._lock:
             if len(self._frame_parts) >= self.cache_size:
                 for old in list(self._frame_parts)[: self.cache_size // 4]:
                     self._frame_parts.pop(old, None)
             self._frame_parts[key] = part
     return part
+
+
+def plain_frame(fields: Sequence[str], d: Mapping[str, Any]) -> Optional[tuple[Any, tuple[str, ...]]]:
+    """``Frames.frame_of(d)`` for a dict without tool calls whose values are all strings
+    (the usual message); None for any other dict.
+
+    >>> from jianmu_fast.memory.context._template_frames import Frames
+    >>> d = {"role": "tool", "content": "ok", "tool_call_id": ""}
+    >>> plain_frame(("content", "name", "tool_call_id"), d) == Frames(lambda ds: "").frame_of(d)
+    True
+    """
+    values: list[str] = []
+    shape: list[tuple[str, Any]] = []
+    for k, v in d.items():
+        if type(v) is not str:
+            return None
+        if v and k in fields:
+            values.append(v)
+            shape.append((k, None))
+        else:
+            shape.append((k, ("str", v)))
+    return tuple(shape), tuple(values)
 
 
 def entries_stable(self, ms: Sequence[Any], offset: int = 0) -> tuple[list[str], list[dict[str, Any]], bool]:
@@ -528,27 +617,26 @@ def entry(self, m: Any, i: int) -> tuple[str, dict[str, Any]]:
         d = message_to_template_dict(msg)
         key = message_key(d)
     calls = d.get("tool_calls")
-    if part is not None and key not in self._frame_parts:
-        with self._lock:
-            if len(self._frame_parts) >= self.cache_size:
-                for old in list(self._frame_parts)[: self.cache_size // 4]:
+    snap = None  # frozen lists (every validated Message) cannot change: no snapshot
+    if msg is m and (calls is not None or type(m.content) is not str):
+        if (isinstance(m.content, list) and type(m.content) is not FrozenList) or (
+                m.tool_calls is not None and type(m.tool_calls) is not FrozenList):
+            snap = (copy.deepcopy(m.content), copy.deepcopy(m.tool_calls))
+    size = self.cache_size
+    with self._lock:  # (one section for the caches this entry fills)
+        if part is not None and key not in self._frame_parts:
+            if len(self._frame_parts) >= size:
+                for old in list(self._frame_parts)[: size // 4]:
                     self._frame_parts.pop(old, None)
             self._frame_parts[key] = part
-    if calls:
-        with self._lock:  # which assistant message made each call (for tool-first slices)
-            if len(self._calls) >= self.cache_size:
-                for k in list(self._calls)[: self.cache_size // 4]:
+        if calls:  # which assistant message made each call (for tool-first slices)
+            if len(self._calls) >= size:
+                for k in list(self._calls)[: size // 4]:
                     del self._calls[k]
             for call in calls:
                 if isinstance(call.get("id"), str):
                     self._calls[call["id"]] = key
-    if msg is m:
-        snap = None  # frozen lists (every validated Message) cannot change: no snapshot
-        if calls is not None or type(m.content) is not str:
-            if (isinstance(m.content, list) and type(m.content) is not FrozenList) or (
-                    m.tool_calls is not None and type(m.tool_calls) is not FrozenList):
-                snap = (copy.deepcopy(m.content), copy.deepcopy(m.tool_calls))
-        with self._lock:
+        if msg is m:
             if len(self._memo) >= self.cache_size:
                 for old_id in list(self._memo)[: self.cache_size // 4]:
                     del self._memo[old_id]
@@ -591,6 +679,40 @@ def trait(self, k: str, d: Mapping[str, Any]) -> tuple[bool, tuple[Any, ...]]:
     return t
 
 
+def local_pattern(self, keys: Sequence[str], dicts: Sequence[Mapping[str, Any]]) -> bool:
+    """``self._is_local(dicts, keys)``: the unit's role pattern from the cached traits, its
+    answer from ``self._local`` (probed by ``_is_local`` the first time)."""
+    looks = self._looks
+    pat = []
+    for k, d in zip(keys, dicts):
+        t = looks.get(k)
+        if t is None:
+            t = trait(self, k, d)
+        pat.append(t[1])
+    local = self._local.get(tuple(pat))
+    if local is None:
+        return bool(self._is_local(dicts, keys))
+    return bool(local)
+
+
+def is_local(self, keys: Sequence[str], dicts: Sequence[Mapping[str, Any]]) -> bool:
+    """``not any_lookahead(self, keys, dicts) and self._is_local(dicts, keys)`` in one pass
+    over the cached traits."""
+    looks = self._looks
+    pat = []
+    for k, d in zip(keys, dicts):
+        t = looks.get(k)
+        if t is None:
+            t = trait(self, k, d)
+        if t[0]:
+            return False
+        pat.append(t[1])
+    local = self._local.get(tuple(pat))
+    if local is None:
+        return bool(self._is_local(dicts, keys))
+    return bool(local)
+
+
 def count_messages(self, messages: Iterable[Any]) -> int:
     """Exact tokens of ``messages`` as one request with the generation prompt, without tools
     (``count_messages([])`` is the template's fixed cost: what it renders around nothing).
@@ -602,7 +724,7 @@ def count_messages(self, messages: Iterable[Any]) -> int:
         return self._empty
     keys, dicts = call_entries(self, ms)
     last = dicts[-1]["role"]
-    if not self.additive or last not in ("user", "tool") or self._end_cost(last) is None:
+    if not self.additive or last not in ("user", "tool") or end_cost(self, last) is None:
         return self._full(keys, dicts)
     # the previous segmented call's messages had no lookahead: check only the others
     ov = overlap(self, keys)
@@ -617,6 +739,14 @@ def count_messages(self, messages: Iterable[Any]) -> int:
         return segments(self, ms, keys, dicts, ov)
     except Refused as exc:
         raise MessageValidationError(f"the chat template refused the conversation: {exc}") from None
+
+
+def end_cost(self, role: str) -> Optional[int]:
+    """``self._end_cost(role)``, its cached answer looked up here."""
+    ends = self._ends
+    if role in ends:
+        return ends[role]  # type: ignore[no-any-return]
+    return self._end_cost(role)  # type: ignore[no-any-return]
 
 
 def overlap(self, keys: list[str]) -> Optional[tuple[int, int, int]]:
@@ -653,7 +783,7 @@ def segments(self, ms: Sequence[Any], keys: list[str], dicts: list[dict[str, Any
         # the prompt extends the last one: its unit starts, then the new messages'
         starts = last[1] + [i for i in range(ov[2], n) if dicts[i]["role"] != "tool"]
     else:
-        starts = self._starts(dicts)
+        starts = unit_starts(dicts)
     # units whose cost is known from the previous call: those of the overlap (``ov``, see
     # _overlap) but its last unit (what follows it may have changed) and, after a moved cut,
     # its first (what precedes it changed)
@@ -671,7 +801,7 @@ def segments(self, ms: Sequence[Any], keys: list[str], dicts: list[dict[str, Any
     costs += reused
     costs += [unit_total(self, keys, dicts, starts, u, n) for u in range(tail, len(starts))]
     self._last = (keys, starts, costs)
-    end = self._end_cost(dicts[-1]["role"])
+    end = end_cost(self, dicts[-1]["role"])
     if end is None:
         raise Refused("no end cost")
     return end + sum(costs)
@@ -685,7 +815,7 @@ def unit_total(self, keys: list[str], dicts: list[dict[str, Any]], starts: list[
     known = self._local_units.get(ukeys)
     if known is not None:
         return sum(known)
-    if self._is_local(dicts[a:b], ukeys):  # any neighbours will do: share the cache entry
+    if local_pattern(self, ukeys, dicts[a:b]):  # any neighbours will do: share the cache entry
         pred, succ = self._canonical(dicts[a]["role"]), "user"
         unit = self._unit_cost(ukeys, pred, succ)
         if dicts[a]["role"] != "tool":

@@ -18,6 +18,7 @@ from hypothesis import strategies as st
 
 from jianmu_fast import _template_core_py as twin
 from jianmu_fast.memory.context import ChatTemplateTokenCounter, TokenBudgetFilter
+from jianmu_fast.memory.context._template_frames import Frames
 from jianmu_fast.message import Message
 
 compiled = pytest.importorskip("jianmu_fast._template_core")
@@ -36,6 +37,10 @@ METHODS = {"count_messages": "count_messages", "count_list": "_count_list", "pre
            "unit_total": "_unit_total"}
 
 
+#: the core's own helpers (called from the methods above, each of the same build)
+HELPERS = {"encode_lengths", "end_cost", "is_local", "local_pattern", "plain_frame", "unit_starts"}
+
+
 def _bound(core):
     """ChatTemplateTokenCounter with its hot path taken from ``core``."""
     attrs = {attr: getattr(core, name) for name, attr in METHODS.items()}
@@ -49,7 +54,7 @@ CompiledCounter = _bound(compiled)
 def test_the_class_binds_every_core_method():
     for name, attr in METHODS.items():
         assert getattr(ChatTemplateTokenCounter, attr).__name__ == name
-    assert set(METHODS) | {"message_to_template_dict", "message_key", "parse_key", "call_entry"} == set(twin.__all__)
+    assert set(METHODS) | {"message_to_template_dict", "message_key", "parse_key", "call_entry"} | HELPERS == set(twin.__all__)
     assert set(twin.__all__) == set(compiled.__all__)
 
 
@@ -59,7 +64,8 @@ def model_dirs(tmp_path_factory):
 
 
 _text = st.one_of(st.sampled_from(["Paris", "sunny, 21°C", "", " x ", "数据", '"q"\\', "<tool_call>", "</think>",
-                                   "<think>\nhm\n</think>\n\nok", "<|im_end|>", "[INST]", "x" * 40]),
+                                   "<think>\nhm\n</think>\n\nok", "<|im_end|>", "[INST]", "x" * 40,
+                                   "Oslo: -3°C, snow; wind 5 m/s. " * 12]),  # (a value run past _UNCACHED_RUN)
                   st.text(max_size=10))
 
 
@@ -87,9 +93,9 @@ def _conversation(draw):
     return ms
 
 
-def _run(cls, path, ms):
+def _run(cls, path, ms, engine="tokenizers"):
     """What the hot loop sees: per-turn prompt counts and per-message costs (or the error)."""
-    c = cls(path, engine="tokenizers")
+    c = cls(path, engine=engine)
     flt = TokenBudgetFilter(300, counter=c)
     out: list = []
     history: list[Message] = []
@@ -116,9 +122,32 @@ def test_compiled_hot_path_equals_the_twin(model_dirs, family, ms):
     assert _run(CompiledCounter, path, ms) == _run(TwinCounter, path, ms)
 
 
+@pytest.mark.skipif(importlib.util.find_spec("fastokens") is None, reason="fastokens not installed")
+@pytest.mark.parametrize("family", ["qwen3", "mistral"])
+@settings(max_examples=15, deadline=None, suppress_health_check=list(HealthCheck))
+@given(ms=_conversation())
+def test_compiled_hot_path_equals_the_twin_on_fastokens(model_dirs, family, ms):
+    """The core's own fastokens loop (``encode_lengths``) and the uncached long runs: the
+    same counts on both builds, and the same as on tokenizers."""
+    path = model_dirs[family]
+    got = _run(CompiledCounter, path, ms, "fastokens")
+    assert got == _run(TwinCounter, path, ms, "fastokens") == _run(TwinCounter, path, ms)
+
+
 @settings(max_examples=300, deadline=None, suppress_health_check=list(HealthCheck))
 @given(ms=_conversation())
 def test_compiled_message_helpers_equal_the_twin(ms):
+    fields = ("content", "name", "tool_call_id")
+    frames = Frames(lambda ds: "")
+    dicts = [twin.message_to_template_dict(m) for m in ms]
+    assert compiled.unit_starts(dicts) == twin.unit_starts(dicts)
+    for d in dicts:
+        part = twin.plain_frame(fields, d)
+        assert compiled.plain_frame(fields, d) == part
+        if part is not None:  # (None: a dict the frames build themselves)
+            assert part == frames.frame_of(d)
+        else:
+            assert "tool_calls" in d or any(type(v) is not str for v in d.values())
     for m in ms:
         d = twin.message_to_template_dict(m)
         assert compiled.message_to_template_dict(m) == d

@@ -553,6 +553,8 @@ class ChatTemplateTokenCounter:
         for role in ("system", "user", "assistant"):
             self._is_local([{"role": role}])
 
+    #: below this many characters, the hot path encodes a batch on fastokens text by text
+    _FAST_LOOP_CHARS = _encodings.FASTOKENS_LOOP_CHARS
     # the hot path, from jianmu_fast._template_core (see _CORE_METHODS)
     count_messages = _tc.count_messages
     _count_list = _tc.count_list

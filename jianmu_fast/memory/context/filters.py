@@ -593,6 +593,9 @@ class TokenBudgetFilter(_WindowFilter):
         if not tools_schema and self._trusted:  # the agent loop without tools: no calls
             self._tools_cost_now = 0
             return self.max_tokens - self._counter.PER_REQUEST
+        if not tools_schema and type(self._counter) is ChatTemplateTokenCounter:
+            self._tools_cost_now = 0  # its count_messages([]), an int it computed when built
+            return self.max_tokens - self._counter._empty
         request = self._request_cost()
         tools = self._tools_cost_now = self.tools_cost(tools_schema)
         if tools and request + tools > self.max_tokens:
