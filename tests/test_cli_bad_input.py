@@ -7,10 +7,11 @@ import contextlib
 import io
 import json
 import os
+import random
 import tempfile
 
 import pytest
-from hypothesis import given, settings
+from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
 from jianmu_fast import cli
@@ -116,6 +117,9 @@ def random_line(draw) -> bytes:
 
 @settings(deadline=None, max_examples=min(MAX_EXAMPLES, 60))
 @given(st.lists(random_line(), min_size=1, max_size=8), st.randoms(use_true_random=False))
+@example(  # one line, two warnings (two broken tool-call units): reported twice, as alone
+    [b'{"messages": [{"role": "tool", "content": ""}, {"role": "system", "content": ""}, '
+     b'{"role": "tool", "content": ""}, {"role": "user", "content": ""}]}'], random.Random(0))
 def test_fuzz_every_line_is_built_as_alone_or_reported(lines, rnd):
     """The mixed file's output is the concatenation of what each line gives alone; the lines
     reported are exactly those that fail alone, each with its own line number."""
@@ -130,10 +134,12 @@ def test_fuzz_every_line_is_built_as_alone_or_reported(lines, rnd):
             alone_rc, alone_out, alone_err = run_lines(d, f"alone{i}.jsonl", [line])
             assert alone_rc == 0 and "Traceback" not in alone_err, alone_err
             expected.append(alone_out)
-            if ".jsonl:1: " in alone_err:
-                failing.append(i)
-                reason = alone_err.split(".jsonl:1: ", 1)[1].split("\n", 1)[0]
+            # every error and warning the line gives alone (a line may give several: one per
+            # broken tool-call unit), reported for it in the mixed file under its own number
+            reasons = [x.split(".jsonl:1: ", 1)[1] for x in alone_err.splitlines() if ".jsonl:1: " in x]
+            for reason in reasons:
                 assert f"mixed.jsonl:{i}: {reason}" in err
+            failing += [i] * len(reasons)
         assert out == b"".join(expected)
         reported = sorted(int(x.split(":", 2)[0]) for x in err.split("mixed.jsonl:")[1:])
         assert reported == failing
