@@ -64,37 +64,29 @@ cdef void _prefix_free(Prefix *p) noexcept nogil:
     p.cap = p.n = p.r = 0
 
 
+cdef inline int _grow(int64_t **a, Py_ssize_t cap) noexcept nogil:
+    """``a[0]`` reallocated to ``cap + 1`` entries: 0, or -1 when out of memory (``a[0]`` then
+    unchanged, still owned by its ``Prefix``)."""
+    cdef int64_t *q = <int64_t *>realloc(a[0], (cap + 1) * sizeof(int64_t))
+    if q == NULL:
+        return -1
+    a[0] = q
+    return 0
+
+
 cdef int _prefix_upto(Prefix *p, const int64_t *counts, const int8_t *kinds, const int64_t *savings,
                       Py_ssize_t n) noexcept nogil:
     """``p`` over the records ``[0, n)`` (those up to ``p.n`` already in it): 0, or -1 when out
     of memory (``p`` then emptied)."""
     cdef Py_ssize_t j, cap
-    cdef int64_t *q
     cdef int8_t k
     if n > p.cap:
         cap = 2 * p.cap if 2 * p.cap > n else n
         if cap < 64:
             cap = 64
-        q = <int64_t *>realloc(p.ps, (cap + 1) * sizeof(int64_t))
-        if q == NULL:
+        if _grow(&p.ps, cap) or _grow(&p.rs, cap) or _grow(&p.cs, cap) or _grow(&p.pos, cap):
             _prefix_free(p)
             return -1
-        p.ps = q
-        q = <int64_t *>realloc(p.rs, (cap + 1) * sizeof(int64_t))
-        if q == NULL:
-            _prefix_free(p)
-            return -1
-        p.rs = q
-        q = <int64_t *>realloc(p.cs, (cap + 1) * sizeof(int64_t))
-        if q == NULL:
-            _prefix_free(p)
-            return -1
-        p.cs = q
-        q = <int64_t *>realloc(p.pos, (cap + 1) * sizeof(int64_t))
-        if q == NULL:
-            _prefix_free(p)
-            return -1
-        p.pos = q
         p.cap = cap
     if p.n == 0:
         p.ps[0] = 0
