@@ -3,9 +3,9 @@ its compiled twin (``_template_core``): one definition of each, outside the ``me
 package (the cores import nothing from it, so importing them never starts that package)."""
 
 import json
-from typing import Any, Sequence
+from typing import Any
 
-__all__ = ["NOT_YET", "Refused", "dumps_parsed", "json_inside", "ops_hold"]
+__all__ = ["NOT_YET", "Refused", "dumps_parsed", "json_inside"]
 
 
 class Refused(Exception):
@@ -35,28 +35,6 @@ def dumps_parsed(x: Any) -> str:
     return "".join(_ENCODE_PARSED(x, 0))
 
 
-def ops_hold(ops: Sequence[tuple[Any, ...]], values: Sequence[str]) -> bool:
-    """Whether a frame's recorded truth tests and predicates (``ops``), replayed on the
-    field ``values``, give the recorded answers (then the template takes the same path).
-
-    >>> ops_hold([(0, "startswith", ("a",), True), (1, "__bool__", (), True)], ["abc", "x"])
-    True
-    >>> ops_hold([(0, "__contains__", ("x",), False)], ["xyz"])
-    False
-    """
-    for slot, name, args, res in ops:
-        v = values[slot]
-        if name == "__bool__":
-            got = len(v) > 0
-        elif name == "__dictbool__":
-            got = v != "{}"
-        elif name[0] == "=":
-            got = getattr(str, name[1:])(v) == v
-        else:
-            got = getattr(str, name)(v, *args)
-        if got != res:
-            return False
-    return True
 
 
 def json_inside(v: str) -> str:

@@ -17,7 +17,7 @@ import weakref
 from typing import Any, Iterable, Mapping, Optional, Sequence
 
 from .errors import MessageValidationError
-from ._template_base import NOT_YET, Refused, dumps_parsed, json_inside, ops_hold
+from ._template_base import NOT_YET, Refused, dumps_parsed, json_inside
 from .message import Message
 from .message.model import FrozenList, coerce_message
 
@@ -25,7 +25,7 @@ __all__ = [
     "any_lookahead", "call_entries", "call_entry", "count_list", "count_messages", "encode_lengths", "end_cost",
     "entries_stable",
     "entry", "frame_part", "is_local", "local_pattern", "message_to_template_dict", "message_key", "overlap",
-    "parse_key", "piece_counts", "plain_frame", "plan", "plan_texts", "prefill_units", "segments", "trait",
+    "ops_hold", "parse_key", "piece_counts", "plain_frame", "plan", "plan_texts", "prefill_units", "segments", "trait",
     "unit_starts", "unit_total",
 ]
 
@@ -433,7 +433,7 @@ def plan_texts(self, plan: Any, values: Sequence[str]) -> Optional[list[str]]:
     """The texts of ``plan``'s value runs for a unit's field ``values``; None when the unit
     does not follow the plan (see ``_plan``)."""
     ops, runs, _ = plan
-    if ops and not _ops_hold(ops, values):
+    if ops and not ops_hold(ops, values):
         return None
     search = self._search
     texts = []
@@ -450,8 +450,15 @@ def plan_texts(self, plan: Any, values: Sequence[str]) -> Optional[list[str]]:
     return texts
 
 
-def _ops_hold(ops: Sequence[tuple[Any, ...]], values: Sequence[str]) -> bool:
-    """``_template_base.ops_hold`` (the same code, compiled with this module)."""
+def ops_hold(ops: Sequence[tuple[Any, ...]], values: Sequence[str]) -> bool:
+    """Whether a frame's recorded truth tests and predicates (``ops``), replayed on the
+    field ``values``, give the recorded answers (then the template takes the same path).
+
+    >>> ops_hold([(0, "startswith", ("a",), True), (1, "__bool__", (), True)], ["abc", "x"])
+    True
+    >>> ops_hold([(0, "__contains__", ("x",), False)], ["xyz"])
+    False
+    """
     for slot, name, args, res in ops:
         v = values[slot]
         if name == "__bool__":

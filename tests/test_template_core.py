@@ -38,7 +38,7 @@ METHODS = {"count_messages": "count_messages", "count_list": "_count_list", "pre
 
 
 #: the core's own helpers (called from the methods above, each of the same build)
-HELPERS = {"encode_lengths", "end_cost", "is_local", "local_pattern", "plain_frame", "unit_starts"}
+HELPERS = {"encode_lengths", "end_cost", "is_local", "local_pattern", "ops_hold", "plain_frame", "unit_starts"}
 
 
 def _bound(core):

@@ -43,7 +43,8 @@ import re
 import threading
 from typing import Any, Callable, Optional, Sequence
 
-from ..._template_base import NOT_YET, Refused, dumps_parsed, json_inside, ops_hold
+from ..._template_base import NOT_YET, Refused, dumps_parsed, json_inside
+from ..._template_core_py import ops_hold
 
 __all__ = ["NOT_YET", "Frames", "Probe", "ProbeDict", "Refused", "dumps_parsed", "json_inside", "ops_hold", "tojson"]
 
