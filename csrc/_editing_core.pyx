@@ -373,6 +373,20 @@ cdef int _is_array(object a, str name, char code) except -1:
     return 0
 
 
+cdef int _check_turn_args(object src, object ref, object out, object results, object result_kinds,
+                          object counts, object kinds, object savings, object state) except -1:
+    """The argument checks shared by ``clearing_turn`` and ``ClearingTurn.arm`` (the twin's
+    ``_check_turn_args``)."""
+    if (type(src) is not list or type(ref) is not list or type(out) is not list or type(results) is not list
+            or type(result_kinds) is not list):
+        raise TypeError("src, ref, out, results and result_kinds must be lists")
+    _is_array(counts, "counts", b'q')
+    _is_array(kinds, "kinds", b'b')
+    _is_array(savings, "savings", b'q')
+    _is_array(state, "state", b'q')
+    return 0
+
+
 cdef int _new_records(list src, Py_ssize_t k, Py_ssize_t n, dict msgs_cache, object counter, object mcls,
                       int64_t placeholder_cost, Py_ssize_t n_pinned, int64_t *new_counts, int8_t *new_kinds,
                       int64_t *new_savings, int miss, Py_ssize_t *pinned=NULL) except -2:
@@ -463,13 +477,7 @@ def clearing_turn(src, ref, out, counts, kinds, savings, results, result_kinds, 
     cdef int got
     cdef object m, e, role, content, tv, cv
     cdef object msgs_cache, texts
-    if (type(src) is not list or type(ref) is not list or type(out) is not list or type(results) is not list
-            or type(result_kinds) is not list):
-        raise TypeError("src, ref, out, results and result_kinds must be lists")
-    _is_array(counts, "counts", b'q')
-    _is_array(kinds, "kinds", b'b')
-    _is_array(savings, "savings", b'q')
-    _is_array(state, "state", b'q')
+    _check_turn_args(src, ref, out, results, result_kinds, counts, kinds, savings, state)
     placeholder_cost, trigger, step, keep = settings
     k = PyList_GET_SIZE(ref)
     n = PyList_GET_SIZE(src)
@@ -573,13 +581,7 @@ cdef class ClearingTurn:
     def arm(self, src, ref, out, counts, kinds, savings, results, result_kinds, state, counter, settings):
         """Hold the records of the filter's last turn (``clearing_turn``'s arguments), for calls
         from this thread with ``src``."""
-        if (type(src) is not list or type(ref) is not list or type(out) is not list or type(results) is not list
-                or type(result_kinds) is not list):
-            raise TypeError("src, ref, out, results and result_kinds must be lists")
-        _is_array(counts, "counts", b'q')
-        _is_array(kinds, "kinds", b'b')
-        _is_array(savings, "savings", b'q')
-        _is_array(state, "state", b'q')
+        _check_turn_args(src, ref, out, results, result_kinds, counts, kinds, savings, state)
         self.placeholder_cost, self.trigger, self.step, self.keep = settings
         self.src, self.ref, self.out, self.results, self.result_kinds = src, ref, out, results, result_kinds
         self.counts, self.kinds, self.savings, self.state = counts, kinds, savings, state

@@ -689,29 +689,27 @@ def trait(self, k: str, d: Mapping[str, Any]) -> tuple[bool, tuple[Any, ...]]:
 def local_pattern(self, keys: Sequence[str], dicts: Sequence[Mapping[str, Any]]) -> bool:
     """``self._is_local(dicts, keys)``: the unit's role pattern from the cached traits, its
     answer from ``self._local`` (probed by ``_is_local`` the first time)."""
-    looks = self._looks
-    pat = []
-    for k, d in zip(keys, dicts):
-        t = looks.get(k)
-        if t is None:
-            t = trait(self, k, d)
-        pat.append(t[1])
-    local = self._local.get(tuple(pat))
-    if local is None:
-        return bool(self._is_local(dicts, keys))
-    return bool(local)
+    return _pattern_local(self, keys, dicts, False)
 
 
 def is_local(self, keys: Sequence[str], dicts: Sequence[Mapping[str, Any]]) -> bool:
     """``not any_lookahead(self, keys, dicts) and self._is_local(dicts, keys)`` in one pass
     over the cached traits."""
+    return _pattern_local(self, keys, dicts, True)
+
+
+def _pattern_local(self, keys: Sequence[str], dicts: Sequence[Mapping[str, Any]], no_lookahead: bool) -> bool:
+    """Whether the unit's role pattern (from the cached traits) is neighbour-independent, from
+    ``self._local`` (probed by ``_is_local`` the first time); with ``no_lookahead``, False as
+    soon as a message has lookahead (``is_local``), else lookahead is not asked
+    (``local_pattern``)."""
     looks = self._looks
     pat = []
     for k, d in zip(keys, dicts):
         t = looks.get(k)
         if t is None:
             t = trait(self, k, d)
-        if t[0]:
+        if no_lookahead and t[0]:
             return False
         pat.append(t[1])
     local = self._local.get(tuple(pat))
