@@ -541,6 +541,27 @@ def clearing_turn(src, ref, out, counts, kinds, savings, results, result_kinds, 
     return 0
 
 
+cdef object _cached_counts(object counter, list ms):
+    """The counts of ``ms`` in ``counter``'s message cache (a list of ints), or None when one
+    is not there (the twin's ``_cached_counts``)."""
+    cdef Py_ssize_t i
+    cdef object m, e, c
+    cdef list out = []
+    cache = getattr(counter, "_msgs", None)
+    if type(cache) is not dict:
+        return None
+    for i in range(PyList_GET_SIZE(ms)):
+        m = <object>PyList_GET_ITEM(ms, i)
+        e = (<dict>cache).get(PyLong_FromVoidPtr(<void *>m))  # id(m)
+        if e is None or type(e) is not tuple or PyTuple_GET_SIZE(e) < 2 or <object>PyWeakref_GetObject((<tuple>e)[0]) is not m:
+            return None
+        c = (<tuple>e)[1]
+        if type(c) is not int:
+            return None
+        PyList_Append(out, c)
+    return out
+
+
 cdef bint _ids_differ(object a, object b):
     """Two messages of the message class whose ``id`` fields are different strs: unequal, as
     ``a == b`` says (a field differs), without running its Python code."""
@@ -559,6 +580,7 @@ cdef class ClearingTurn:
     cdef readonly object flt
     cdef readonly bint armed
     cdef readonly object changed
+    cdef readonly object counted
     cdef object src, message_cls, counter
     cdef list ref, out, results, result_kinds
     cdef carray.array counts, kinds, savings, state
@@ -586,6 +608,7 @@ cdef class ClearingTurn:
         self.src, self.ref, self.out, self.results, self.result_kinds = src, ref, out, results, result_kinds
         self.counts, self.kinds, self.savings, self.state = counts, kinds, savings, state
         self.counter = counter
+        self.counted = (ref, counts, counter)
         self.pre.n = 0  # (records the prefix sums may not be of)
         self.owner = PyThread_get_thread_ident()
         self.armed = 1
@@ -599,6 +622,7 @@ cdef class ClearingTurn:
             self.src = self.ref = self.out = self.results = self.result_kinds = None
             self.counts = self.kinds = self.savings = self.state = None
             self.counter = None
+            self.counted = None
 
     def rearm(self):
         """Armed again with what the last ``arm`` held, for calls from this thread (the filter's
@@ -815,7 +839,7 @@ cdef class ClearingTurn:
                 rec.cleared = stop
                 PyObject_GenericSetAttr(flt, "_turn_args", (<tuple>args)[:2] + (new_out,) + (<tuple>args)[3:])
                 self.out = new_out
-            self.changed = (new_out, patched, originals)
+            self.changed = (new_out, patched, originals, _cached_counts(self.counter, copies))
             return new_out
         finally:
             lock.release()

@@ -11,7 +11,8 @@ from cpython.tuple cimport PyTuple_GET_SIZE
 from cpython.unicode cimport PyUnicode_GET_LENGTH
 from cpython.bytes cimport PyBytes_AS_STRING, PyBytes_FromStringAndSize, PyBytes_GET_SIZE
 from cpython.ref cimport Py_INCREF
-from cpython.object cimport PyObject, PyObject_RichCompareBool, Py_EQ
+from cpython.object cimport PyObject, PyObject_RichCompareBool, Py_EQ, Py_SIZE
+from cpython cimport array as carray
 from libc.stdint cimport int64_t, int8_t
 from libc.stdlib cimport free, malloc
 from libc.string cimport memcmp, memcpy
@@ -22,11 +23,15 @@ from itertools import islice
 
 import numpy as np
 
-__all__ = ["MAX_VALUE", "ROLE_CODES", "Records", "counts_of", "plan_window", "plan_windows", "sanitize_window", "sanitize_windows", "select_window", "select_windows", "summarizing_trim"]
+__all__ = ["KNOWN_MAX", "MAX_VALUE", "ROLE_CODES", "Records", "counts_of", "plan_window", "plan_windows", "sanitize_window", "sanitize_windows", "select_window", "select_windows", "summarizing_trim"]
 
 ROLE_CODES = {"system": 0, "user": 1, "assistant": 2, "tool": 3}
 
 MAX_VALUE = 1 << 53
+#: the most new messages whose counts ``Records.window`` takes from ``known``
+KNOWN_MAX = 16
+cdef enum:
+    C_KNOWN_MAX = 16
 cdef int64_t C_MAX = (<int64_t>1) << 53
 cdef int64_t SAT = (<int64_t>1) << 62  # sums saturate here: above any budget; SAT + C_MAX fits in int64
 
@@ -606,6 +611,8 @@ cdef class Records:
     cdef int64_t* ps
     cdef list _msgs
     cdef list _patch
+    cdef list _patch_counts  # the hint's counts of the messages of ``_patch`` (or None)
+    cdef Py_ssize_t ps_from  # dirty after a patch only: the prefix sums are valid up to here
     cdef dict _intern
     cdef object _type
     cdef tuple _hint
@@ -628,6 +635,7 @@ cdef class Records:
         self.pin_mask = -1
         self.dirty = False
         self.ps_ok = True
+        self.ps_from = -1
         self._grow(16)
         self._grow_ids(16, 0)
         self.off[0] = 0
@@ -747,18 +755,20 @@ cdef class Records:
         except Exception:
             return False
 
-    def hint(self, list msgs, list patched, list originals):
+    def hint(self, list msgs, list patched, list originals, counts=None):
         """See the twin."""
         if PyList_GET_SIZE(patched) != PyList_GET_SIZE(originals):
             raise ValueError(f"patched and originals must have the same length, got {len(patched)} and {len(originals)}")
-        self._hint = (msgs, patched, originals)
+        if counts is not None and (type(counts) is not list or PyList_GET_SIZE(counts) != PyList_GET_SIZE(patched)):
+            raise ValueError("counts must be None or a list as long as patched")
+        self._hint = (msgs, patched, originals, counts)
 
-    cdef Py_ssize_t _match_hinted(self, list msgs, list patched, list originals) except -2:
+    cdef Py_ssize_t _match_hinted(self, list msgs, list patched, list originals, list counts) except -2:
         """``_match`` on a hint; -3 when the hint does not hold (see the twin)."""
         cdef Py_ssize_t n = self.n, m = PyList_GET_SIZE(msgs), j, p, prev = 0, k = PyList_GET_SIZE(patched)
         cdef PyObject* a
         cdef PyObject* b
-        cdef list patch = None
+        cdef list patch = None, patch_counts = None
         if m < n or k != PyList_GET_SIZE(originals):
             return -3
         for j in range(k):
@@ -776,7 +786,11 @@ cdef class Records:
                     return -3
                 if patch is None:
                     patch = []
+                    if counts is not None:
+                        patch_counts = []
                 patch.append(p)
+                if counts is not None:
+                    patch_counts.append(<object>PyList_GET_ITEM(counts, j))
                 if PyList_GET_SIZE(msgs) != m:
                     return -3
             prev = p + 1
@@ -784,6 +798,7 @@ cdef class Records:
                                (n - prev) * sizeof(PyObject*)) != 0:
             return -3
         self._patch = patch
+        self._patch_counts = patch_counts
         return m - n
 
     cdef Py_ssize_t _match(self, list msgs) except -2:
@@ -794,13 +809,15 @@ cdef class Records:
         cdef bint eq
         cdef tuple h = self._hint
         self._patch = None
+        self._patch_counts = None
         if h is not None:
             self._hint = None
             if h[0] is msgs:
-                i = self._match_hinted(msgs, <list>h[1], <list>h[2])
+                i = self._match_hinted(msgs, <list>h[1], <list>h[2], <list>h[3])
                 if i != -3:
                     return i
                 self._patch = None
+                self._patch_counts = None
         if m >= n and (n == 0 or memcmp((<PyListObject*>msgs).ob_item, (<PyListObject*>self._msgs).ob_item,
                                         n * sizeof(PyObject*)) == 0):
             return m - n  # the same objects: one vectorized comparison
@@ -837,13 +854,18 @@ cdef class Records:
         return m - n
 
     cdef int _apply_patch(self, list msgs, count) except -1:
-        """Give the records ``_match`` found patchable their new messages and counts."""
+        """Give the records ``_match`` found patchable their new messages and counts (the
+        hint's, when it gave them; else ``count(new)``)."""
         cdef list idx = self._patch
-        cdef Py_ssize_t k = PyList_GET_SIZE(idx), j, i
+        cdef Py_ssize_t k = PyList_GET_SIZE(idx), j, i, first
         cdef int64_t v
+        cdef bint counted = True
         self._patch = None
-        new = [msgs[<Py_ssize_t>i_] for i_ in idx]
-        counts = count(new)
+        new = [<object>PyList_GET_ITEM(msgs, <Py_ssize_t>i_) for i_ in idx]
+        counts = self._patch_counts
+        self._patch_counts = None
+        if counts is None:
+            counts = count(new)
         if counts is None:
             counts = [-1] * k
         if len(counts) != k:
@@ -857,12 +879,22 @@ cdef class Records:
                 v = C_MAX + 1
             if v < -1 or v > C_MAX:
                 raise ValueError(f"counts[{idx[j]}] must be -1 (not counted) or between 0 and 2**53, got {x}")
+            if v < 0:
+                counted = False
             vals.append(v)
+        first = self.n
         for j in range(k):
             i = idx[j]
             self._msgs[i] = new[j]
             self.c[i] = <int64_t>vals[j]
+            if i < first:
+                first = i
         self.version += 1
+        # counted patches past the counted tail's start, on valid sums: rebuilt from the first only
+        if not self.dirty and self.ps_ok and counted and first >= self.c0:
+            self.ps_from = first
+        else:
+            self.ps_from = -1
         self.dirty = True
         return 0
 
@@ -887,6 +919,9 @@ cdef class Records:
             self.pin_n = k
         if not self.dirty and not (self.ps_ok and self.c0 <= k):
             self.dirty = True  # the prefix sums up to k are not all valid: rebuilt when planning
+            self.ps_from = -1
+        elif self.dirty:
+            self.ps_from = -1
         return 0
 
     def truncate(self, Py_ssize_t k):
@@ -919,6 +954,24 @@ cdef class Records:
 
     def extend(self, list new, counts=None):
         """See the twin."""
+        self._extend(new, counts, NULL)
+
+    cdef int _known_counts(self, list msgs, object known, int64_t* buf) except -1:
+        """``window``'s ``known`` counts of the new messages ``msgs[n:]`` copied into ``buf``
+        (at most ``KNOWN_MAX``): 1, or 0 when ``known`` does not cover them all (see the twin)."""
+        cdef Py_ssize_t n = self.n, m = PyList_GET_SIZE(msgs), i
+        cdef object ref = (<tuple>known)[0], counts = (<tuple>known)[1]  # (checked by window)
+        if m - n > C_KNOWN_MAX or m <= n or PyList_GET_SIZE(ref) < m or Py_SIZE(counts) < m:
+            return 0
+        for i in range(n, m):
+            if PyList_GET_ITEM(ref, i) != PyList_GET_ITEM(msgs, i):
+                return 0
+        for i in range(n, m):
+            buf[i - n] = (<carray.array>counts).data.as_longlongs[i]
+        return 1
+
+    cdef int _extend(self, list new, object counts, const int64_t* known) except -1:
+        """``extend``; with ``known`` (not NULL), the counts are ``known[:len(new)]``."""
         cdef Py_ssize_t k = len(new), n = self.n, i, j, nid = self.n_ids
         cdef int64_t v, s
         cdef int code
@@ -929,7 +982,11 @@ cdef class Records:
             m = <object>PyList_GET_ITEM(new, i)
             code = ROLE_CODES[m.role]
             j = n + i
-            if counts is None:
+            if known != NULL:
+                v = known[i]
+                if v < -1 or v > C_MAX:
+                    raise ValueError(f"counts[{j}] must be -1 (not counted) or between 0 and 2**53, got {v}")
+            elif counts is None:
                 v = -1
             else:
                 x = counts[i]
@@ -970,6 +1027,7 @@ cdef class Records:
                         self.ps_ok = False
                     else:
                         self.ps[j + 1] = s
+        return 0
 
     def set_counts(self, index, values):
         """See the twin."""
@@ -989,12 +1047,31 @@ cdef class Records:
             v = values[j]
             self.c[i] = v
         self.dirty = True
+        self.ps_from = -1
 
     # -- decisions --------------------------------------------------------------------------
 
     cdef void _rebuild(self) noexcept:
         cdef Py_ssize_t i = self.n, j
-        cdef int64_t s
+        cdef int64_t s, v
+        if self.ps_from >= 0 and self.ps_ok and self.c0 <= self.ps_from <= self.n:
+            # after a patch of counted records in the counted tail (a clearing step's copies): the
+            # sums up to its first position are valid; records extended since may be uncounted
+            for j in range(self.ps_from, self.n):
+                v = self.c[j]
+                if v < 0:
+                    self.c0 = j + 1
+                    self.ps[j + 1] = 0
+                    continue
+                s = self.ps[j] + v
+                if s > SAT:
+                    break  # (saturated: the full rebuild below decides)
+                self.ps[j + 1] = s
+            else:
+                self.dirty = False
+                self.ps_from = -1
+                return
+        self.ps_from = -1
         while i > 0 and self.c[i - 1] >= 0:
             i -= 1
         self.c0 = i
@@ -1133,9 +1210,10 @@ cdef class Records:
             self.last_lo = out[2]
         return (out[0], out[1], out[2], out[3])
 
-    def window(self, list msgs, count, int64_t budget, tuple settings, bint sanitize, insert=None):
+    def window(self, list msgs, count, int64_t budget, tuple settings, bint sanitize, insert=None, known=None):
         """See the twin."""
         cdef int64_t out[4]
+        cdef int64_t buf[C_KNOWN_MAX]
         cdef Py_ssize_t k, i, n_pinned, lo, hi, j, skip = 0, at = 0, want_lo = 0, extra = 0
         cdef object message = None
         if insert is not None:
@@ -1143,6 +1221,10 @@ cdef class Records:
                 raise ValueError(f"insert must be (message, at, lo), got {insert!r}")
             message, at, want_lo = <tuple>insert
             extra = 1
+        if known is not None and (type(known) is not tuple or PyTuple_GET_SIZE(known) < 2
+                                  or type((<tuple>known)[0]) is not list or type((<tuple>known)[1]) is not carray.array
+                                  or (<carray.array>(<tuple>known)[1]).ob_descr.typecode != b'q'):
+            raise TypeError("known must be a tuple (ref, counts, ...): a list and an array.array of typecode 'q'")
         k = self._match(msgs)
         if k < 0:
             if extra or not self._rewind():
@@ -1159,9 +1241,13 @@ cdef class Records:
                 if type(<object>PyList_GET_ITEM(new, i)) is not self._type:
                     return None
             if skip > 0:
-                self.extend(new[:skip])
+                self._extend(new[:skip], None, NULL)
                 new = new[skip:]
-            self.extend(new, count(new))
+            elif known is not None and self._known_counts(msgs, known, buf):
+                self._extend(new, None, buf)  # (the caller's counts of these very messages)
+                new = None
+            if new is not None:
+                self._extend(new, count(new), NULL)
         if len(settings) != 4:
             raise ValueError(f"settings must be (pinned_mask, from_start, chunk, pinned_free), got {settings!r}")
         mask, from_start, chunk, pinned_free = settings

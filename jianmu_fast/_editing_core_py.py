@@ -481,6 +481,21 @@ def clearing_turn(src, ref, out, counts, kinds, savings, results, result_kinds, 
     return 0
 
 
+def _cached_counts(counter, ms):
+    """The counts of the messages ``ms`` in ``counter``'s message cache (``counter._msgs``,
+    ``{id(m): (weakref to m, count, ...)}``), a list of ints, or None when one is not there."""
+    cache = getattr(counter, "_msgs", None)
+    if type(cache) is not dict:
+        return None
+    out = []
+    for m in ms:
+        e = cache.get(id(m))
+        if e is None or type(e) is not tuple or len(e) < 2 or e[0]() is not m or type(e[1]) is not int:
+            return None
+        out.append(e[1])
+    return out
+
+
 class ClearingTurn:
     """``ClearToolResultsFilter``'s hot turn as one call (the builder calls it in place of the
     filter's ``_hot_apply``): ``turn(src, tools_schema)`` returns what
@@ -511,9 +526,14 @@ class ClearingTurn:
     cleared, grew) gives the filter a new output list with the cleared copies (``_step``, under
     the filter's lock), or, when that cannot be done here, leaves them to ``flt._hot_apply``,
     which finds the records scanned and the state ahead of its output. ``changed`` is None
-    but after a call whose step ``_step`` took: then ``(out, positions, originals)``, the
-    new list, the positions it replaced (ascending) and the messages they held, which keep
-    their role and ids (the builder hands it to the next stage's records: ``Records.hint``).
+    but after a call whose step ``_step`` took: then ``(out, positions, originals, counts)``,
+    the new list, the positions it replaced (ascending), the messages they held, which keep
+    their role and ids, and the copies' counts from the counter's message cache (None when
+    one is not there) (the builder hands it to the next stage's records: ``Records.hint``).
+    ``counted`` is ``(ref, counts, counter)`` of what ``arm`` holds (None once dropped): the
+    filter's records, ``counts[i]`` the counter's count of ``ref[i]``, which the budget filter
+    after it reads for the turn's new messages instead of looking them up again
+    (``Records.window``'s ``known``).
     (The compiled twin puts the copies into the output list itself when nothing but the
     filter and the turn reference it, so no one can see the difference.)
 
@@ -536,6 +556,7 @@ class ClearingTurn:
         self.armed = False
         self._held = None
         self.changed = None
+        self.counted = None
 
     def arm(self, src, ref, out, counts, kinds, savings, results, result_kinds, state, counter, settings):
         """Hold the records of the filter's last turn, for calls from this thread with ``src``."""
@@ -543,6 +564,7 @@ class ClearingTurn:
         placeholder_cost, trigger, step, keep = settings
         self._held = (src, ref, out, counts, kinds, savings, results, result_kinds, state, counter,
                       (int(placeholder_cost), int(trigger), int(step), int(keep)), threading.get_ident())
+        self.counted = (ref, counts, counter)
         self.armed = True
 
     def disarm(self, hold=False):
@@ -552,6 +574,7 @@ class ClearingTurn:
         self.armed = False
         if not hold:
             self._held = None
+            self.counted = None
 
     def rearm(self):
         """Armed again with what the last ``arm`` held, for calls from this thread (the filter's
@@ -710,7 +733,7 @@ class ClearingTurn:
         rec.cleared = stop
         object.__setattr__(flt, "_turn_args", args[:2] + (new_out,) + args[3:])
         self._held = held[:2] + (new_out,) + held[3:]
-        self.changed = (new_out, patched, originals)
+        self.changed = (new_out, patched, originals, _cached_counts(held[9], [new_out[i] for i in patched]))
         return new_out
 
     def call(self, src, tools_schema=None):

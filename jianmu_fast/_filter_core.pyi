@@ -6,6 +6,7 @@ import numpy as np
 import numpy.typing as npt
 
 __all__ = [
+    "KNOWN_MAX",
     "MAX_VALUE",
     "ROLE_CODES",
     "Records",
@@ -19,6 +20,7 @@ __all__ = [
     "summarizing_trim",
 ]
 
+KNOWN_MAX: int
 MAX_VALUE: int
 ROLE_CODES: dict[str, int]
 
@@ -46,7 +48,8 @@ class Records:
     @property
     def interned(self) -> int: ...
     def match(self, msgs: list[Any]) -> int: ...
-    def hint(self, msgs: list[Any], patched: list[int], originals: list[Any]) -> None: ...
+    def hint(self, msgs: list[Any], patched: list[int], originals: list[Any],
+             counts: Optional[list[int]] = None) -> None: ...
     def advance(self, msgs: list[Any], count: Callable[[list[Any]], Sequence[int]]) -> int: ...
     def extend(self, new: list[Any], counts: Optional[Sequence[int]] = None) -> None: ...
     def truncate(self, k: int) -> None: ...
@@ -62,6 +65,7 @@ class Records:
         settings: tuple[int, bool, int, bool],
         sanitize: bool,
         insert: Optional[tuple[Any, int, int]] = None,
+        known: Optional[tuple[Any, ...]] = None,
     ) -> Optional[tuple[Any, ...]]: ...
     def sanitize(self, n_pinned: int, lo: int, hi: int) -> int: ...
     def joined(self, values: dict[int, bytes], lo: int, hi: int) -> Optional[bytes]: ...

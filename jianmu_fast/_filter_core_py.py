@@ -45,6 +45,7 @@ Validation of the arguments is linear in the arrays handed in.
 
 from __future__ import annotations
 
+import array
 import hashlib
 import operator
 import weakref
@@ -52,9 +53,11 @@ from itertools import islice
 
 import numpy as np
 
-__all__ = ["MAX_VALUE", "ROLE_CODES", "Records", "counts_of", "plan_window", "plan_windows", "sanitize_window", "sanitize_windows", "select_window", "select_windows", "summarizing_trim"]
+__all__ = ["KNOWN_MAX", "MAX_VALUE", "ROLE_CODES", "Records", "counts_of", "plan_window", "plan_windows", "sanitize_window", "sanitize_windows", "select_window", "select_windows", "summarizing_trim"]
 
 MAX_VALUE = 1 << 53
+#: the most new messages whose counts ``Records.window`` takes from its ``known`` argument
+KNOWN_MAX = 16
 
 
 def _check_range(where, name, value):
@@ -484,7 +487,8 @@ class Records:
         self._last_lo = 0  # the window start of the last decided plan
         self._version = 0  # bumped when recorded messages are dropped or patched
         self._patch = None  # positions match found patchable (see _apply_patch)
-        self._hint = None  # (msgs, patched, originals) for the next match (see hint)
+        self._patch_counts = None  # the hint's counts of those messages, or None (see hint)
+        self._hint = None  # (msgs, patched, originals, counts) for the next match (see hint)
 
     @property
     def n(self):
@@ -541,13 +545,13 @@ class Records:
         or a message edited in place; at most ``32 + n // 8`` of them, listed for ``advance``
         and ``window`` to apply, see ``_apply_patch``), else ``-1``. (A message whose
         ``content`` is a str other than the recorded one's is not compared: ``_unequal``.)"""
-        self._patch = None
+        self._patch = self._patch_counts = None
         h, self._hint = self._hint, None
         if h is not None and h[0] is msgs:
-            k = self._match_hinted(msgs, h[1], h[2])
+            k = self._match_hinted(msgs, h[1], h[2], h[3])
             if k != -3:
                 return k
-            self._patch = None
+            self._patch = self._patch_counts = None
         n = len(self._msgs)
         m = len(msgs)
         patch = []
@@ -577,7 +581,7 @@ class Records:
             self._patch = patch
         return m - n
 
-    def hint(self, msgs, patched, originals):
+    def hint(self, msgs, patched, originals, counts=None):
         """Tell the next ``match`` (``advance``, ``window``) what changed, when it is given
         this very list ``msgs``: ``msgs`` holds the recorded messages, but at the positions
         ``patched`` (ascending, below ``n``; lists), where it may hold a message that replaces
@@ -587,7 +591,10 @@ class Records:
         the message (but its type); when ``msgs`` differs anywhere else, or a position's record
         is not its original, the hint is dropped and ``match`` compares as usual. Any ``match``
         consumes the hint. (The result is ``match``'s without the hint, but that a message
-        equal to its original is patched rather than adopted.)
+        equal to its original is patched rather than adopted.) ``counts`` (a list as long as
+        ``patched``, or None): the counts of the messages at those positions, which the patch
+        then takes instead of asking ``count`` (the caller vouches that they are what
+        ``count`` would return: the clearing's own counts of its copies).
 
         >>> from jianmu_fast.message import Message, human, tool
         >>> a, b, c = human("q"), tool("long result", tool_call_id="1"), human("r")
@@ -601,16 +608,19 @@ class Records:
         """
         if len(patched) != len(originals):
             raise ValueError(f"patched and originals must have the same length, got {len(patched)} and {len(originals)}")
-        self._hint = (msgs, patched, originals)
+        if counts is not None and (type(counts) is not list or len(counts) != len(patched)):
+            raise ValueError("counts must be None or a list as long as patched")
+        self._hint = (msgs, patched, originals, counts)
 
-    def _match_hinted(self, msgs, patched, originals):
+    def _match_hinted(self, msgs, patched, originals, counts=None):
         """``match`` on a hint (see ``hint``); ``-3`` when the hint does not hold."""
         n, m = len(self._msgs), len(msgs)
         if m < n or len(patched) != len(originals):
             return -3
         patch = []
+        patch_counts = []
         prev = 0
-        for p, orig in zip(patched, originals):
+        for j, (p, orig) in enumerate(zip(patched, originals)):
             if type(p) is not int or p < prev or p >= n:
                 return -3
             if any(x is not y for x, y in zip(msgs[prev:p], self._msgs[prev:p])):
@@ -620,10 +630,13 @@ class Records:
                 if b is not orig or type(a) is not self._type:
                     return -3
                 patch.append(p)
+                if counts is not None:
+                    patch_counts.append(counts[j])
             prev = p + 1
         if any(x is not y for x, y in zip(msgs[prev:n], self._msgs[prev:n])):
             return -3
         self._patch = patch or None
+        self._patch_counts = patch_counts if patch and counts is not None else None
         return m - n
 
     def _patchable(self, m, i):
@@ -656,12 +669,14 @@ class Records:
 
     def _apply_patch(self, msgs, count):
         """Give the records ``match`` found patchable their new messages and the counts
-        ``count(new)`` returns (``None``: not counted; roles and ids stay); a new ``version``:
-        messages changed."""
+        ``count(new)`` returns (``None``: not counted; roles and ids stay), or those the hint
+        gave (see ``hint``); a new ``version``: messages changed."""
         idx = self._patch
-        self._patch = None
+        counts = self._patch_counts  # (the hint's)
+        self._patch = self._patch_counts = None
         new = [msgs[i] for i in idx]
-        counts = count(new)
+        if counts is None:
+            counts = count(new)
         if counts is None:  # (not counted, as ``extend`` takes it)
             counts = [-1] * len(idx)
         if len(counts) != len(idx):
@@ -706,7 +721,10 @@ class Records:
         prefix with them or the id table is due for a fresh start (nothing changes); ``-2``
         if an appended item is not a ``message_type`` (the records then hold the common
         prefix, still the start of ``msgs``)."""
-        k = self.match(msgs)
+        return self._advance(msgs, count, self.match(msgs))
+
+    def _advance(self, msgs, count, k, known=None):
+        """``advance`` after ``match`` returned ``k``; ``known``: see ``window``."""
         skip = 0
         if k < 0:
             if not self._rewind():
@@ -724,6 +742,12 @@ class Records:
         if skip > 0:
             self.extend(new[:skip])
             new = new[skip:]
+        elif known is not None:
+            ref, counts = known[0], known[1]
+            n, m = len(self._msgs), len(msgs)
+            if m - n <= KNOWN_MAX and len(ref) >= m and len(counts) >= m and all(msgs[i] is ref[i] for i in range(n, m)):
+                self.extend(new, counts[n:m].tolist())  # (the caller's counts of these very messages)
+                return k
         self.extend(new, count(new))
         return k
 
@@ -781,7 +805,7 @@ class Records:
             self._last_lo = got[2]
         return got
 
-    def window(self, msgs, count, budget, settings, sanitize, insert=None):
+    def window(self, msgs, count, budget, settings, sanitize, insert=None, known=None):
         """The agent loop's turn in one call: ``advance(msgs, count)``, then ``plan(budget,
         *settings)`` (``settings``: ``(pinned_mask, from_start, chunk, pinned_free)``); when
         that plan is decided and keeps something besides the pinned prefix, returns
@@ -799,6 +823,13 @@ class Records:
         another (the cut moved), ``(msgs[:n_pinned] + msgs[lo:hi], clean, n_pinned, lo)`` of
         that plan (the caller puts its own message in); None as without ``insert``.
 
+        ``known=(ref, counts, ...)``: a list and an ``array.array("q")`` such that ``counts[i]``
+        is what ``count([ref[i]])`` would return (the caller vouches for it: the clearing stage's
+        records of the same counter, ``ClearingTurn.counted``). When the messages the turn
+        appends (after a match, not a rewind) are at most :data:`KNOWN_MAX`, and each
+        ``msgs[i]`` is ``ref[i]`` (``i < len(counts)``), their counts are taken from ``counts``
+        and ``count`` is not called; otherwise ``known`` is ignored.
+
         >>> from jianmu_fast.message import Message, human, system
         >>> history, note = [system("s"), human("a"), human("b")], system("summary of a")
         >>> rec = Records(Message)
@@ -815,9 +846,12 @@ class Records:
             if type(insert) is not tuple or len(insert) != 3:
                 raise ValueError(f"insert must be (message, at, lo), got {insert!r}")
             message, at, want_lo = insert[0], operator.index(insert[1]), operator.index(insert[2])
-            if self.match(msgs) < 0 or self._patch:  # (a changed message: the summary may be of it)
-                return None
-        if self.advance(msgs, count) < 0:
+        if known is not None and (type(known) is not tuple or len(known) < 2 or type(known[0]) is not list
+                                  or type(known[1]) is not array.array or known[1].typecode != "q"):
+            raise TypeError("known must be a tuple (ref, counts, ...): a list and an array.array of typecode 'q'")
+        if insert is not None and (self.match(msgs) < 0 or self._patch):  # (a changed message: the summary may be of it)
+            return None
+        if self._advance(msgs, count, self.match(msgs), known) < 0:
             return None
         if len(settings) != 4:
             raise ValueError(f"settings must be (pinned_mask, from_start, chunk, pinned_free), got {settings!r}")

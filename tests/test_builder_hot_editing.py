@@ -564,8 +564,10 @@ def test_the_builder_calls_the_clearing_through_its_compiled_turn(monkeypatch):
             assert clear._rec.out is not prev_out and clear._rec.out[:len(prev_out)] != prev_out
             outs.add(id(clear._rec.out))
             # what the turn hands the budget's records (Records.hint): the positions it replaced
-            out, positions, originals = clear._hot_turn.changed
+            out, positions, originals, counts = clear._hot_turn.changed
             assert out is clear._rec.out and positions == sorted(positions) and positions
+            # and the copies' counts, from the counter's cache: the budget's records take them as they are
+            assert counts == [TIKTOKEN.count_message(out[p]) for p in positions]
             for p, orig in zip(positions, originals):
                 assert orig is prev_out[p] and out[p] is not orig and out[p].content == "[cleared]"
                 assert (out[p].role, out[p].tool_call_id, out[p].id) == (orig.role, orig.tool_call_id, orig.id)
@@ -573,6 +575,10 @@ def test_the_builder_calls_the_clearing_through_its_compiled_turn(monkeypatch):
         else:
             assert clear._rec.out is prev_out and clear._hot_turn.changed is None
         assert all(x is y for x, y in zip(budget_rec.msgs, clear._rec.out)) and budget_rec.n == len(clear._rec.out)
+        assert budget_rec.counts.tolist() == [TIKTOKEN.count_message(m) for m in clear._rec.out]
+        # the clearing's records, which the budget reads for the turn's new messages (Records.window's known)
+        ref_, counts_, counter_ = clear._hot_turn.counted
+        assert ref_ is clear._rec.messages and counts_ is clear._rec.counts and counter_ is TIKTOKEN
     assert outs and len(calls) <= 2
 
 
@@ -593,8 +599,8 @@ def test_a_clearing_step_hands_its_positions_to_the_budgets_records(monkeypatch)
     if _backend.BACKEND == "python":
         real = _filter_core_py.Records._match_hinted
 
-        def watched(self, msgs, patched, originals):
-            k = real(self, msgs, patched, originals)
+        def watched(self, msgs, patched, originals, counts=None):
+            k = real(self, msgs, patched, originals, counts)
             hinted.append(k)
             return k
 

@@ -1106,8 +1106,10 @@ def test_records_hint_gives_what_match_gives_without_it_on_both_twins(units, dat
         elif lie == "order" and len(patched) > 1:
             patched.reverse()
         edited += _record_messages(data.draw(sanitize_units))[: data.draw(st.integers(0, 3))]
+        # the patched messages' counts, given with the hint (a clearing step's own counts of its copies)
+        counts = count([edited[i] for i in patched]) if data.draw(st.booleans()) else None
         for r in hinted:
-            r.hint(list(edited) if lie == "list" else edited, patched, originals)
+            r.hint(list(edited) if lie == "list" else edited, patched, originals, counts)
         got = [r.window(edited, count, budget, settings_, True) for r in hinted]
         want = [r.window(edited, count, budget, settings_, True) for r in plain]
         assert all(g == want[0] for g in got + want)
@@ -1127,6 +1129,62 @@ def test_records_hint_gives_what_match_gives_without_it_on_both_twins(units, dat
     for r in hinted:  # used once: a later match over the list compares as usual
         r.hint(history, [0], [human("x")])
         assert r.match(history) == 0 and r.match(history) == 0
+
+
+@given(steps=st.lists(st.tuples(sanitize_units, st.integers(0, 3)), min_size=1, max_size=8), data=st.data())
+@settings(deadline=None, max_examples=max(50, MAX_EXAMPLES // 2))
+def test_records_window_with_known_counts_on_both_twins(steps, data):
+    """``window(..., known=(ref, counts, ...))`` (the clearing stage's records handed to the
+    budget filter after it): the new messages that are ``ref``'s own objects take their counts
+    from ``counts`` and ``count`` is not called for them; the output and the records equal
+    those of the same turn without ``known``, on both twins, when ``ref`` holds the history's
+    objects, others (a cleared copy in its place), is shorter, or the turn appends more than
+    ``KNOWN_MAX`` messages; a malformed ``known`` is a TypeError."""
+    import array
+
+    from jianmu_fast import _filter_core
+
+    assert core_py.KNOWN_MAX == _filter_core.KNOWN_MAX == 16
+
+    def count(new):
+        return [(len(str(m.content)) * 5 + len(m.role)) % 37 for m in new]
+
+    known_recs, plain = _record_cores(), _record_cores()
+    history: list = []
+    calls: list = []
+    for units, how in steps:
+        history = history + _record_messages(units) * (9 if how == 3 else 1)
+        ref = list(history)
+        if how == 1 and ref:  # another object at a position (a cleared copy): counted by count()
+            j = data.draw(st.integers(0, len(ref) - 1))
+            ref[j] = ref[j].model_copy(update={"content": "[cleared]"})
+        elif how == 2:
+            ref = ref[: data.draw(st.integers(0, len(ref)))]
+        counts = array.array("q", count(ref))
+        settings_ = (data.draw(st.integers(0, 15)), data.draw(st.booleans()), data.draw(st.sampled_from([0, 0, 7])),
+                     False)
+        budget = data.draw(st.integers(0, 200))
+
+        def counting(new):
+            calls.append(len(new))
+            return count(new)
+
+        got = [r.window(history, counting, budget, settings_, True, None, (ref, counts, "counter")) for r in known_recs]
+        want = [r.window(history, count, budget, settings_, True) for r in plain]
+        assert all(g == want[0] for g in got + want)
+        for recs in (known_recs, plain):  # the general path's turn brings them up to date
+            if want[0] is None and [r.advance(history, count) for r in recs][0] == -1:
+                recs[:] = _record_cores()
+                for r in recs:
+                    r.extend(history, count(history))
+        states = [(r.roles.tolist(), r.counts.tolist(), r.call_off.tolist(), _canonical_ids(r), r.n)
+                  for r in known_recs + plain]
+        assert all(st_ == states[0] for st_ in states)
+    for r in known_recs:
+        for bad in ((history,), (history, [1] * len(history)), (tuple(history), array.array("q")),
+                    (history, array.array("i")), [history, array.array("q")]):
+            with pytest.raises(TypeError, match=r"known must be a tuple \(ref, counts, \.\.\.\)"):
+                r.window(history, count, 5, (1, True, 0, False), False, None, bad)
 
 
 def test_records_match_survives_a_list_changed_while_comparing():

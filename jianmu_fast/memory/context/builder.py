@@ -247,14 +247,18 @@ class _Hot:
         self.steps: tuple[tuple[int, Any, int, Any, Any], ...] = tuple(
             (i, f, k, _hot_call(f) if k == 1 else None, _hint_to(f, filters[i + 1] if i + 1 < len(filters) else None))
             for i, (f, k) in enumerate(zip(filters, kinds)))
-        #: ``(call, turn, last)`` when the filters are exactly a compiled turn that hints the
-        #: trimming filter after it, last (the clearing before the budget: ``_filter_hot``'s
-        #: loop unrolled, the same calls in the same order), else None
-        self.pair: Optional[tuple[Any, Any, Any]] = None
+        #: ``(call, turn, last, share)`` when the filters are exactly a compiled turn that hints
+        #: the trimming filter after it, last (the clearing before the budget: ``_filter_hot``'s
+        #: loop unrolled, the same calls in the same order), else None; ``share``: the last is
+        #: a ``TokenBudgetFilter``, which reads the turn's counts (``ClearingTurn.counted``, taken
+        #: when its counter is the budget's; see ``TokenBudgetFilter._trim_known``)
+        self.pair: Optional[tuple[Any, Any, Any, bool]] = None
         if self.n == 2 and self.last is not None and kinds[0] == 1:
             hint = self.steps[0][4]
             if hint is not None and hint[1] is self.last:
-                self.pair = (self.steps[0][3], hint[0], self.last)
+                from .filters import TokenBudgetFilter
+
+                self.pair = (self.steps[0][3], hint[0], self.last, type(self.last) is TokenBudgetFilter)
 
 
 class _Turn:
@@ -585,7 +589,7 @@ class ContextBuilder:
         new one is copied before it leaves the builder."""
         pair = hot.pair
         if pair is not None and self.sanitize:  # the loop below for [compiled turn, trimming filter]
-            call, turn, last = pair
+            call, turn, last, share = pair
             messages = prompt
             try:
                 messages = call(prompt, tools_schema)
@@ -598,7 +602,9 @@ class ContextBuilder:
                 raise
             except Exception:
                 logger.exception("filters[%d] (%s) failed; it is skipped", 0, type(hot.steps[0][1]).__name__)
-            out, clean = last._trim(messages, tools_schema, True)
+            # the clearing's records (its counts of the turn's new messages) for the budget's
+            out, clean = last._trim_known(messages, tools_schema, turn.counted) if share else last._trim(
+                messages, tools_schema, True)
             return out if clean else self._finish(out, tools_schema)
         messages = prompt
         own = True  # ``messages`` is the builder's prompt or a stage's own list: never handed out

@@ -520,6 +520,32 @@ class TokenBudgetFilter(_WindowFilter):
         self._list_counts = _list_counter(counter)
         self._set_turn_counts()
 
+    def _trim_known(self, messages: Sequence[Any], tools_schema: Any, known: Any) -> tuple[list[Message], bool]:
+        """``_trim(messages, tools_schema, True)`` after a clearing stage (the builder's unrolled
+        plan [clearing, budget]): ``known`` is its ``(ref, counts, counter)``
+        (``ClearingTurn.counted``) or None; with this filter's counter, the turn's new messages
+        that are the clearing's own records take its counts (``Records.window``'s ``known``)
+        instead of being looked up again. The same output."""
+        if known is None or known[2] is not self._counter:
+            return self._trim(messages, tools_schema, True)
+        try:
+            with self._lock:
+                msgs = messages if type(messages) is list else list(messages)
+                limit = self._limit(tools_schema)
+                rec = self._rec
+                if rec is not None and limit >= 0:
+                    got = rec.window(msgs, self._turn_counts, limit, self._cfg or self._config(), True, None, known)
+                    if got is not None:
+                        return got
+                return self._trim_general(msgs, limit, True)
+        except JianmuError:
+            raise
+        except Exception as exc:  # (as _trim)
+            self._forget()
+            raise TrimmingError(
+                f"{type(self).__name__}: could not trim the prompt ({type(exc).__name__}: {exc})"
+            ) from exc
+
     def _set_turn_counts(self) -> None:
         """A library counter counts a turn's messages itself (trusted: ints in range, a list)."""
         if self._list_counts is not None:
