@@ -1,7 +1,10 @@
-# cython: language_level=3, binding=True, boundscheck=True, wraparound=True, cdivision=False, annotation_typing=False
+# cython: language_level=3, binding=True, boundscheck=True, wraparound=True, cdivision=False, annotation_typing=True
 """The compiled hot path of ``ChatTemplateTokenCounter``: the source of its pure-Python twin,
 ``jianmu_fast/_template_core_py.py``, included verbatim (one source, two builds: the
 compiled one without the interpreter's per-operation dispatch). Python semantics throughout
-(bounds and negative indices checked, Python division, annotations not used as C types)."""
+(bounds and negative indices checked, Python division); annotations naming builtin types
+(``dict``, ``list``, ``str``, ``tuple``, ``int``) type those variables and arguments as those
+Python types (a dict's ``get`` and a list's ``append`` called directly, not looked up; a
+value of another type raises ``TypeError``), any other annotation is ignored."""
 
 include "../jianmu_fast/_template_core_py.py"

@@ -164,14 +164,14 @@ def call_entry(m: Message) -> Optional[tuple[dict[str, Any], str, tuple[Any, tup
     elif type(content) is not str:
         return None
     enc = _ENC_STR
-    calls = []
-    heads = []
-    values = [content] if content else []
-    cshapes: list[tuple[tuple[str, Any], ...]] = []
+    calls: list = []
+    heads: list = []
+    values: list = [content] if content else []
+    cshapes: list = []
     for call in m.tool_calls:  # type: ignore[union-attr]
-        c: dict[str, Any] = {}
-        head = []
-        cshape: list[tuple[str, Any]] = []
+        c: dict = {}
+        head: list = []
+        cshape: list = []
         fn = None
         for k, v in call.items():
             if k == "function":
@@ -190,9 +190,9 @@ def call_entry(m: Message) -> Optional[tuple[dict[str, Any], str, tuple[Any, tup
                     cshape.append((k, ("str", v)))
         if fn is None or not isinstance(fn, dict):
             return None
-        f: dict[str, Any] = {}
-        fhead = []
-        fshape: list[tuple[str, Any]] = []
+        f: dict = {}
+        fhead: list = []
+        fshape: list = []
         for k, v in fn.items():
             if v is None:
                 continue
@@ -232,7 +232,10 @@ def call_entry(m: Message) -> Optional[tuple[dict[str, Any], str, tuple[Any, tup
 
 
 def _has_reasoning(d: Mapping[str, Any]) -> bool:
-    return any(d.get(k) is not None for k in _REASONING_FIELDS)
+    for k in _REASONING_FIELDS:  # (a loop: no generator object per message)
+        if d.get(k) is not None:
+            return True
+    return False
 
 
 def _text_features(d: Mapping[str, Any]) -> tuple[bool, bool]:
@@ -273,7 +276,7 @@ def count_list(self, messages: Sequence[Any]) -> list[int]:
     starts = unit_starts(dicts)
     n = len(ms)
     prefill_units(self, keys, dicts, starts)
-    local_units = self._local_units
+    local_units: dict = self._local_units
     for u, a in enumerate(starts):
         b = starts[u + 1] if u + 1 < len(starts) else n
         first_role = dicts[a]["role"]
@@ -309,9 +312,9 @@ def prefill_units(self, keys: Sequence[str], dicts: Sequence[dict[str, Any]], st
     conv_dicts: list[list[dict[str, Any]]] = []
     # units to cost after the batch: (unit cache key, unit keys, not tool-first, first conversation)
     jobs: list[tuple[Any, tuple[str, ...], bool, int]] = []
-    local_units = self._local_units
-    units = self._units
-    by_key = self._by_key
+    local_units: dict = self._local_units
+    units: dict = self._units
+    by_key: dict = self._by_key
     # units costed by their plan (see _plan): (unit cache key, not tool-first, steps, run texts)
     planned: list[tuple[Any, bool, Any, list[str]]] = []
     parts_of = self._frame_parts if self._RENDER_FREE and self._plan_ok else None
@@ -358,9 +361,18 @@ def prefill_units(self, keys: Sequence[str], dicts: Sequence[dict[str, Any]], st
     found_local: dict[tuple[str, ...], list[int]] = {}
     if planned:
         counts_of = piece_counts(self, [t for p in planned for t in p[3]])
+        at_run = 0
         for uck, not_tool_first, steps, run_texts in planned:
-            got = [counts_of[t] for t in run_texts]
-            costs = [base + sum([got[i] for i in plus]) - sum([got[i] for i in minus]) for base, plus, minus in steps]
+            got = counts_of[at_run:at_run + len(run_texts)]
+            at_run += len(run_texts)
+            costs: list = []
+            for base, plus, minus in steps:  # base + the runs added - the runs removed
+                cost = base
+                for i in plus:
+                    cost += got[i]
+                for i in minus:
+                    cost -= got[i]
+                costs.append(cost)
             found[uck] = costs
             if not_tool_first:
                 found_local[uck[0]] = costs
@@ -405,7 +417,8 @@ def plan(self, pred: str, shapes: tuple[Any, ...]) -> Any:
 
     None: no plan (a frame that renders); ``NOT_YET``: a frame not learned yet."""
     key = (pred, shapes)
-    plan = self._plans.get(key, NOT_YET)
+    plans: dict = self._plans
+    plan = plans.get(key, NOT_YET)
     if plan is not NOT_YET:
         return plan
     pre, post = self._context(pred, "user")
@@ -421,7 +434,6 @@ def plan(self, pred: str, shapes: tuple[Any, ...]) -> Any:
     except Refused:
         plan = None
     with self._lock:
-        plans = self._plans
         if len(plans) >= self.cache_size:
             for old in list(plans)[: self.cache_size // 4]:
                 plans.pop(old, None)
@@ -436,7 +448,7 @@ def plan_texts(self, plan: Any, values: Sequence[str]) -> Optional[list[str]]:
     if ops and not ops_hold(ops, values):
         return None
     search = self._search
-    texts = []
+    texts: list = []
     for items, next_token in runs:
         text = "".join([x if type(x) is str else values[x] if x >= 0 else json_inside(values[-1 - x])
                         for x in items])
@@ -479,34 +491,42 @@ def ops_hold(ops: Sequence[tuple[Any, ...]], values: Sequence[str]) -> bool:
 _UNCACHED_RUN = 256
 
 
-def piece_counts(self, pieces: list[str]) -> dict[str, int]:
-    """Tokens of each piece (text without added tokens), cached; the new ones encoded in
-    one batch."""
-    cache = self._pieces
-    out = {}
-    missing: dict[str, None] = {}
-    long: list[str] = []
+def piece_counts(self, pieces: list[str]) -> list[int]:
+    """Tokens of each piece (text without added tokens; the counts in the pieces' order),
+    cached; the new ones encoded in one batch (a piece longer than ``_UNCACHED_RUN``
+    characters is neither looked up nor kept, nor hashed)."""
+    cache: dict = self._pieces
+    out: list = []
+    texts: list = []  # what to encode: each new short piece once, every long one
+    new: dict = {}  # new short piece -> its index in texts
+    pending: list = []  # indexes of out that hold an index in texts
     for piece in pieces:
         if len(piece) > _UNCACHED_RUN:
-            long.append(piece)
+            pending.append(len(out))
+            out.append(len(texts))
+            texts.append(piece)
             continue
         n = cache.get(piece)
         if n is None:
-            missing[piece] = None
+            j = new.get(piece)
+            if j is None:
+                j = new[piece] = len(texts)
+                texts.append(piece)
+            pending.append(len(out))
+            out.append(j)
         else:
-            out[piece] = n
-    if missing or long:
-        new = list(missing)
-        got = encode_lengths(self, new + long)
-        found = dict(zip(new, got))
-        if found:
+            out.append(n)
+    if texts:
+        got = encode_lengths(self, texts)
+        for i in pending:
+            out[i] = got[out[i]]
+        if new:
             with self._lock:
                 if len(cache) >= self.cache_size:
                     for k in list(cache)[: self.cache_size // 4]:
                         cache.pop(k, None)
-                cache.update(found)
-        out.update(found)
-        out.update(zip(long, got[len(new):]))
+                for piece, j in new.items():
+                    cache[piece] = got[j]
     return out
 
 
@@ -531,7 +551,8 @@ def encode_lengths(self, texts: list[str]) -> list[int]:
 def frame_part(self, key: str, d: dict[str, Any]) -> tuple[Any, tuple[str, ...]]:
     """``Frames.frame_of(d)`` for a real message (cached by key); a stand-in (its key has
     no NUL: a JSON dict) is fixed text of its frame."""
-    part = self._frame_parts.get(key)
+    parts: dict = self._frame_parts
+    part = parts.get(key)
     if part is None:
         if "\0" not in key:
             part = (key, ())
@@ -540,10 +561,10 @@ def frame_part(self, key: str, d: dict[str, Any]) -> tuple[Any, tuple[str, ...]]
             if part is None:
                 part = self._frames.frame_of(d)
         with self._lock:
-            if len(self._frame_parts) >= self.cache_size:
-                for old in list(self._frame_parts)[: self.cache_size // 4]:
-                    self._frame_parts.pop(old, None)
-            self._frame_parts[key] = part
+            if len(parts) >= self.cache_size:
+                for old in list(parts)[: self.cache_size // 4]:
+                    parts.pop(old, None)
+            parts[key] = part
     return part
 
 
@@ -556,8 +577,8 @@ def plain_frame(fields: Sequence[str], d: Mapping[str, Any]) -> Optional[tuple[A
     >>> plain_frame(("content", "name", "tool_call_id"), d) == Frames(lambda ds: "").frame_of(d)
     True
     """
-    values: list[str] = []
-    shape: list[tuple[str, Any]] = []
+    values: list = []
+    shape: list = []
     for k, v in d.items():
         if type(v) is not str:
             return None
@@ -573,8 +594,9 @@ def entries_stable(self, ms: Sequence[Any], offset: int = 0) -> tuple[list[str],
     """``(keys, dicts, stable)`` of ``ms`` (``offset``: the index of ``ms[0]`` in the call,
     for error messages); ``stable``: every message is a memoized immutable ``Message``
     (its key cannot change while it lives)."""
-    keys, dicts = [], []
-    memo = self._memo
+    keys: list = []
+    dicts: list = []
+    memo: dict = self._memo
     stable = True
     for i, m in enumerate(ms):
         e = memo.get(id(m))  # _entry's memo hit, inlined (the hot loop's per-message cost)
@@ -607,7 +629,8 @@ def call_entries(self, ms: list[Any]) -> tuple[list[str], list[dict[str, Any]]]:
 
 
 def entry(self, m: Any, i: int) -> tuple[str, dict[str, Any]]:
-    e = self._memo.get(id(m))
+    memo: dict = self._memo
+    e = memo.get(id(m))
     if e is not None and e[0]() is m and (e[1] is None or (m.content, m.tool_calls) == e[1]):
         return e[3], e[2]
     if type(m) is Message or isinstance(m, Message):
@@ -623,6 +646,8 @@ def entry(self, m: Any, i: int) -> tuple[str, dict[str, Any]]:
     else:
         d = message_to_template_dict(msg)
         key = message_key(d)
+        if "\0" in key and "tool_calls" not in d:  # its frame part now (frame_part's), in the same section
+            part = plain_frame(self._frames._fields, d)
     calls = d.get("tool_calls")
     snap = None  # frozen lists (every validated Message) cannot change: no snapshot
     if msg is m and (calls is not None or type(m.content) is not str):
@@ -631,33 +656,37 @@ def entry(self, m: Any, i: int) -> tuple[str, dict[str, Any]]:
             snap = (copy.deepcopy(m.content), copy.deepcopy(m.tool_calls))
     size = self.cache_size
     with self._lock:  # (one section for the caches this entry fills)
-        if part is not None and key not in self._frame_parts:
-            if len(self._frame_parts) >= size:
-                for old in list(self._frame_parts)[: size // 4]:
-                    self._frame_parts.pop(old, None)
-            self._frame_parts[key] = part
+        if part is not None:
+            parts: dict = self._frame_parts
+            if key not in parts:
+                if len(parts) >= size:
+                    for old in list(parts)[: size // 4]:
+                        parts.pop(old, None)
+                parts[key] = part
         if calls:  # which assistant message made each call (for tool-first slices)
-            if len(self._calls) >= size:
-                for k in list(self._calls)[: size // 4]:
-                    del self._calls[k]
+            calls_of: dict = self._calls
+            if len(calls_of) >= size:
+                for k in list(calls_of)[: size // 4]:
+                    del calls_of[k]
             for call in calls:
                 if isinstance(call.get("id"), str):
-                    self._calls[call["id"]] = key
+                    calls_of[call["id"]] = key
         if msg is m:
-            if len(self._memo) >= self.cache_size:
-                for old_id in list(self._memo)[: self.cache_size // 4]:
-                    del self._memo[old_id]
-            self._memo[id(m)] = (weakref.ref(m), snap, d, key)
-            if len(self._by_key) >= self.cache_size:
-                for old_key in list(self._by_key)[: self.cache_size // 4]:
-                    del self._by_key[old_key]
-            self._by_key[key] = d
+            if len(memo) >= size:
+                for old_id in list(memo)[: size // 4]:
+                    del memo[old_id]
+            memo[id(m)] = (weakref.ref(m), snap, d, key)
+            by_key: dict = self._by_key
+            if len(by_key) >= size:
+                for old_key in list(by_key)[: size // 4]:
+                    del by_key[old_key]
+            by_key[key] = d
     return key, d
 
 
 def any_lookahead(self, keys: Sequence[str], dicts: Sequence[Mapping[str, Any]]) -> bool:
     """``any(self._lookahead(d) for d in dicts)``, cached per message key."""
-    looks = self._looks
+    looks: dict = self._looks
     for k, d in zip(keys, dicts):
         t = looks.get(k)
         if t is None:
@@ -669,7 +698,8 @@ def any_lookahead(self, keys: Sequence[str], dicts: Sequence[Mapping[str, Any]])
 
 def trait(self, k: str, d: Mapping[str, Any]) -> tuple[bool, tuple[Any, ...]]:
     """``(self._lookahead(d), d's element of self._pattern)``, cached per message key."""
-    t = self._looks.get(k)
+    looks: dict = self._looks
+    t = looks.get(k)
     if t is None:
         reasoning = _has_reasoning(d)
         call_text, think_text = _text_features(d)
@@ -677,7 +707,6 @@ def trait(self, k: str, d: Mapping[str, Any]) -> tuple[bool, tuple[Any, ...]]:
         look = reasoning or bool(sensitive) and (
             (call_text and "call_text" in sensitive) or (think_text and "think_text" in sensitive))
         t = (look, (d["role"], len(d.get("tool_calls") or ()), reasoning, call_text, think_text))
-        looks = self._looks
         if len(looks) >= self.cache_size:
             with self._lock:
                 for old in list(looks)[: self.cache_size // 4]:
@@ -703,8 +732,8 @@ def _pattern_local(self, keys: Sequence[str], dicts: Sequence[Mapping[str, Any]]
     ``self._local`` (probed by ``_is_local`` the first time); with ``no_lookahead``, False as
     soon as a message has lookahead (``is_local``), else lookahead is not asked
     (``local_pattern``)."""
-    looks = self._looks
-    pat = []
+    looks: dict = self._looks
+    pat: list = []
     for k, d in zip(keys, dicts):
         t = looks.get(k)
         if t is None:
@@ -712,7 +741,8 @@ def _pattern_local(self, keys: Sequence[str], dicts: Sequence[Mapping[str, Any]]
         if no_lookahead and t[0]:
             return False
         pat.append(t[1])
-    local = self._local.get(tuple(pat))
+    local_of: dict = self._local
+    local = local_of.get(tuple(pat))
     if local is None:
         return bool(self._is_local(dicts, keys))
     return bool(local)
@@ -748,7 +778,7 @@ def count_messages(self, messages: Iterable[Any]) -> int:
 
 def end_cost(self, role: str) -> Optional[int]:
     """``self._end_cost(role)``, its cached answer looked up here."""
-    ends = self._ends
+    ends: dict = self._ends
     if role in ends:
         return ends[role]  # type: ignore[no-any-return]
     return self._end_cost(role)  # type: ignore[no-any-return]
@@ -817,7 +847,8 @@ def unit_total(self, keys: list[str], dicts: list[dict[str, Any]], starts: list[
     a = starts[u]
     b = starts[u + 1] if u + 1 < len(starts) else n
     ukeys = tuple(keys[a:b])
-    known = self._local_units.get(ukeys)
+    local_units: dict = self._local_units
+    known = local_units.get(ukeys)
     if known is not None:
         return sum(known)
     if local_pattern(self, ukeys, dicts[a:b]):  # any neighbours will do: share the cache entry
