@@ -14,7 +14,7 @@ from cpython.ref cimport Py_INCREF
 from cpython.object cimport PyObject, PyObject_RichCompareBool, Py_EQ, Py_SIZE
 from cpython cimport array as carray
 from libc.stdint cimport int64_t, int8_t
-from libc.stdlib cimport free, malloc
+from libc.stdlib cimport free, malloc, realloc
 from libc.string cimport memcmp, memcpy
 
 import weakref
@@ -450,6 +450,29 @@ cdef inline Py_ssize_t _pos(const int64_t* rows, Py_ssize_t i, Py_ssize_t n_pinn
     return _rw(rows, i if i < n_pinned else lo + (i - n_pinned))
 
 
+cdef enum:
+    S_START = 1  # (Records.sflag bits)
+    S_NEG = 2
+    S_BAD = 4
+    S_PA = 8
+
+
+cdef int _realloc8(int8_t** a, Py_ssize_t cap) noexcept:
+    cdef int8_t* q = <int8_t*>realloc(a[0], (cap + 1) * sizeof(int8_t))
+    if q == NULL:
+        return -1
+    a[0] = q
+    return 0
+
+
+cdef int _realloc64(int64_t** a, Py_ssize_t cap) noexcept:
+    cdef int64_t* q = <int64_t*>realloc(a[0], (cap + 1) * sizeof(int64_t))
+    if q == NULL:
+        return -1
+    a[0] = q
+    return 0
+
+
 cdef int _sanitize_status(const int64_t* rows, const int8_t* r, const int64_t* coff, const int64_t* cids,
                           const int64_t* rids, Py_ssize_t n_pinned, Py_ssize_t lo, Py_ssize_t hi) noexcept nogil:
     """0 valid, 1 broken historical units to drop, 2 the Python sanitizer decides (see the twin)."""
@@ -616,6 +639,18 @@ cdef class Records:
     cdef dict _intern
     cdef object _type
     cdef tuple _hint
+    # the sanitize scan of all records (``_scan_to``), so that ``window``'s check of a prompt
+    # ``[:n_pinned] + [lo:hi]`` costs the new records, not the prompt (``_sanitized``): per
+    # position ``p``, ``sflag[p]`` says whether a unit (or lone message) of the scan starts there
+    # and what it is (the ``S_*`` bits), ``sneg[p]`` / ``sbad[p]`` count the units starting before
+    # ``p`` with a missing id / not valid, ``slast[p]`` is the start of the last one before ``p``
+    # that sets the scan's pending state (-1: none); valid up to ``s_at``, the start of the last
+    # unit scanned (which more records may lengthen), and at ``[s_at, s_end]``
+    cdef int8_t* sflag
+    cdef int64_t* sneg
+    cdef int64_t* sbad
+    cdef int64_t* slast
+    cdef Py_ssize_t s_cap, s_at, s_end
 
     def __init__(self, message_type=object):
         self._type = message_type
@@ -636,10 +671,19 @@ cdef class Records:
         self.dirty = False
         self.ps_ok = True
         self.ps_from = -1
+        self.sflag = NULL
+        self.sneg = self.sbad = self.slast = NULL
+        self.s_cap = self.s_at = self.s_end = 0
         self._grow(16)
         self._grow_ids(16, 0)
         self.off[0] = 0
         self.ps[0] = 0
+
+    def __dealloc__(self):
+        free(self.sflag)
+        free(self.sneg)
+        free(self.sbad)
+        free(self.slast)
 
     cdef int _grow(self, Py_ssize_t need) except -1:
         if need <= self.cap:
@@ -914,6 +958,7 @@ cdef class Records:
         del self._msgs[k:]
         self.n = k
         self.version += 1
+        self.s_at = self.s_end = 0  # (the sanitize scan: anew)
         self.n_ids = self.off[k]
         if self.pin_n > k:
             self.pin_n = k
@@ -1277,10 +1322,121 @@ cdef class Records:
             Py_INCREF(x)
             PyList_SET_ITEM(result, j, x)
             j += 1
-        clean = sanitize and _sanitize_status(NULL, self.r, self.off, self.ids, self.rid, n_pinned, lo, hi) == 0
+        clean = sanitize and self._sanitized(n_pinned, lo, hi) == 0
         if extra == 2:
             return (result, clean, n_pinned, lo)
         return (result, clean)
+
+    cdef int _scan_to(self) except -1:
+        """The sanitize scan of all records (see ``sflag``), resumed at the start of the last
+        unit it saw: the units of ``_sanitize_status`` over the records ``[0, n)`` as one prompt,
+        each marked (``S_START``, ``S_NEG``: a missing id, ``S_BAD``: not valid, ``S_PA``: sets the
+        scan's pending state: a unit, or a lone message that is not a system one)."""
+        cdef Py_ssize_t n = self.n, i, j, p, x, y, a, b, nc, cap
+        cdef int8_t fl
+        cdef bint ok, found
+        cdef int64_t rid
+        cdef const int8_t* r = self.r
+        cdef const int64_t* coff = self.off
+        cdef const int64_t* cids = self.ids
+        cdef const int64_t* rids = self.rid
+        if n + 1 > self.s_cap:
+            cap = 2 * self.s_cap if 2 * self.s_cap > n + 1 else n + 1
+            if cap < 64:
+                cap = 64
+            if (_realloc8(&self.sflag, cap) or _realloc64(&self.sneg, cap) or _realloc64(&self.sbad, cap)
+                    or _realloc64(&self.slast, cap)):
+                raise MemoryError()
+            self.s_cap = cap
+        i = self.s_at
+        if i == 0:
+            self.sneg[0] = 0
+            self.sbad[0] = 0
+            self.slast[0] = -1
+        while i < n:
+            self.s_at = i
+            nc = coff[i + 1] - coff[i]
+            fl = S_START
+            j = i + 1
+            if r[i] == 3 or (r[i] == 2 and nc > 0):
+                fl |= S_PA
+                while j < n and r[j] == 3:
+                    j += 1
+                ok = False
+                if r[i] == 2:
+                    a = coff[i]
+                    b = coff[i + 1]
+                    for x in range(a, b):
+                        if cids[x] == -1:
+                            fl |= S_NEG
+                    for y in range(i + 1, j):
+                        if rids[y] == -1:
+                            fl |= S_NEG
+                    ok = (j - i - 1) == nc
+                    x = a
+                    while ok and x < b:
+                        for y in range(x + 1, b):
+                            if cids[y] == cids[x]:
+                                ok = False
+                                break
+                        x += 1
+                    y = i + 1
+                    while ok and y < j:
+                        rid = rids[y]
+                        found = False
+                        for x in range(a, b):
+                            if cids[x] == rid:
+                                found = True
+                                break
+                        if not found:
+                            ok = False
+                        for x in range(y + 1, j):
+                            if rids[x] == rid:
+                                ok = False
+                                break
+                        y += 1
+                if not ok:
+                    fl |= S_BAD
+            elif r[i] != 0:
+                fl |= S_PA
+            self.sflag[i] = fl
+            for p in range(i + 1, j):
+                self.sflag[p] = 0
+            for p in range(i + 1, j + 1):
+                self.sneg[p] = self.sneg[i] + ((fl & S_NEG) != 0)
+                self.sbad[p] = self.sbad[i] + ((fl & S_BAD) != 0)
+                self.slast[p] = i if fl & S_PA else self.slast[i]
+            i = j
+        self.s_end = n
+        return 0
+
+    cdef int _sanitized(self, Py_ssize_t n_pinned, Py_ssize_t lo, Py_ssize_t hi) except -1:
+        """``_sanitize_status`` of the prompt ``[:n_pinned] + [lo:hi]`` (``0 <= n_pinned <= lo <=
+        hi <= n``) from the scan of all records (``_scan_to``), when the prompt's units are the
+        scan's: ``n_pinned`` (unless ``lo`` is it), ``lo`` and ``hi`` start units of the scan (or
+        are ``n``), and a tool result at ``lo`` does not follow the pinned prefix (where it would
+        join the prefix's last unit); otherwise the scan of the prompt itself. The status is then
+        2 when a unit has a missing id, 2 when the last unit (or message) that sets the pending
+        state is a broken unit, 1 when a unit is broken, else 0, as ``_sanitize_status`` finds."""
+        cdef Py_ssize_t n = self.n, last
+        cdef const int8_t* fl
+        cdef bint pending
+        if self.s_end != n or self.s_at > n:
+            if self.s_at > n:
+                self.s_at = 0
+            self._scan_to()
+        fl = self.sflag
+        if ((lo != n_pinned and (not (fl[n_pinned] & S_START) or (n_pinned > 0 and lo < hi and self.r[lo] == 3)))
+                or (lo < n and not (fl[lo] & S_START)) or (hi < n and not (fl[hi] & S_START))):
+            return _sanitize_status(NULL, self.r, self.off, self.ids, self.rid, n_pinned, lo, hi)
+        if self.sneg[n_pinned] + self.sneg[hi] - self.sneg[lo] > 0:
+            return 2
+        last = self.slast[hi]
+        if last < lo:
+            last = self.slast[n_pinned]
+        if last >= 0 and fl[last] & S_BAD:
+            return 2
+        return 1 if self.sbad[n_pinned] + self.sbad[hi] - self.sbad[lo] > 0 else 0
 
     def sanitize(self, Py_ssize_t n_pinned, Py_ssize_t lo, Py_ssize_t hi):
         """See the twin."""
@@ -1289,7 +1445,7 @@ cdef class Records:
             raise ValueError(f"need 0 <= n_pinned <= lo <= hi <= {n}, got {n_pinned}, {lo}, {hi}")
         if n == 0:
             return 0
-        return _sanitize_status(NULL, self.r, self.off, self.ids, self.rid, n_pinned, lo, hi)
+        return self._sanitized(n_pinned, lo, hi)
 
     def joined(self, dict values, lo, hi):
         """See the twin."""

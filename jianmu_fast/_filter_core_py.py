@@ -443,7 +443,12 @@ class Records:
     step's cleared results) is patched in place: those records take the new messages and
     counts, nothing is re-appended. The compiled twin keeps prefix sums of
     the counted tail, extended with each record, so that ``plan`` is a binary search
-    (O(log n) plus the messages of one unit) instead of a walk over the kept messages.
+    (O(log n) plus the messages of one unit) instead of a walk over the kept messages; and
+    ``sanitize_window``'s scan of all records as one prompt (per position: whether a unit
+    starts there, and counts of the units before it with a missing id or broken, and the last
+    one that sets the pending state), resumed at its last unit as records are appended, so
+    that ``sanitize`` (and ``window``'s check) of a prompt whose bounds are unit starts of that
+    scan costs the new records, not the prompt; other bounds are scanned as here.
     ``message_type`` is the type every appended message must have (``advance`` returns
     ``-2`` otherwise); records read ``role``, ``tool_call_id`` and ``tool_calls``.
 

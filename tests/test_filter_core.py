@@ -970,6 +970,66 @@ def test_records_after_an_edit_equal_fresh_records_on_both_twins(steps, data):
             assert [r.sanitize(k, lo, hi) for r in recs] == [want_s] * len(recs)
 
 
+
+@given(steps=st.lists(st.tuples(sanitize_units, st.booleans()), min_size=1, max_size=12), data=st.data())
+@settings(deadline=None, max_examples=max(60, MAX_EXAMPLES // 2))
+def test_records_sanitize_from_the_kept_scan_equals_the_full_check_on_both_twins(steps, data):
+    """The compiled records sanitize ``[:n_pinned] + [lo:hi]`` from a scan of all records kept
+    between calls (resumed at its last unit as records are appended, anew after an edit): on
+    a history grown a few messages at a time and edited now and then, many windows per step
+    (their bounds mostly at unit starts, as the planner cuts, some anywhere) give what
+    ``sanitize_window`` gives over the same arrays, on both twins."""
+    recs = _record_cores()
+    history: list = []
+    keep = []
+    for units, edit in steps:
+        history = history + _record_messages(units)
+        if edit and history and data.draw(st.booleans()):
+            history = _edited(history, data)
+        keep.append(history)
+        got = [r.advance(history, lambda new: [1] * len(new)) for r in recs]
+        if got[0] == -1:
+            recs = _record_cores()
+            for r in recs:
+                r.extend(history, [1] * len(history))
+        n = len(history)
+        if not n:
+            continue
+        roles, off, ids, rids = recs[0].roles, recs[0].call_off, recs[0].call_ids, recs[0].result_ids
+        starts = [i for i in range(n + 1) if i == n or roles[i] != 3]  # unit (or message) starts
+        bound = lambda a: st.one_of(st.sampled_from([i for i in starts if i >= a]), st.integers(a, n))  # noqa: E731
+        for _ in range(6):
+            k = data.draw(st.sampled_from([0, 0, 1, 2])) if n >= 2 else 0
+            lo = data.draw(bound(k))
+            hi = data.draw(bound(lo))
+            want = core_py.sanitize_window(roles, off, ids, rids, k, lo, hi)[0]
+            assert [r.sanitize(k, lo, hi) for r in recs] == [want] * len(recs), (k, lo, hi)
+
+
+
+@pytest.mark.parametrize("units", [
+    # a pinned unit that a tool result after a cut would complete (joined in the prompt, apart in the records)
+    [("call", [1, 2], [1]), ("user", [], []), ("tool", [], [2]), ("user", [], [])],
+    [("system", [], []), ("call", [1], [1]), ("tool", [], [1]), ("user", [], []), ("call", [2, 3], [3, 2]),
+     ("assistant", [], []), ("tool", [], [3]), ("call", [1], []), ("system", [], [])],
+    [("call", [1], []), ("tool", [], [-1]), ("user", [], []), ("call", [2], [2]), ("call", [3], [2])],
+])
+def test_records_sanitize_from_the_kept_scan_on_every_window(units):
+    """Every window ``[:k] + [lo:hi]`` of histories grown a message at a time, where a unit of
+    the pinned prefix meets a tool result after the cut: the kept scan equals the full check."""
+    msgs = _record_messages(units)
+    recs = _record_cores()
+    for n in range(1, len(msgs) + 1):
+        for r in recs:
+            assert r.advance(msgs[:n], lambda new: [1] * len(new)) == 1
+        roles, off, ids, rids = recs[0].roles, recs[0].call_off, recs[0].call_ids, recs[0].result_ids
+        for k in range(n + 1):
+            for lo in range(k, n + 1):
+                for hi in range(lo, n + 1):
+                    want = core_py.sanitize_window(roles, off, ids, rids, k, lo, hi)[0]
+                    assert [r.sanitize(k, lo, hi) for r in recs] == [want] * len(recs), (n, k, lo, hi)
+
+
 def test_records_edit_keeps_the_common_prefix_and_bounds_the_id_table():
     """An edit that keeps the record's role and ids (a cleared result) is patched in place (the
     count callback sees that message only); another re-appends only what follows it;
