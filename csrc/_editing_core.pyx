@@ -16,7 +16,7 @@ from cpython.long cimport PyLong_FromVoidPtr
 from cpython.pythread cimport PyThread_get_thread_ident
 from cpython.ref cimport PyObject
 from cpython.weakref cimport PyWeakref_GetObject
-from cpython.unicode cimport PyUnicode_GET_LENGTH
+from cpython.unicode cimport PyUnicode_GET_LENGTH, PyUnicode_READ_CHAR, PyUnicode_Compare
 from cpython.pyport cimport PY_SSIZE_T_MAX
 from libc.stdint cimport int64_t, int8_t
 from libc.stdlib cimport free, malloc, realloc
@@ -30,6 +30,7 @@ STATE_LEN = 7
 TURN_MAX = 16
 cdef enum:
     C_TURN_MAX = 16
+    C_STATE_LEN = 7  # (STATE_LEN, a compile-time constant on the turn's path)
 cdef int64_t C_MAX = (<int64_t>1) << 53
 cdef int64_t C_SUM = (<int64_t>1) << 62
 
@@ -314,6 +315,18 @@ cdef extern from "Python.h":
     Py_ssize_t _refs "Py_REFCNT"(PyObject *o)  # (of a borrowed pointer: no temporary reference)
 
 
+cdef inline bint _role_is(str role, str name) except -1:
+    """``role == name`` for exact strs: by identity, then length and first character, inline
+    (the roles differ there), and only then by ``PyUnicode_Compare``."""
+    if role is name:
+        return True
+    if PyUnicode_GET_LENGTH(role) != PyUnicode_GET_LENGTH(name) or PyUnicode_GET_LENGTH(role) == 0:
+        return PyUnicode_GET_LENGTH(role) == PyUnicode_GET_LENGTH(name)
+    if PyUnicode_READ_CHAR(role, 0) != PyUnicode_READ_CHAR(name, 0):
+        return False
+    return PyUnicode_Compare(role, name) == 0
+
+
 def extend_capped(src, ref, out, cache, fits=0):
     """One turn of ``ToolResultCapFilter`` over a growing list; see ``_editing_core_py``."""
     return _extend_capped(src, ref, out, cache, fits)
@@ -400,7 +413,9 @@ cdef int _new_records(list src, Py_ssize_t k, Py_ssize_t n, dict msgs_cache, obj
     cdef int64_t c, t, saving
     cdef int8_t kind
     cdef bint full
-    cdef object m, e, role, content, tv, cv, texts = None
+    cdef object m, e, content, tv, cv, texts = None
+    cdef object role
+    cdef str srole
     for i in range(k, n):
         j = i - k
         m = <object>PyList_GET_ITEM(src, i)
@@ -419,8 +434,9 @@ cdef int _new_records(list src, Py_ssize_t k, Py_ssize_t n, dict msgs_cache, obj
         role = (<tuple>e)[2] if full else m.role
         if type(role) is not str:
             return -1
+        srole = <str>role  # (an exact str)
         saving = 0
-        if role is _TOOL or role == _TOOL:
+        if _role_is(srole, _TOOL):
             if full:
                 tv = (<tuple>e)[3]
                 if tv is None:
@@ -445,9 +461,9 @@ cdef int _new_records(list src, Py_ssize_t k, Py_ssize_t n, dict msgs_cache, obj
             if saving > c:
                 saving = c
             kind = 2
-        elif role is _ASSISTANT or role == _ASSISTANT:
+        elif _role_is(srole, _ASSISTANT):
             kind = 4
-        elif (role is _SYSTEM or role == _SYSTEM) and i == n_pinned:
+        elif _role_is(srole, _SYSTEM) and i == n_pinned:
             if pinned == NULL:
                 return -1
             kind = 3
@@ -868,7 +884,7 @@ cdef class ClearingTurn:
         if k == 0 or n < k or n - k > C_TURN_MAX:
             return -1
         if (PyList_GET_SIZE(out) != k or Py_SIZE(self.counts) != k
-                or Py_SIZE(self.kinds) != k or Py_SIZE(self.savings) != k or Py_SIZE(self.state) != STATE_LEN):
+                or Py_SIZE(self.kinds) != k or Py_SIZE(self.savings) != k or Py_SIZE(self.state) != C_STATE_LEN):
             return -1
         st = <int64_t *>self.state.data.as_longlongs
         if st[0] != k:

@@ -817,9 +817,14 @@ cdef class Records:
             return -3
         for j in range(k):
             po = <object>PyList_GET_ITEM(patched, j)
-            if type(po) is not int or po < prev or po >= n:
+            if type(po) is not int:
                 return -3
-            p = po
+            try:
+                p = po  # (compared as a C integer: no int made for prev or n)
+            except OverflowError:
+                return -3
+            if p < prev or p >= n:
+                return -3
             if p > prev and memcmp((<PyListObject*>msgs).ob_item + prev, (<PyListObject*>self._msgs).ob_item + prev,
                                    (p - prev) * sizeof(PyObject*)) != 0:
                 return -3
@@ -832,7 +837,7 @@ cdef class Records:
                     patch = []
                     if counts is not None:
                         patch_counts = []
-                patch.append(p)
+                patch.append(po)
                 if counts is not None:
                     patch_counts.append(<object>PyList_GET_ITEM(counts, j))
                 if PyList_GET_SIZE(msgs) != m:
