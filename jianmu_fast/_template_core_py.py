@@ -13,20 +13,21 @@ two differ only in speed; a hypothesis test holds their counts equal.
 import bisect
 import copy
 import json
+import re
 import weakref
 from typing import Any, Iterable, Mapping, Optional, Sequence
 
 from .errors import MessageValidationError
-from ._template_base import NOT_YET, Refused, dumps_parsed, json_inside
+from ._template_base import _ENCODE_PARSED, NOT_YET, Refused, dumps_parsed, json_inside
 from .message import Message
 from .message.model import FrozenList, coerce_message
 
 __all__ = [
-    "any_lookahead", "call_entries", "call_entry", "count_list", "count_messages", "encode_lengths", "end_cost",
+    "any_lookahead", "args_text", "call_entries", "call_entry", "count_list", "count_messages", "encode_lengths", "end_cost",
     "entries_stable",
     "entry", "frame_part", "is_local", "local_pattern", "message_to_template_dict", "message_key", "overlap",
-    "ops_hold", "parse_key", "piece_counts", "plain_frame", "plan", "plan_texts", "prefill_units", "segments", "trait",
-    "unit_starts", "unit_total",
+    "ops_hold", "parse_key", "piece_counts", "plain_entry", "plain_frame", "plan", "plan_texts", "prefill_units",
+    "segments", "trait", "unit_starts", "unit_total",
 ]
 
 _REASONING_FIELDS = ("reasoning_content", "thinking", "reasoning")
@@ -34,10 +35,27 @@ _REASONING_FIELDS = ("reasoning_content", "thinking", "reasoning")
 _DUMPS = json.JSONEncoder(ensure_ascii=False).encode
 _ENC_STR = json.encoder.encode_basestring  # (ensure_ascii off: the C encoder where available)
 _PLAIN_KEYS = frozenset(("role", "content", "name", "tool_call_id"))
+#: ``json.loads``' scanner (its default decoder's: the C one where available), called directly
+_SCAN = json.JSONDecoder().scan_once  # type: ignore[attr-defined]
 
 
 def _parse_arguments(args: Any) -> Any:
+    """``json.loads(args)`` for a str (``args`` itself if it is not JSON), else ``args``.
+
+    The usual arguments (JSON text without surrounding whitespace) are scanned directly, as
+    ``json.loads`` scans them (its decoder's ``scan_once`` at 0, the whole text consumed);
+    anything else goes through ``json.loads`` itself, so every outcome is its own.
+
+    >>> _parse_arguments('{"x": [1, 2.5]}'), _parse_arguments(' {"x": 1} '), _parse_arguments("{x")
+    ({'x': [1, 2.5]}, {'x': 1}, '{x')
+    """
     if isinstance(args, str):
+        try:
+            got = _SCAN(args, 0)
+        except Exception:  # (json.loads below gives the outcome: its value or its error)
+            got = None
+        if got is not None and got[1] == len(args):
+            return got[0]
         try:
             return json.loads(args)
         except ValueError:
@@ -141,6 +159,45 @@ def parse_key(key: str) -> dict[str, Any]:
     return d
 
 
+#: per role: its shape element in a frame part and its key's head (few roles: Message checks them)
+_ROLE_PARTS: dict = {}
+
+
+def _role_part(role: Any) -> tuple[Any, str]:
+    """``(("role", ("str", role)), '{"role": <role as JSON>, "content": null')``, cached."""
+    rp = _ROLE_PARTS.get(role)
+    if rp is None:
+        rp = (("role", ("str", role)), '{"role": ' + _ENC_STR(role) + ', "content": null')
+        if len(_ROLE_PARTS) < 64:
+            _ROLE_PARTS[role] = rp
+    return rp  # type: ignore[no-any-return]
+
+
+_J_STR = r'"[^"\\\x00-\x1f]*"'
+_J_VALUE = "(?:" + _J_STR + r"|0|-?[1-9][0-9]*|true|false|null)"
+#: a JSON object of string keys and values that are escape-free strings, integers (not -0),
+#: true, false or null, printed as ``json.dumps`` prints it (no whitespace but ", " and ": ")
+_FLAT_PRINTED = re.compile(r"\{(?:" + _J_STR + ": " + _J_VALUE + "(?:, " + _J_STR + ": " + _J_VALUE + r")*)?\}")
+
+
+def args_text(text: str, args: dict[str, Any]) -> str:
+    """``dumps_parsed(args)`` for ``args = json.loads(text)``: ``text`` itself when it is
+    already printed that way (a flat object of escape-free strings, integers, true, false and
+    null, with ``json.dumps``' separators and no key twice: its printing is its own text),
+    else the encoder's output.
+
+    >>> args_text('{"city": "Paris", "n": 2}', {"city": "Paris", "n": 2})
+    '{"city": "Paris", "n": 2}'
+    >>> args_text('{"x":1.50}', {"x": 1.5})
+    '{"x": 1.5}'
+    """
+    if _FLAT_PRINTED.fullmatch(text) is not None and text.count('": ') == len(args):
+        return text
+    if _ENCODE_PARSED is not None:  # (dumps_parsed, its C encoder called here)
+        return "".join(_ENCODE_PARSED(args, 0))
+    return dumps_parsed(args)
+
+
 def call_entry(m: Message) -> Optional[tuple[dict[str, Any], str, tuple[Any, tuple[str, ...]]]]:
     """``(message_to_template_dict(m), message_key(d), Frames().frame_of(d))`` in one pass
     for the usual tool-call message (calls with ``str`` ids, types and function names,
@@ -164,15 +221,18 @@ def call_entry(m: Message) -> Optional[tuple[dict[str, Any], str, tuple[Any, tup
     elif type(content) is not str:
         return None
     enc = _ENC_STR
+    role = m.role
+    rp = _role_part(role)
     calls: list = []
-    heads: list = []
+    out: list = [rp[1], ', "tool_calls": [']  # the key's text, joined once
     values: list = [content] if content else []
     cshapes: list = []
     for call in m.tool_calls:  # type: ignore[union-attr]
         c: dict = {}
-        head: list = []
         cshape: list = []
         fn = None
+        out.append("{" if not calls else ", {")
+        sep = ""
         for k, v in call.items():
             if k == "function":
                 fn = v
@@ -182,7 +242,9 @@ def call_entry(m: Message) -> Optional[tuple[dict[str, Any], str, tuple[Any, tup
                 return None
             else:
                 c[k] = v
-                head.append('"' + k + '": ' + enc(v))
+                out.append(sep + ('"id": ' if k == "id" else '"type": '))
+                out.append(enc(v))
+                sep = ", "
                 if k == "id" and v:
                     values.append(v)
                     cshape.append((k, None))
@@ -191,8 +253,9 @@ def call_entry(m: Message) -> Optional[tuple[dict[str, Any], str, tuple[Any, tup
         if fn is None or not isinstance(fn, dict):
             return None
         f: dict = {}
-        fhead: list = []
         fshape: list = []
+        out.append(sep + '"function": {')
+        sep = ""
         for k, v in fn.items():
             if v is None:
                 continue
@@ -203,32 +266,93 @@ def call_entry(m: Message) -> Optional[tuple[dict[str, Any], str, tuple[Any, tup
                 if type(args) is not dict:
                     return None
                 f[k] = args
-                text = dumps_parsed(args)
-                fhead.append('"arguments": ' + text)
+                text = args_text(v, args)
+                out.append(sep + '"arguments": ')
+                out.append(text)
                 values.append(text)
                 fshape.append((k, ("A",)))
             else:
                 f[k] = v
-                fhead.append('"name": ' + enc(v))
+                out.append(sep + '"name": ')
+                out.append(enc(v))
                 if v:
                     values.append(v)
                     fshape.append((k, None))
                 else:
                     fshape.append((k, ("str", v)))
+            sep = ", "
         c["function"] = f
-        head.append('"function": {' + ", ".join(fhead) + "}")
+        out.append("}}")
         cshape.append(("function", ("F", tuple(fshape), None)))
         calls.append(c)
-        heads.append("{" + ", ".join(head) + "}")
         cshapes.append(tuple(cshape))
     if not calls:
         return None
-    role = m.role
     d = {"role": role, "content": content, "tool_calls": calls}
-    key = '{"role": ' + enc(role) + ', "content": null, "tool_calls": [' + ", ".join(heads) + "]}\0" + content
-    shape = (("role", ("str", role)), ("content", None) if content else ("content", ("str", "")),
+    out.append("]}\0")
+    out.append(content)
+    key = "".join(out)
+    shape = (rp[0], ("content", None) if content else ("content", ("str", "")),
              ("tool_calls", ("C", tuple(cshapes), None)))
     return d, key, (shape, tuple(values))
+
+
+def plain_entry(m: Message, fields: Sequence[str]) -> Optional[tuple[dict[str, Any], str, tuple[Any, tuple[str, ...]]]]:
+    """``(d, message_key(d), plain_frame(fields, d))`` for ``d = message_to_template_dict(m)``
+    in one pass, for a plain text message (``str`` content, no tool calls, no extra fields,
+    ``name`` and ``tool_call_id`` strings or None); None for any other message.
+
+    >>> from jianmu_fast.message import tool
+    >>> m = tool("ok", tool_call_id="c1")
+    >>> d, key, part = plain_entry(m, ("content", "name", "tool_call_id"))
+    >>> d == message_to_template_dict(m) and key == message_key(d)
+    True
+    >>> part == plain_frame(("content", "name", "tool_call_id"), d)
+    True
+    """
+    content = m.content
+    if type(content) is not str or m.tool_calls is not None or m.extra:
+        return None
+    role = m.role
+    name = m.name
+    tcid = m.tool_call_id
+    if type(role) is not str or (name is not None and type(name) is not str) or (
+            tcid is not None and type(tcid) is not str):
+        return None
+    rp = _role_part(role)
+    d: dict = {"role": role, "content": content}
+    head: str = rp[1]
+    values: list = []
+    shape: list = [rp[0]]
+    if content and "content" in fields:
+        values.append(content)
+        shape.append(("content", None))
+    else:
+        shape.append(("content", ("str", content)))
+    if name is not None:
+        d["name"] = name
+        head += ', "name": ' + _ENC_STR(name)
+        if name and "name" in fields:
+            values.append(name)
+            shape.append(("name", None))
+        else:
+            shape.append(("name", ("str", name)))
+    if tcid is not None:
+        d["tool_call_id"] = tcid
+        head += ', "tool_call_id": ' + _ENC_STR(tcid)
+        if tcid and "tool_call_id" in fields:
+            values.append(tcid)
+            shape.append(("tool_call_id", None))
+        else:
+            shape.append(("tool_call_id", ("str", tcid)))
+    return d, head + "}\0" + content, (tuple(shape), tuple(values))
+
+
+def _look(sensitive: frozenset, call_text: bool, think_text: bool) -> bool:
+    """``trait``'s lookahead for a message without reasoning fields."""
+    if not sensitive:
+        return False
+    return bool((call_text and "call_text" in sensitive) or (think_text and "think_text" in sensitive))
 
 
 def _has_reasoning(d: Mapping[str, Any]) -> bool:
@@ -448,16 +572,36 @@ def plan_texts(self, plan: Any, values: Sequence[str]) -> Optional[list[str]]:
     if ops and not ops_hold(ops, values):
         return None
     search = self._search
+    enc = _ENC_STR
+    heads: tuple = self._token_heads
+    firsts: str = self._token_firsts
     texts: list = []
     for items, next_token in runs:
-        text = "".join([x if type(x) is str else values[x] if x >= 0 else json_inside(values[-1 - x])
-                        for x in items])
-        if next_token:
-            m = search(text + next_token)
-            if m.start() != len(text):  # (it finds next_token at least)
+        pieces: list = []
+        for x in items:
+            if type(x) is str:
+                pieces.append(x)
+            elif x >= 0:
+                pieces.append(values[x])
+            else:  # a tojson slot: json_inside(v), its encoder called here for a str
+                v = values[-1 - x]
+                pieces.append(enc(v)[1:-1] if type(v) is str else json_inside(v))
+        text = "".join(pieces)
+        # no added token starts in text (none of their heads in it, and its last character
+        # starts none): nothing to search for
+        clean = not text or text[-1] not in firsts
+        if clean:
+            for h in heads:
+                if h in text:
+                    clean = False
+                    break
+        if not clean:
+            if next_token:
+                m = search(text + next_token)
+                if m.start() != len(text):  # (it finds next_token at least)
+                    return None
+            elif search(text) is not None:
                 return None
-        elif search(text) is not None:
-            return None
         texts.append(text)
     return texts
 
@@ -640,9 +784,16 @@ def entry(self, m: Any, i: int) -> tuple[str, dict[str, Any]]:
     else:
         raise MessageValidationError(f"messages[{i}]: expected a Message or a chat-completions dict, got {type(m).__name__}")
     part = None
-    got = call_entry(msg) if msg.tool_calls else None
+    t = None  # its trait (``trait``'s), where the one-pass entries know it
+    got = call_entry(msg) if msg.tool_calls else plain_entry(msg, self._frames._fields)
     if got is not None:
         d, key, part = got
+        role = d["role"]
+        content = d["content"]
+        n_calls = len(d.get("tool_calls") or ())
+        think_text = role == "assistant" and content != "" and "</think>" in content
+        call_text = n_calls > 0 and content != ""
+        t = (_look(self._sensitive, call_text, think_text), (role, n_calls, False, call_text, think_text))
     else:
         d = message_to_template_dict(msg)
         key = message_key(d)
@@ -656,6 +807,13 @@ def entry(self, m: Any, i: int) -> tuple[str, dict[str, Any]]:
             snap = (copy.deepcopy(m.content), copy.deepcopy(m.tool_calls))
     size = self.cache_size
     with self._lock:  # (one section for the caches this entry fills)
+        if t is not None:
+            looks: dict = self._looks
+            if key not in looks:
+                if len(looks) >= size:
+                    for old in list(looks)[: size // 4]:
+                        looks.pop(old, None)
+                looks[key] = t
         if part is not None:
             parts: dict = self._frame_parts
             if key not in parts:
@@ -768,7 +926,7 @@ def count_messages(self, messages: Iterable[Any]) -> int:
             return self._full(keys, dicts)
     else:
         p, _, m = ov
-        if any_lookahead(self, keys[:p], dicts[:p]) or any_lookahead(self, keys[p + m:], dicts[p + m:]):
+        if (p and any_lookahead(self, keys[:p], dicts[:p])) or any_lookahead(self, keys[p + m:], dicts[p + m:]):
             return self._full(keys, dicts)
     try:
         return segments(self, ms, keys, dicts, ov)

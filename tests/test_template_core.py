@@ -13,7 +13,7 @@ import json
 import os
 
 import pytest
-from hypothesis import HealthCheck, given, settings
+from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
 from jianmu_fast import _template_core_py as twin
@@ -54,7 +54,8 @@ CompiledCounter = _bound(compiled)
 def test_the_class_binds_every_core_method():
     for name, attr in METHODS.items():
         assert getattr(ChatTemplateTokenCounter, attr).__name__ == name
-    assert set(METHODS) | {"message_to_template_dict", "message_key", "parse_key", "call_entry"} | HELPERS == set(twin.__all__)
+    assert set(METHODS) | {"message_to_template_dict", "message_key", "parse_key", "call_entry",
+                           "plain_entry", "args_text"} | HELPERS == set(twin.__all__)
     assert set(twin.__all__) == set(compiled.__all__)
 
 
@@ -155,3 +156,42 @@ def test_compiled_message_helpers_equal_the_twin(ms):
         assert compiled.message_key(d) == key
         assert compiled.parse_key(key) == twin.parse_key(key) == d
         assert compiled.call_entry(m) == twin.call_entry(m)
+        got = twin.plain_entry(m, fields)
+        assert compiled.plain_entry(m, fields) == got
+        if got is not None:  # the one-pass entry of a plain text message: the generic path's
+            assert got == (d, key, twin.plain_frame(fields, d))
+            assert compiled.plain_entry(m, ("content",)) == (d, key, twin.plain_frame(("content",), d))
+        else:
+            assert type(m.content) is not str or m.tool_calls is not None or m.extra
+
+
+_scalars = st.one_of(st.none(), st.booleans(), st.integers(-10**20, 10**20), st.floats(),
+                     st.text(max_size=6), st.sampled_from(["é", '"', "\\", "\n", "\x00", "/", "\u2028", "数"]))
+_values = st.recursive(_scalars, lambda ch: st.lists(ch, max_size=3) | st.dictionaries(st.text(max_size=4), ch, max_size=3),
+                       max_leaves=6)
+
+
+@settings(max_examples=int(os.environ.get("JIANMU_FAST_MAX_EXAMPLES", "500")), deadline=None)
+@given(obj=st.dictionaries(st.text(max_size=5), _values, max_size=4),
+       style=st.sampled_from(["dumps", "ascii", "compact", "indent", "text"]), twice=st.booleans())
+@example(obj={}, style="text:{\"a\": -0}", twice=False)
+@example(obj={}, style="text:{\"a\": 1, \"a\": 2}", twice=False)
+@example(obj={}, style='text:{"a": "\\u00e9", "b": "x\\/y"}', twice=False)
+@example(obj={}, style="text:{\"a\": 1.0, \"b\": 1e5, \"c\": 10}", twice=False)
+@example(obj={}, style="text:{\"a\":1}", twice=False)
+@example(obj={}, style="text:{}", twice=False)
+@example(obj={}, style="text:{\"a\": NaN}", twice=False)
+def test_args_text_is_the_printed_arguments(obj, style, twice):
+    """``args_text`` (the arguments' text kept where it is already printed as ``tojson``
+    prints it) equals ``json.dumps(json.loads(text), ensure_ascii=False)`` on both builds."""
+    if style.startswith("text:"):
+        text = style[5:]
+    else:
+        text = {"dumps": json.dumps(obj, ensure_ascii=False), "ascii": json.dumps(obj), "text": json.dumps(obj),
+                "compact": json.dumps(obj, separators=(",", ":")), "indent": json.dumps(obj, indent=1)}[style]
+    if twice and obj:  # every key twice (the last value wins, at the first one's place)
+        text = text[:-1] + ", " + text[1:]
+    args = json.loads(text)
+    want = json.dumps(args, ensure_ascii=False)
+    assert twin.args_text(text, args) == want
+    assert compiled.args_text(text, args) == want
