@@ -557,27 +557,6 @@ def clearing_turn(src, ref, out, counts, kinds, savings, results, result_kinds, 
     return 0
 
 
-cdef object _cached_counts(object counter, list ms):
-    """The counts of ``ms`` in ``counter``'s message cache (a list of ints), or None when one
-    is not there (the twin's ``_cached_counts``)."""
-    cdef Py_ssize_t i
-    cdef object m, e, c
-    cdef list out = []
-    cache = getattr(counter, "_msgs", None)
-    if type(cache) is not dict:
-        return None
-    for i in range(PyList_GET_SIZE(ms)):
-        m = <object>PyList_GET_ITEM(ms, i)
-        e = (<dict>cache).get(PyLong_FromVoidPtr(<void *>m))  # id(m)
-        if e is None or type(e) is not tuple or PyTuple_GET_SIZE(e) < 2 or <object>PyWeakref_GetObject((<tuple>e)[0]) is not m:
-            return None
-        c = (<tuple>e)[1]
-        if type(c) is not int:
-            return None
-        PyList_Append(out, c)
-    return out
-
-
 cdef bint _ids_differ(object a, object b):
     """Two messages of the message class whose ``id`` fields are different strs: unequal, as
     ``a == b`` says (a field differs), without running its Python code."""
@@ -796,8 +775,8 @@ cdef class ClearingTurn:
         list (``OWN_REFS``), nobody can see it change: the copies are put in it in place (no copy
         of the whole list; the twin always copies, which no one can tell apart)."""
         cdef Py_ssize_t r, i, start, stop, n, j
-        cdef object flt = self.flt, rec, lock, args, m, e, c, kind, cache
-        cdef list new_out, patched, originals, copies
+        cdef object flt = self.flt, rec, lock, args, m, e, c, kind, cache, key, ce, cc, msgs
+        cdef list new_out, patched, originals, copies, counts
         lock = flt._lock
         if not lock.acquire(False):
             return None
@@ -818,6 +797,12 @@ cdef class ClearingTurn:
             if type(cache) is not dict:
                 return None
             patched, originals, copies = [], [], []
+            # the copies' counts (changed[3]): the count a cache entry holds with its copy (its
+            # third item), else the counter's cached count of the copy, then kept in the entry
+            # (the same count: the copy's, by this counter; a new counter makes a new cache);
+            # None when one is not there (the twin's _copy_counts)
+            msgs = getattr(self.counter, "_msgs", None)
+            counts = [] if type(msgs) is dict else None
             for r in range(start, stop):
                 kind = <object>PyList_GET_ITEM(self.result_kinds, r)
                 if not (type(kind) is int and kind == 2):
@@ -826,10 +811,15 @@ cdef class ClearingTurn:
                 if i < 0 or i >= n:
                     return None
                 m = <object>PyList_GET_ITEM(self.ref, i)
-                e = (<dict>cache).get(PyLong_FromVoidPtr(<void *>m))  # id(m)
+                key = PyLong_FromVoidPtr(<void *>m)  # id(m)
+                e = (<dict>cache).get(key)
+                cc = None
                 if e is not None and type(e) is tuple and <object>PyWeakref_GetObject((<tuple>e)[0]) is m:
                     c = (<tuple>e)[1]
+                    if PyTuple_GET_SIZE(e) == 3:
+                        cc = (<tuple>e)[2]
                 else:
+                    e = None
                     try:
                         c = flt._cleared_result(m)
                     except Exception:
@@ -837,6 +827,22 @@ cdef class ClearingTurn:
                     if (PyList_GET_SIZE(self.ref) != n or PyList_GET_SIZE(self.out) != n or rec.out is not self.out
                             or flt._turn_args is not args):
                         return None
+                    e = (<dict>cache).get(key)  # (the entry _cleared_result made)
+                    if not (e is not None and type(e) is tuple and PyTuple_GET_SIZE(e) == 2
+                            and <object>PyWeakref_GetObject((<tuple>e)[0]) is m and (<tuple>e)[1] is c):
+                        e = None
+                if counts is not None:
+                    if cc is None:
+                        ce = (<dict>msgs).get(PyLong_FromVoidPtr(<void *>c))  # id(c)
+                        if (ce is not None and type(ce) is tuple and PyTuple_GET_SIZE(ce) >= 2
+                                and <object>PyWeakref_GetObject((<tuple>ce)[0]) is c and type((<tuple>ce)[1]) is int):
+                            cc = (<tuple>ce)[1]
+                            if e is not None and PyTuple_GET_SIZE(e) == 2:
+                                (<dict>cache)[key] = ((<tuple>e)[0], c, cc)
+                    if cc is None:
+                        counts = None
+                    else:
+                        PyList_Append(counts, cc)
                 PyList_Append(patched, i)
                 PyList_Append(originals, m)
                 PyList_Append(copies, c)
@@ -855,7 +861,7 @@ cdef class ClearingTurn:
                 rec.cleared = stop
                 PyObject_GenericSetAttr(flt, "_turn_args", (<tuple>args)[:2] + (new_out,) + (<tuple>args)[3:])
                 self.out = new_out
-            self.changed = (new_out, patched, originals, _cached_counts(self.counter, copies))
+            self.changed = (new_out, patched, originals, counts)
             return new_out
         finally:
             lock.release()
@@ -868,9 +874,6 @@ cdef class ClearingTurn:
         count (or a result's content count) is not cached, -1 with nothing changed otherwise. It runs no
         Python code (exact types only, dict look-ups by int and exact str keys, no tracked
         allocation), so no other thread runs while it does."""
-        cdef int64_t new_counts[C_TURN_MAX]
-        cdef int8_t new_kinds[C_TURN_MAX]
-        cdef int64_t new_savings[C_TURN_MAX]
         cdef int64_t sc[6]
         cdef int64_t c, t, saving, total, cleared, limit, pending, n_results, x
         cdef int64_t *st
@@ -894,24 +897,29 @@ cdef class ClearingTurn:
             return -1
         mcls = self.message_cls
         n_pinned = <Py_ssize_t>st[5]
-        got = _new_records(src, k, n, msgs_cache, self.counter, mcls, self.placeholder_cost, n_pinned, new_counts,
-                           new_kinds, new_savings, -3)
-        if got != 0:
-            return got
-        total = st[1]
-        for j in range(n - k):
-            total += new_counts[j]
-            if total > C_SUM:
-                return -1  # (plan_clearing raises the error)
+        # the new records go straight to the held arrays' tails (no buffer to copy from: fewer
+        # cache lines touched per turn); the arrays are cut back to k when they are not taken
         carray.resize_smart(self.counts, n)
         carray.resize_smart(self.kinds, n)
         carray.resize_smart(self.savings, n)
-        for j in range(n - k):
-            self.counts.data.as_longlongs[k + j] = new_counts[j]
-            self.kinds.data.as_schars[k + j] = new_kinds[j]
-            self.savings.data.as_longlongs[k + j] = new_savings[j]
-            if new_kinds[j] == 2:
-                PyList_Append(self.results, k + j)
+        got = _new_records(src, k, n, msgs_cache, self.counter, mcls, self.placeholder_cost, n_pinned,
+                           <int64_t *>self.counts.data.as_longlongs + k, <int8_t *>self.kinds.data.as_schars + k,
+                           <int64_t *>self.savings.data.as_longlongs + k, -3)
+        if got == 0:
+            total = st[1]
+            for j in range(k, n):
+                total += self.counts.data.as_longlongs[j]
+                if total > C_SUM:
+                    got = -1  # (plan_clearing raises the error)
+                    break
+        if got != 0:
+            carray.resize_smart(self.counts, k)
+            carray.resize_smart(self.kinds, k)
+            carray.resize_smart(self.savings, k)
+            return got
+        for j in range(k, n):
+            if self.kinds.data.as_schars[j] == 2:
+                PyList_Append(self.results, j)
                 PyList_Append(self.result_kinds, 2)
         for i in range(k, n):
             m = <object>PyList_GET_ITEM(src, i)

@@ -614,6 +614,48 @@ cdef inline Py_ssize_t _lower_bound(const int64_t* ps, Py_ssize_t lo, Py_ssize_t
     return lo
 
 
+cdef extern from "Python.h":
+    PyObject* _list_slice "PyList_GetSlice"(object, Py_ssize_t, Py_ssize_t) except NULL
+    void _decref "Py_DECREF"(PyObject*)
+
+
+cdef list _window_list(list msgs, Py_ssize_t n_pinned, Py_ssize_t gap, Py_ssize_t lo, Py_ssize_t hi):
+    """``msgs[:n_pinned] + [None] * gap + msgs[lo:hi]`` (``0 <= n_pinned <= lo <= hi <=
+    len(msgs)``, ``gap`` 0 or 1; the gap slot holds ``msgs[lo - 1]`` until the caller sets it,
+    or None). Made as a slice of ``msgs`` ending at ``hi`` whose first ``n_pinned`` items are
+    then replaced: a slice's item array comes from ``PyMem_Malloc`` (a long prompt's, from the
+    C allocator's per-thread cache, where the last turn's freed one waits), where
+    ``PyList_New``'s comes from ``calloc``, which takes the slow path of the allocator and clears
+    memory that is filled at once anyway."""
+    cdef Py_ssize_t i, start = lo - n_pinned - gap
+    cdef PyObject* old
+    cdef list result
+    if start < 0:
+        result = PyList_New(n_pinned + gap + hi - lo)
+        for i in range(n_pinned):
+            x = <object>PyList_GET_ITEM(msgs, i)
+            Py_INCREF(x)
+            PyList_SET_ITEM(result, i, x)
+        if gap:
+            Py_INCREF(None)
+            PyList_SET_ITEM(result, n_pinned, None)
+        for i in range(lo, hi):
+            x = <object>PyList_GET_ITEM(msgs, i)
+            Py_INCREF(x)
+            PyList_SET_ITEM(result, n_pinned + gap + i - lo, x)
+        return result
+    result = <list>_list_slice(msgs, start, hi)
+    _decref(<PyObject*>result)  # (the cast above took a reference of its own)
+    if start != 0:
+        for i in range(n_pinned):
+            old = PyList_GET_ITEM(result, i)
+            x = <object>PyList_GET_ITEM(msgs, i)
+            Py_INCREF(x)
+            PyList_SET_ITEM(result, i, x)
+            _decref(old)
+    return result
+
+
 cdef class Records:
     """The records of one prompt, extended in place as the prompt grows; see
     ``jianmu_fast._filter_core_py.Records`` (the specification). Besides the records it keeps
@@ -1266,6 +1308,7 @@ cdef class Records:
         cdef int64_t buf[C_KNOWN_MAX]
         cdef Py_ssize_t k, i, n_pinned, lo, hi, j, skip = 0, at = 0, want_lo = 0, extra = 0
         cdef object message = None
+        cdef PyObject* old
         if insert is not None:
             if type(insert) is not tuple or PyTuple_GET_SIZE(insert) != 3:
                 raise ValueError(f"insert must be (message, at, lo), got {insert!r}")
@@ -1312,21 +1355,13 @@ cdef class Records:
             return None  # (the last test: count() shortened msgs; the caller starts over)
         if extra and (n_pinned != at or lo != want_lo):
             extra = 2  # the cut moved (or the pinned prefix changed): the plain window and its plan
-        result = PyList_New(n_pinned + (extra == 1) + hi - lo)
-        for i in range(n_pinned):
-            x = <object>PyList_GET_ITEM(msgs, i)
-            Py_INCREF(x)
-            PyList_SET_ITEM(result, i, x)
+        result = _window_list(msgs, n_pinned, (extra == 1), lo, hi)
         j = n_pinned
         if extra == 1:
+            old = PyList_GET_ITEM(result, j)  # (the gap's placeholder item)
             Py_INCREF(message)
             PyList_SET_ITEM(result, j, message)
-            j += 1
-        for i in range(lo, hi):
-            x = <object>PyList_GET_ITEM(msgs, i)
-            Py_INCREF(x)
-            PyList_SET_ITEM(result, j, x)
-            j += 1
+            _decref(old)
         clean = sanitize and self._sanitized(n_pinned, lo, hi) == 0
         if extra == 2:
             return (result, clean, n_pinned, lo)

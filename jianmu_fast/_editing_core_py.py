@@ -481,18 +481,29 @@ def clearing_turn(src, ref, out, counts, kinds, savings, results, result_kinds, 
     return 0
 
 
-def _cached_counts(counter, ms):
-    """The counts of the messages ``ms`` in ``counter``'s message cache (``counter._msgs``,
-    ``{id(m): (weakref to m, count, ...)}``), a list of ints, or None when one is not there."""
-    cache = getattr(counter, "_msgs", None)
-    if type(cache) is not dict:
+def _copy_counts(counter, cache, originals, copies):
+    """The counts of the cleared ``copies`` of ``originals`` in ``counter``'s message cache
+    (``counter._msgs``, ``{id(m): (weakref to m, count, ...)}``), a list of ints, or None when
+    one is not there. An entry of the filter's cleared cache ``cache`` (``{id(m): (weakref to
+    m, copy)}``) keeps the count it was given as its third item and gives it next time (the
+    copy's count by this counter; a new counter makes a new cache)."""
+    msgs = getattr(counter, "_msgs", None)
+    if type(msgs) is not dict:
         return None
     out = []
-    for m in ms:
+    for m, c in zip(originals, copies):
         e = cache.get(id(m))
-        if e is None or type(e) is not tuple or len(e) < 2 or e[0]() is not m or type(e[1]) is not int:
+        if not (e is not None and type(e) is tuple and e[0]() is m and e[1] is c):
+            e = None
+        if e is not None and len(e) == 3:
+            out.append(e[2])
+            continue
+        ce = msgs.get(id(c))
+        if ce is None or type(ce) is not tuple or len(ce) < 2 or ce[0]() is not c or type(ce[1]) is not int:
             return None
-        out.append(e[1])
+        if e is not None and len(e) == 2:
+            cache[id(m)] = (e[0], c, ce[1])
+        out.append(ce[1])
     return out
 
 
@@ -733,7 +744,7 @@ class ClearingTurn:
         rec.cleared = stop
         object.__setattr__(flt, "_turn_args", args[:2] + (new_out,) + args[3:])
         self._held = held[:2] + (new_out,) + held[3:]
-        self.changed = (new_out, patched, originals, _cached_counts(held[9], [new_out[i] for i in patched]))
+        self.changed = (new_out, patched, originals, _copy_counts(held[9], cache, originals, [new_out[i] for i in patched]))
         return new_out
 
     def call(self, src, tools_schema=None):

@@ -705,3 +705,39 @@ def test_place_cleared_twin_equals_compiled_and_the_loop(spec, data):
             mod.place_cleared([], [], [], [], 1, 0, {})
         with pytest.raises(TypeError, match="must be lists"):
             mod.place_cleared((), [], [], [], 0, 0, {})
+
+
+@pytest.mark.parametrize("twin", [py, core], ids=["python", "compiled"])
+def test_a_steps_copy_counts_are_kept_with_the_cleared_copies(twin):
+    """A step hands on the copies' counts (``changed[3]``): the counter's cached counts the
+    first time, then (a replayed history, a second conversation with the same results) the
+    counts its cleared cache keeps with each copy; both the same counts as counting the copies,
+    and the same prompts as the filter's own path."""
+    from jianmu_fast.message import Message
+
+    hist = [human("q")]
+    for i in range(30):
+        hist += [ai(None, tool_calls=[{"id": f"c{i}", "type": "function", "function": {"name": "f", "arguments": "{}"}}]),
+                 tool(f"result {i} " * 60, tool_call_id=f"c{i}"), ai("ok")]
+    for m in hist:
+        COUNTER.count_message(m)
+        if m.role == "tool":
+            COUNTER.count_text(m.content)
+    f = ClearToolResultsFilter(1500, COUNTER, keep=2, clear_at_least=300)
+    turn = twin.ClearingTurn(f, Message)
+    object.__setattr__(f, "_hot_turn", turn)
+    steps = []
+    for replay in range(2):
+        src: list = []
+        for m in hist:
+            src.append(m)
+            out = turn(src)
+            assert out == ClearToolResultsFilter(1500, COUNTER, keep=2, clear_at_least=300).apply(src)
+            if turn.changed is not None:
+                new_out, positions, originals, counts = turn.changed
+                assert counts == [COUNTER.count_message(new_out[p]) for p in positions]
+                steps.append(replay)
+            del out
+        held = [e for e in f._cleared_cache._d.values() if e[0]() is not None]
+        assert held and all(len(e) == 3 and e[2] == COUNTER.count_message(e[1]) for e in held)
+    assert 0 in steps and 1 in steps
