@@ -757,19 +757,75 @@ def entries_stable(self, ms: Sequence[Any], offset: int = 0) -> tuple[list[str],
     return keys, dicts, stable
 
 
-def call_entries(self, ms: list[Any]) -> tuple[list[str], list[dict[str, Any]]]:
-    """``_entries(ms)`` for ``count_messages``: when ``ms`` extends the previous call's
-    messages (the same immutable objects, or equal ones), only the new ones are looked up."""
+def call_entries(self, ms: list[Any]) -> tuple[list[str], list[dict[str, Any]], Optional[tuple[int, int, int]]]:
+    """``_entries(ms)`` for ``count_messages``, and ``overlap``'s answer where the messages
+    tell it. When ``ms`` shares messages with the previous call's (the same immutable
+    objects: the prompt extends it, or the trimming moved its cut after a pinned first
+    message or none), only the others are looked up; the shared ones' keys and dicts are
+    the previous call's. Which messages are shared is checked by identity, message by
+    message (a list the caller reuses, changes or replaces between calls is never trusted:
+    a few C-level pointer compares per message, no lookups, no hashing), the way ``overlap``
+    checks keys: ``(p, q, m)`` with ``ms[p:p + m]`` the previous messages ``[q:]`` (and
+    ``ms[:p]`` its first ``p``), returned when the previous call was the last segmented one
+    and ``q`` starts a unit there (so that ``overlap(self, keys)`` would hold for it), else
+    None (``count_messages`` then asks ``overlap``)."""
     last = self._last_ms
-    k = len(last[0]) if last is not None else 0
-    if last is not None and k <= len(ms) and ms[:k] == last[0]:
-        keys, dicts, stable = entries_stable(self, ms[k:], k)
-        keys = last[1] + keys
-        dicts = last[2] + dicts
-    else:
+    ov = None
+    if last is not None:
+        prev: list = last[0]
+        k = len(prev)
+        n = len(ms)
+        lim = len(prev) if len(prev) < len(ms) else len(ms)
+        same = lim  # how many first messages are the previous ones
+        for i in range(lim):
+            if ms[i] is not prev[i]:
+                same = i
+                break
+        if same == k:  # the prompt extends the previous one
+            ov = (0, 0, k)
+        else:
+            for p in range(1 if same > 0 and n > 1 else 0, -1, -1):  # 1 then 0, as ``overlap`` tries them
+                x = ms[p]
+                q = -1
+                for j in range(p, len(prev)):
+                    if prev[j] is x:
+                        q = j
+                        break
+                if q < 0 or k - q > n - p:
+                    continue
+                d = q - p
+                for t in range(q + 1, len(prev)):
+                    if ms[t - d] is not prev[t]:
+                        break
+                else:
+                    ov = (p, q, k - q)
+                    break
+    if ov is None:
         keys, dicts, stable = entries_stable(self, ms)
+    else:
+        op, oq, om = ov
+        lkeys: list = last[1]
+        ldicts: list = last[2]
+        keys, dicts, stable = entries_stable(self, ms[op + om:], op + om)
+        if op:
+            keys = lkeys[:op] + lkeys[oq:] + keys
+            dicts = ldicts[:op] + ldicts[oq:] + dicts
+        elif oq:
+            keys = lkeys[oq:] + keys
+            dicts = ldicts[oq:] + dicts
+        else:
+            keys = lkeys + keys
+            dicts = ldicts + dicts
+        seg = self._last
+        if seg is None or seg[0] is not lkeys:
+            ov = None  # the previous call was not the last segmented one
+        elif oq:
+            lstarts: list = seg[1]
+            u = bisect.bisect_left(lstarts, oq)
+            if u == len(lstarts) or lstarts[u] != oq:
+                ov = None
     self._last_ms = (ms, keys, dicts) if stable else None
-    return keys, dicts
+    return keys, dicts, ov
 
 
 def entry(self, m: Any, i: int) -> tuple[str, dict[str, Any]]:
@@ -915,12 +971,13 @@ def count_messages(self, messages: Iterable[Any]) -> int:
     ms = list(messages)  # (a copy: the caller may change its list before the next call)
     if not ms:
         return self._empty
-    keys, dicts = call_entries(self, ms)
+    keys, dicts, ov = call_entries(self, ms)
     last = dicts[-1]["role"]
     if not self.additive or last not in ("user", "tool") or end_cost(self, last) is None:
         return self._full(keys, dicts)
     # the previous segmented call's messages had no lookahead: check only the others
-    ov = overlap(self, keys)
+    if ov is None:
+        ov = overlap(self, keys)
     if ov is None:
         if any_lookahead(self, keys, dicts):
             return self._full(keys, dicts)
@@ -975,6 +1032,13 @@ def segments(self, ms: Sequence[Any], keys: list[str], dicts: list[dict[str, Any
     if last is not None and ov is not None and ov[1] == 0 and ov[0] == 0 and ov[2]:
         # the prompt extends the last one: its unit starts, then the new messages'
         starts = last[1] + [i for i in range(ov[2], n) if dicts[i]["role"] != "tool"]
+    elif last is not None and ov is not None:
+        # a moved cut: the first p (0 or 1) starts, the overlap's (shifted; q is one), the new
+        p, q, m = ov
+        lstarts: list = last[1]
+        shift = q - p
+        starts = lstarts[:p] + [s - shift for s in lstarts[bisect.bisect_left(lstarts, q):]]
+        starts += [i for i in range(p + m, n) if dicts[i]["role"] != "tool"]
     else:
         starts = unit_starts(dicts)
     # units whose cost is known from the previous call: those of the overlap (``ov``, see

@@ -585,3 +585,53 @@ def test_moving_windows_reuse_the_last_call_exactly(family, ms, data):
         if isinstance(ref, Exception):
             continue
         assert c.count_messages(window) == ref, (lo, hi)
+
+
+@settings(max_examples=25, deadline=None, suppress_health_check=list(HealthCheck))
+@given(ms=conversations(reasoning=False, end_on_assistant=False), data=st.data())
+def test_a_list_changed_in_place_between_calls_counts_exactly(family, ms, data):
+    """The caller's one list, changed in place between calls: a message replaced by another
+    (the same length, the same last message) or by an equal copy, dropped or inserted in the
+    middle, the list shrunk or extended, a message twice. The previous call's messages are
+    matched by identity, message by message, never by the list or its length: every count
+    equals a counter's without a previous call and the full rendering, and what the counter
+    keeps for the next call is the counted list's keys, dicts and unit starts."""
+    c = family.fresh()
+    probe = family.fresh()
+    buf = list(ms)
+    for _ in range(8):
+        op = data.draw(st.sampled_from(["replace", "copy", "drop", "insert", "shrink", "extend", "same"]))
+        i = data.draw(st.integers(0, len(buf) - 1))
+        if op == "replace":
+            buf[i] = data.draw(st.sampled_from(ms))
+        elif op == "copy":
+            buf[i] = buf[i].model_copy()
+        elif op == "drop" and len(buf) > 1:
+            del buf[i]
+        elif op == "insert":
+            buf.insert(i, data.draw(st.sampled_from(ms)))
+        elif op == "shrink":
+            del buf[i + 1:]
+        elif op == "extend":
+            buf.extend(data.draw(st.lists(st.sampled_from(ms), max_size=3)))
+        probe._last = probe._last_ms = None  # (no previous call)
+        got, want = [], []
+        for counter, out in ((c, got), (probe, want)):
+            try:
+                out.append(counter.count_messages(buf))
+            except MessageValidationError as exc:  # the template refuses: the same error
+                out.append(str(exc))
+        assert got == want, op
+        # (in place changes make tool results that follow no call and system messages after
+        # the first: transformers' count is compared where neither occurs)
+        if all((m.role != "tool" or (j and (buf[j - 1].role == "tool" or buf[j - 1].tool_calls)))
+               and (m.role != "system" or j == 0) for j, m in enumerate(buf)):
+            ref = family.reference(buf)
+            assert got == [ref if not isinstance(ref, Exception) else got[0]], op
+        state = c._last_ms
+        if state is not None:
+            assert state[0] == buf and state[0] is not buf
+            keys, dicts = probe._entries(buf)
+            assert state[1] == keys and state[2] == dicts
+            if c._last is not None and c._last[0] is state[1]:
+                assert c._last[1] == [j for j, d in enumerate(dicts) if j == 0 or d["role"] != "tool"]

@@ -195,3 +195,41 @@ def test_args_text_is_the_printed_arguments(obj, style, twice):
     want = json.dumps(args, ensure_ascii=False)
     assert twin.args_text(text, args) == want
     assert compiled.args_text(text, args) == want
+
+
+def _replay(cls, path, ms, ops):
+    """Counts of successive calls over windows of ``ms`` (``ops``: (lo, hi, pinned, swap)),
+    each call's ``call_entries`` answer, and the state kept for the next call."""
+    c = cls(path)
+    out: list = []
+    for lo, hi, pinned, swap in ops:
+        window = ms[:1] + ms[lo:hi] if pinned and lo > 0 else ms[lo:hi]
+        if swap is not None and window:  # a message replaced in place (the same length)
+            window[swap % len(window)] = ms[(swap * 7) % len(ms)]
+        last = (c._last_ms, c._last)
+        try:
+            out.append(c.count_messages(window))
+        except Exception as exc:  # the template refuses: the same error
+            out.append((type(exc).__name__, str(exc)))
+        after = (c._last_ms, c._last)
+        c._last_ms, c._last = last  # call_entries' answer from the same state
+        out.append(c._call_entries(list(window))[2] if window else None)
+        c._last_ms, c._last = after
+        out.append((c._last_ms and c._last_ms[1], c._last and c._last[1:]))
+    return out
+
+
+@pytest.mark.parametrize("family", ["qwen3", "llama3.1", "mistral"])
+@settings(max_examples=30, deadline=None, suppress_health_check=list(HealthCheck))
+@given(ms=_conversation(), data=st.data())
+def test_compiled_window_alignment_equals_the_twin(model_dirs, family, ms, data):
+    """Successive calls over windows of one history (extended, cut moved after a pinned first
+    message or not, shrunk, a message replaced in place): the same counts, the same
+    alignment with the previous call (``call_entries``) and the same kept state on both builds."""
+    ops = []
+    for _ in range(6):
+        lo = data.draw(st.integers(0, len(ms) - 1))
+        ops.append((lo, data.draw(st.integers(lo + 1, len(ms))), data.draw(st.booleans()),
+                    data.draw(st.one_of(st.none(), st.integers(0, 50)))))
+    path = model_dirs[family]
+    assert _replay(CompiledCounter, path, ms, ops) == _replay(TwinCounter, path, ms, ops)

@@ -541,7 +541,8 @@ class ChatTemplateTokenCounter:
         self._looks: dict[str, tuple[bool, tuple[Any, ...]]] = {}
         self._calls: dict[str, str] = {}  # tool-call id -> key of the assistant message that made it
         self._last: Optional[tuple[list[Any], list[int], list[int]]] = None
-        # the last count_messages call's messages (immutable Messages only), keys and dicts
+        # the last count_messages call's messages (a copy; immutable Messages only), keys and dicts:
+        # call_entries matches the next call's messages to them by identity (see there)
         self._last_ms: Optional[tuple[list[Any], list[str], list[dict[str, Any]]]] = None
         self._ends: dict[str, Optional[int]] = {}
         ends = [e for e in (self._end_cost(r) for r in ("user", "tool", "assistant")) if e is not None]
