@@ -156,6 +156,30 @@ def test_counts_equal_transformers(family, ms, with_tools):
     assert c.count_request(ms, tools) == ref
 
 
+
+@settings(max_examples=20, deadline=None, suppress_health_check=list(HealthCheck))
+@given(ms=conversations(reasoning=False, end_on_assistant=False), heads=st.lists(_text, min_size=2, max_size=4),
+       with_tools=st.booleans())
+def test_a_run_of_system_messages_first_counts_exactly(family, ms, heads, with_tools):
+    """The builder's presets pin several system messages (persona, protocol, tools, files):
+    a conversation opening with a run of them counts exactly, fresh and turn by turn (Llama
+    3.1 prints only the first in its header: the first unit's cost is not the plain
+    difference with a system stand-in after it)."""
+    tools = TOOLS if with_tools else None
+    ms = [Message(role="system", content=t) for t in heads] + [m for m in ms if m.role != "system"]
+    c = family.fresh()
+    for k in range(len(heads) + 1, len(ms) + 1):
+        if ms[k - 1].role not in ("user", "tool") or (k < len(ms) and ms[k].role == "tool"):
+            continue  # turn boundaries only: a hot loop's calls
+        ref = family.reference(ms[:k], tools)
+        if isinstance(ref, Exception):
+            continue
+        assert c.count_messages(ms[:k]) + c.count_tools(tools, ms[:k]) == ref, k
+        assert c.count_messages([]) + int(c.count_array(ms[:k]).sum()) >= ref - c.count_tools(tools, ms[:k]), k
+    ref = family.reference(ms)
+    if not isinstance(ref, Exception):  # a fresh counter, the whole conversation at once
+        assert family.fresh().count_messages(ms) == ref
+
 @_SETTINGS
 @given(ms=conversations(reasoning=False, end_on_assistant=False))
 def test_per_message_counts_add_up(family, ms):
@@ -567,6 +591,40 @@ def test_odd_tool_calls_count_exactly(family, ms, with_tools):
     if family.name in LOCAL and not _looks_ahead(c, ms):
         assert c.count_messages([]) + int(c.count_array(ms).sum()) - plain == c.count_messages([]) - c._end_cost(ms[-1].role)
 
+
+
+@settings(max_examples=40, deadline=None, suppress_health_check=list(HealthCheck))
+@given(ms=conversations(reasoning=False), order=st.randoms(use_true_random=False), with_tools=st.booleans())
+def test_messages_out_of_order_count_as_transformers_or_refuse(family, ms, order, with_tools):
+    """Hostile order (a tool result after a later user message, a result before its call, a
+    system message in the middle): the count is transformers' own, or the template's refusal
+    raised as MessageValidationError when transformers refuses too; a unit that the template
+    refuses between stand-ins but accepts where it stands is counted by the whole rendering."""
+    ms = list(ms)
+    order.shuffle(ms)
+    tools = TOOLS if with_tools else None
+    ref = family.reference(ms, tools)
+    c = family.fresh()
+    if isinstance(ref, Exception):
+        with pytest.raises(MessageValidationError, match="chat template refused"):
+            c.count_messages(ms) + c.count_tools(tools, ms)
+        return
+    assert c.count_messages(ms) + c.count_tools(tools, ms) == ref
+
+
+def test_a_tool_result_after_a_later_user_message_counts_as_transformers(families):
+    """gpt-oss accepts [user, call, user, result] (its check looks at the last call made),
+    which a stand-in before the result's unit would refuse: counted by the whole rendering."""
+    call = [{"id": "c1", "type": "function", "function": {"name": "search", "arguments": '{"query": "x"}'}}]
+    ms = [Message(role="user", content="hi"), Message(role="assistant", content=None, tool_calls=call),
+          Message(role="user", content="more"), Message(role="tool", content="r", tool_call_id="c1", name="search")]
+    for fam in families.values():
+        ref = fam.reference(ms)
+        if isinstance(ref, Exception):
+            with pytest.raises(MessageValidationError, match="chat template refused"):
+                fam.fresh().count_messages(ms)
+        else:
+            assert fam.fresh().count_messages(ms) == ref, fam.name
 
 @settings(max_examples=60, deadline=None, suppress_health_check=list(HealthCheck))
 @given(ms=conversations(reasoning=False, end_on_assistant=False), data=st.data())

@@ -827,6 +827,12 @@ class ChatTemplateTokenCounter:
         if costs is not None:
             return costs
         pre, post = self._context(pred, succ, caller)
+        if pred == "first" and succ == "system" and len(keys) == 1 and caller is None:
+            first = self._first_before_system(keys, post)
+            if first is not None:
+                with self._lock:
+                    self._units[ck] = first
+                return first
         if not prefilled:  # (``_prefill_units`` has rendered and counted them in its batch)
             self._prefill([pre + post] + [pre + keys[:j] + post for j in range(1, len(keys) + 1)])
         prev = self._tokens(pre + post)
@@ -841,6 +847,22 @@ class ChatTemplateTokenCounter:
                     del self._units[k]
             self._units[ck] = costs
         return costs
+
+    def _first_before_system(self, keys: tuple[str, ...], post: tuple[str, ...]) -> Optional[list[int]]:
+        """The cost of a one-message unit that opens the conversation and is followed by a
+        system message, or None (then the plain difference). Without the unit the system
+        stand-in after it would open the conversation, which a template may render otherwise
+        (Llama 3.1 prints a first system message in its header, any later one as a block of
+        its own): the probe's count less what the stand-ins after the unit cost where they
+        stand (after the unit's role) and the end cost."""
+        end = self._end_cost("user")
+        if end is None:
+            return None
+        role = self._role_of(self._dicts_of(keys)[0])
+        if role not in _PRE:
+            return None
+        rest = sum(self._unit_cost(post[:1], role, "user")) + sum(self._unit_cost(post[1:], "system", "end"))
+        return [self._tokens(keys + post) - rest - end]
 
     @staticmethod
     def _context(pred: str, succ: str, caller: Optional[str] = None) -> tuple[tuple[str, ...], tuple[str, ...]]:
