@@ -607,9 +607,14 @@ def test_messages_out_of_order_count_as_transformers_or_refuse(family, ms, order
     c = family.fresh()
     if isinstance(ref, Exception):
         with pytest.raises(MessageValidationError, match="chat template refused"):
-            c.count_messages(ms) + c.count_tools(tools, ms)
+            c.count_request(ms, tools)
         return
-    assert c.count_messages(ms) + c.count_tools(tools, ms) == ref
+    assert c.count_request(ms, tools) == ref
+    # the sum, where the template takes the messages without tools too (with tools, Llama 3.1
+    # takes the first message's text into its tools block whatever its role: a parallel call
+    # there is never rendered, so never refused, and count_messages alone does refuse it)
+    if not isinstance(family.reference(ms), Exception):
+        assert c.count_messages(ms) + c.count_tools(tools, ms) == ref
 
 
 def test_a_tool_result_after_a_later_user_message_counts_as_transformers(families):
