@@ -25,7 +25,7 @@ from .message.model import FrozenList, coerce_message
 __all__ = [
     "any_lookahead", "args_text", "call_entries", "call_entry", "count_list", "count_messages", "encode_lengths", "end_cost",
     "entries_stable",
-    "entry", "frame_part", "is_local", "local_pattern", "message_to_template_dict", "message_key", "overlap",
+    "entry", "frame_part", "head_groups", "is_local", "local_pattern", "message_to_template_dict", "message_key", "overlap",
     "ops_hold", "parse_key", "piece_counts", "plain_entry", "plain_frame", "plan", "plan_texts", "prefill_units",
     "segments", "trait", "unit_starts", "unit_total",
 ]
@@ -34,6 +34,7 @@ _REASONING_FIELDS = ("reasoning_content", "thinking", "reasoning")
 #: ``json.dumps(x, ensure_ascii=False)`` without building an encoder per call
 _DUMPS = json.JSONEncoder(ensure_ascii=False).encode
 _ENC_STR = json.encoder.encode_basestring  # (ensure_ascii off: the C encoder where available)
+_REF = weakref.ref
 _PLAIN_KEYS = frozenset(("role", "content", "name", "tool_call_id"))
 #: ``json.loads``' scanner (its default decoder's: the C one where available), called directly
 _SCAN = json.JSONDecoder().scan_once  # type: ignore[attr-defined]
@@ -348,13 +349,6 @@ def plain_entry(m: Message, fields: Sequence[str]) -> Optional[tuple[dict[str, A
     return d, head + "}\0" + content, (tuple(shape), tuple(values))
 
 
-def _look(sensitive: frozenset, call_text: bool, think_text: bool) -> bool:
-    """``trait``'s lookahead for a message without reasoning fields."""
-    if not sensitive:
-        return False
-    return bool((call_text and "call_text" in sensitive) or (think_text and "think_text" in sensitive))
-
-
 def _has_reasoning(d: Mapping[str, Any]) -> bool:
     for k in _REASONING_FIELDS:  # (a loop: no generator object per message)
         if d.get(k) is not None:
@@ -575,6 +569,9 @@ def plan_texts(self, plan: Any, values: Sequence[str]) -> Optional[list[str]]:
     enc = _ENC_STR
     heads: tuple = self._token_heads
     firsts: str = self._token_firsts
+    groups = _HEAD_GROUPS.get(heads, NOT_YET)
+    if groups is NOT_YET:
+        groups = _HEAD_GROUPS[heads] = head_groups(heads)
     texts: list = []
     for items, next_token in runs:
         pieces: list = []
@@ -588,13 +585,21 @@ def plan_texts(self, plan: Any, values: Sequence[str]) -> Optional[list[str]]:
                 pieces.append(enc(v)[1:-1] if type(v) is str else json_inside(v))
         text = "".join(pieces)
         # no added token starts in text (none of their heads in it, and its last character
-        # starts none): nothing to search for
+        # starts none): nothing to search for. A head is looked for only where its first
+        # character occurs (one character: a memchr scan; JSON and prose rarely hold "<")
         clean = not text or text[-1] not in firsts
         if clean:
-            for h in heads:
-                if h in text:
-                    clean = False
-                    break
+            if groups is None:
+                clean = False
+            else:
+                for c, hs in groups:
+                    if c in text:
+                        for h in hs:
+                            if h in text:
+                                clean = False
+                                break
+                        if not clean:
+                            break
         if not clean:
             if next_token:
                 m = search(text + next_token)
@@ -604,6 +609,29 @@ def plan_texts(self, plan: Any, values: Sequence[str]) -> Optional[list[str]]:
                 return None
         texts.append(text)
     return texts
+
+
+#: ``head_groups(heads)`` per tuple of heads (one per tokenizer: a handful)
+_HEAD_GROUPS: dict = {}
+
+
+def head_groups(heads: tuple) -> Optional[tuple]:
+    """``heads`` (the added tokens' first two characters) by first character: ``((c, heads
+    starting with c), ...)``, so that a text holds a head iff, for some group, it holds ``c``
+    and one of the group's heads; None when a head is empty (an empty token: every text
+    holds it, the search always runs).
+
+    >>> head_groups(("</", "<t", "[/", "[A"))
+    (('<', ('</', '<t')), ('[', ('[/', '[A')))
+    >>> head_groups(("", "<|")) is None
+    True
+    """
+    if "" in heads:
+        return None
+    out: dict = {}
+    for h in heads:
+        out.setdefault(h[0], []).append(h)
+    return tuple([(c, tuple(hs)) for c, hs in out.items()])
 
 
 def ops_hold(ops: Sequence[tuple[Any, ...]], values: Sequence[str]) -> bool:
@@ -849,7 +877,9 @@ def entry(self, m: Any, i: int) -> tuple[str, dict[str, Any]]:
         n_calls = len(d.get("tool_calls") or ())
         think_text = role == "assistant" and content != "" and "</think>" in content
         call_text = n_calls > 0 and content != ""
-        t = (_look(self._sensitive, call_text, think_text), (role, n_calls, False, call_text, think_text))
+        sensitive: frozenset = self._sensitive  # (trait's lookahead, for a message without reasoning fields)
+        look = bool(sensitive) and ((call_text and "call_text" in sensitive) or (think_text and "think_text" in sensitive))
+        t = (look, (role, n_calls, False, call_text, think_text))
     else:
         d = message_to_template_dict(msg)
         key = message_key(d)
@@ -889,7 +919,7 @@ def entry(self, m: Any, i: int) -> tuple[str, dict[str, Any]]:
             if len(memo) >= size:
                 for old_id in list(memo)[: size // 4]:
                     del memo[old_id]
-            memo[id(m)] = (weakref.ref(m), snap, d, key)
+            memo[id(m)] = (_REF(m), snap, d, key)
             by_key: dict = self._by_key
             if len(by_key) >= size:
                 for old_key in list(by_key)[: size // 4]:
@@ -1047,7 +1077,9 @@ def segments(self, ms: Sequence[Any], keys: list[str], dicts: list[dict[str, Any
     # units whose cost is known from the previous call: those of the overlap (``ov``, see
     # _overlap) but its last unit (what follows it may have changed) and, after a moved cut,
     # its first (what precedes it changed)
-    head, reused, tail = len(starts), [], len(starts)
+    # (their sum from the previous call's total, less the units it does not reuse: the few
+    # a moved cut dropped and its last; not a sum over the prompt's units per call)
+    head, reused, tail, total = len(starts), [], len(starts), 0
     if last is not None and ov is not None:
         p, q, m = ov
         lstarts, lcosts = last[1], last[2]
@@ -1057,14 +1089,24 @@ def segments(self, ms: Sequence[Any], keys: list[str], dicts: list[dict[str, Any
             head = bisect.bisect_left(starts, lstarts[uq] - q + p)
             reused = lcosts[uq:ul]
             tail = head + len(reused)
-    costs = [unit_total(self, keys, dicts, starts, u, n) for u in range(head)]
+            total = last[3] - lcosts[ul]
+            for u in range(uq):
+                total -= lcosts[u]
+    costs: list = []
+    for u in range(head):
+        c = unit_total(self, keys, dicts, starts, u, n)
+        costs.append(c)
+        total += c
     costs += reused
-    costs += [unit_total(self, keys, dicts, starts, u, n) for u in range(tail, len(starts))]
-    self._last = (keys, starts, costs)
+    for u in range(tail, len(starts)):
+        c = unit_total(self, keys, dicts, starts, u, n)
+        costs.append(c)
+        total += c
+    self._last = (keys, starts, costs, total)
     end = end_cost(self, dicts[-1]["role"])
     if end is None:
         raise Refused("no end cost")
-    return end + sum(costs)
+    return end + total  # type: ignore[no-any-return]
 
 
 def unit_total(self, keys: list[str], dicts: list[dict[str, Any]], starts: list[int], u: int, n: int) -> int:

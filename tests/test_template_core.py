@@ -38,7 +38,7 @@ METHODS = {"count_messages": "count_messages", "count_list": "_count_list", "pre
 
 
 #: the core's own helpers (called from the methods above, each of the same build)
-HELPERS = {"encode_lengths", "end_cost", "is_local", "local_pattern", "ops_hold", "plain_frame", "unit_starts"}
+HELPERS = {"encode_lengths", "end_cost", "head_groups", "is_local", "local_pattern", "ops_hold", "plain_frame", "unit_starts"}
 
 
 def _bound(core):
@@ -163,6 +163,22 @@ def test_compiled_message_helpers_equal_the_twin(ms):
             assert compiled.plain_entry(m, ("content",)) == (d, key, twin.plain_frame(("content",), d))
         else:
             assert type(m.content) is not str or m.tool_calls is not None or m.extra
+
+
+@settings(max_examples=300, deadline=None)
+@given(heads=st.lists(st.text("<[/|tA", max_size=2), max_size=6).map(lambda hs: tuple(sorted(set(hs)))),
+       text=st.text("<[/|tAx", max_size=12))
+def test_head_groups_find_a_head_exactly_where_a_head_is(heads, text):
+    """plan_texts skips the added-token search for a text holding no token head; it looks for
+    a head only where its first character occurs (head_groups): same answer as every head."""
+    for core in (twin, compiled):
+        groups = core.head_groups(heads)
+        if "" in heads:
+            assert groups is None
+            continue
+        assert sorted(h for _, hs in groups for h in hs) == sorted(heads)
+        assert all(h[0] == c for c, hs in groups for h in hs)
+        assert any(c in text and any(h in text for h in hs) for c, hs in groups) == any(h in text for h in heads)
 
 
 _scalars = st.one_of(st.none(), st.booleans(), st.integers(-10**20, 10**20), st.floats(),
