@@ -136,6 +136,8 @@ _S_USER2 = {"role": "user", "content": ","}
 _S_ASST2 = {"role": "assistant", "content": ","}
 _S_SYS2 = {"role": "system", "content": ","}
 _S_USER3 = {"role": "user", "content": ";"}
+#: a system stand-in whose text ends on a letter (see _PRE["system_text"])
+_S_SYS_TEXT = {"role": "system", "content": "x"}
 
 #: what stands before a unit, by the role of the message before it
 _PRE: dict[str, list[dict[str, Any]]] = {
@@ -145,6 +147,11 @@ _PRE: dict[str, list[dict[str, Any]]] = {
     "assistant": [_S_SYS, _S_USER, _S_ASST],
     "call": [_S_SYS, _S_USER, _S_CALL],
     "tool": [_S_SYS, _S_USER, _S_CALL, _S_TOOL],
+    # (a system unit's, beside the above: a template that joins the system messages' texts
+    # (DeepSeek-V3's header, "\n\n" between them) puts a later one's text right after the
+    # previous one's, where "." takes the "\n\n" into its pre-token and a letter does not: 1
+    # token under, and the most over both is the bound)
+    "system_text": [_S_SYS_TEXT, _S_USER],
 }
 #: what stands after a unit, by the role of the message after it ("end": nothing). Each ends
 #: on a user message, so that what templates do to a final message (Qwen3's empty think block
@@ -967,7 +974,9 @@ class ChatTemplateTokenCounter:
         if true_pred == "first":  # the conversation's first message stays first in a kept prompt
             return ["first"]
         if true_pred is not None:
-            return list(dict.fromkeys([true_pred, "first", "system"]))
+            base = list(dict.fromkeys([true_pred, "first", "system"]))
+        if first_role == "system":  # its text may join an earlier system message's
+            base.append("system_text")
         return base
 
     @staticmethod
