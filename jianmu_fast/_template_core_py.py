@@ -567,11 +567,8 @@ def plan_texts(self, plan: Any, values: Sequence[str]) -> Optional[list[str]]:
         return None
     search = self._search
     enc = _ENC_STR
-    heads: tuple = self._token_heads
     firsts: str = self._token_firsts
-    groups = _HEAD_GROUPS.get(heads, NOT_YET)
-    if groups is NOT_YET:
-        groups = _HEAD_GROUPS[heads] = head_groups(heads)
+    groups = self._token_head_groups
     texts: list = []
     for items, next_token in runs:
         pieces: list = []
@@ -609,10 +606,6 @@ def plan_texts(self, plan: Any, values: Sequence[str]) -> Optional[list[str]]:
                 return None
         texts.append(text)
     return texts
-
-
-#: ``head_groups(heads)`` per tuple of heads (one per tokenizer: a handful)
-_HEAD_GROUPS: dict = {}
 
 
 def head_groups(heads: tuple) -> Optional[tuple]:

@@ -515,13 +515,14 @@ class ChatTemplateTokenCounter:
         self._plans: dict[Any, Any] = {}
         self._plan_ok = self._split is not None and self._split_is_prefix_free()
         self._search: Any = self._split.__self__.search if self._split is not None else None
-        # the added tokens' first two characters (the whole token if it is shorter) and first
-        # characters: a text run that holds none of the former and does not end in one of the
-        # latter holds no added token and cannot run into the next one (``_plan_texts`` then
-        # skips the regex search; a match would start with one of them; an empty token's head
-        # "" is in every text, so the search always runs)
+        # the added tokens' first two characters (the whole token if it is shorter), grouped by
+        # their first character (``head_groups``), and first characters: a text run that holds
+        # none of the former and does not end in one of the latter holds no added token and
+        # cannot run into the next one (``_plan_texts`` then skips the regex search; a match
+        # would start with one of them; an empty token's head "" is in every text: no groups,
+        # the search always runs)
         contents = [t.content for t in tok.get_added_tokens_decoder().values()]
-        self._token_heads: tuple[str, ...] = tuple(sorted({c[:2] for c in contents}))
+        self._token_head_groups = _tc.head_groups(tuple(sorted({c[:2] for c in contents})))
         self._token_firsts: str = "".join(sorted({c[0] for c in contents if c}))
         self._memo: dict[int, tuple[Any, ...]] = {}  # id(message) -> (weakref, snapshot, dict, key)
         self._by_key: dict[str, dict[str, Any]] = dict(_STANDIN_DICTS)  # message key -> template dict
