@@ -199,6 +199,14 @@ def args_text(text: str, args: dict[str, Any]) -> str:
     return dumps_parsed(args)
 
 
+def _fields_of(m: Message) -> dict[str, Any]:
+    """The fields ``plain_entry`` and ``call_entry`` read, by attribute (a ``Message``
+    subclass; a ``Message`` itself is read from its ``__dict__``, where pydantic keeps them:
+    one attribute lookup rather than one per field)."""
+    return {"role": m.role, "content": m.content, "name": m.name, "tool_call_id": m.tool_call_id,
+            "tool_calls": m.tool_calls, "extra": m.extra}
+
+
 def call_entry(m: Message) -> Optional[tuple[dict[str, Any], str, tuple[Any, tuple[str, ...]]]]:
     """``(message_to_template_dict(m), message_key(d), Frames().frame_of(d))`` in one pass
     for the usual tool-call message (calls with ``str`` ids, types and function names,
@@ -214,21 +222,23 @@ def call_entry(m: Message) -> Optional[tuple[dict[str, Any], str, tuple[Any, tup
     >>> part[1]
     ('On it.', 'c1', 'f', '{"x": 1}')
     """
-    if not m.tool_calls or m.extra or m.name is not None or m.tool_call_id is not None:
+    mf: dict = m.__dict__ if type(m) is Message else _fields_of(m)
+    tool_calls = mf["tool_calls"]
+    if not tool_calls or mf["extra"] or mf["name"] is not None or mf["tool_call_id"] is not None:
         return None
-    content = m.content
+    content = mf["content"]
     if content is None:
         content = ""
     elif type(content) is not str:
         return None
     enc = _ENC_STR
-    role = m.role
+    role = mf["role"]
     rp = _role_part(role)
     calls: list = []
     out: list = [rp[1], ', "tool_calls": [']  # the key's text, joined once
     values: list = [content] if content else []
     cshapes: list = []
-    for call in m.tool_calls:  # type: ignore[union-attr]
+    for call in tool_calls:
         c: dict = {}
         cshape: list = []
         fn = None
@@ -248,7 +258,7 @@ def call_entry(m: Message) -> Optional[tuple[dict[str, Any], str, tuple[Any, tup
                 sep = ", "
                 if k == "id" and v:
                     values.append(v)
-                    cshape.append((k, None))
+                    cshape.append(("id", None))  # (a constant: compared by identity)
                 else:
                     cshape.append((k, ("str", v)))
         if fn is None or not isinstance(fn, dict):
@@ -271,14 +281,14 @@ def call_entry(m: Message) -> Optional[tuple[dict[str, Any], str, tuple[Any, tup
                 out.append(sep + '"arguments": ')
                 out.append(text)
                 values.append(text)
-                fshape.append((k, ("A",)))
+                fshape.append(("arguments", ("A",)))
             else:
                 f[k] = v
                 out.append(sep + '"name": ')
                 out.append(enc(v))
                 if v:
                     values.append(v)
-                    fshape.append((k, None))
+                    fshape.append(("name", None))
                 else:
                     fshape.append((k, ("str", v)))
             sep = ", "
@@ -311,12 +321,13 @@ def plain_entry(m: Message, fields: Sequence[str]) -> Optional[tuple[dict[str, A
     >>> part == plain_frame(("content", "name", "tool_call_id"), d)
     True
     """
-    content = m.content
-    if type(content) is not str or m.tool_calls is not None or m.extra:
+    mf: dict = m.__dict__ if type(m) is Message else _fields_of(m)
+    content = mf["content"]
+    if type(content) is not str or mf["tool_calls"] is not None or mf["extra"]:
         return None
-    role = m.role
-    name = m.name
-    tcid = m.tool_call_id
+    role = mf["role"]
+    name = mf["name"]
+    tcid = mf["tool_call_id"]
     if type(role) is not str or (name is not None and type(name) is not str) or (
             tcid is not None and type(tcid) is not str):
         return None
@@ -346,7 +357,7 @@ def plain_entry(m: Message, fields: Sequence[str]) -> Optional[tuple[dict[str, A
             shape.append(("tool_call_id", None))
         else:
             shape.append(("tool_call_id", ("str", tcid)))
-    return d, head + "}\0" + content, (tuple(shape), tuple(values))
+    return d, f"{head}}}\0{content}", (tuple(shape), tuple(values))
 
 
 def _has_reasoning(d: Mapping[str, Any]) -> bool:
@@ -880,45 +891,48 @@ def entry(self, m: Any, i: int) -> tuple[str, dict[str, Any]]:
             part = plain_frame(self._frames._fields, d)
     calls = d.get("tool_calls")
     snap = None  # frozen lists (every validated Message) cannot change: no snapshot
-    if msg is m and (calls is not None or type(m.content) is not str):
+    if msg is m and (calls is not None or type(d.get("content")) is not str):
         if (isinstance(m.content, list) and type(m.content) is not FrozenList) or (
                 m.tool_calls is not None and type(m.tool_calls) is not FrozenList):
             snap = (copy.deepcopy(m.content), copy.deepcopy(m.tool_calls))
+    # the caches' entries are set without the lock (a dict store is atomic; the value stored
+    # under a key is a function of the key, so two threads storing it agree); only the
+    # evictions, which read a cache's keys and then remove some, hold it
     size = self.cache_size
-    with self._lock:  # (one section for the caches this entry fills)
-        if t is not None:
-            looks: dict = self._looks
-            if key not in looks:
-                if len(looks) >= size:
-                    for old in list(looks)[: size // 4]:
-                        looks.pop(old, None)
-                looks[key] = t
-        if part is not None:
-            parts: dict = self._frame_parts
-            if key not in parts:
-                if len(parts) >= size:
-                    for old in list(parts)[: size // 4]:
-                        parts.pop(old, None)
-                parts[key] = part
-        if calls:  # which assistant message made each call (for tool-first slices)
-            calls_of: dict = self._calls
-            if len(calls_of) >= size:
-                for k in list(calls_of)[: size // 4]:
-                    del calls_of[k]
-            for call in calls:
-                if isinstance(call.get("id"), str):
-                    calls_of[call["id"]] = key
-        if msg is m:
-            if len(memo) >= size:
-                for old_id in list(memo)[: size // 4]:
-                    del memo[old_id]
-            memo[id(m)] = (_REF(m), snap, d, key)
-            by_key: dict = self._by_key
-            if len(by_key) >= size:
-                for old_key in list(by_key)[: size // 4]:
-                    del by_key[old_key]
-            by_key[key] = d
+    if t is not None:
+        looks: dict = self._looks
+        if len(looks) >= size:
+            _evict(self, looks)
+        looks[key] = t
+    if part is not None:
+        parts: dict = self._frame_parts
+        if len(parts) >= size:
+            _evict(self, parts)
+        parts[key] = part
+    if calls:  # which assistant message made each call (for tool-first slices)
+        calls_of: dict = self._calls
+        for call in calls:
+            if isinstance(call.get("id"), str):
+                if len(calls_of) >= size:
+                    _evict(self, calls_of)
+                calls_of[call["id"]] = key
+    if msg is m:
+        if len(memo) >= size:
+            _evict(self, memo)
+        memo[id(m)] = (_REF(m), snap, d, key)
+        by_key: dict = self._by_key
+        if len(by_key) >= size:
+            _evict(self, by_key)
+        by_key[key] = d
     return key, d
+
+
+def _evict(self, cache: dict) -> None:
+    """Drop the oldest quarter of ``cache`` (a cache at ``self.cache_size`` entries), under the
+    counter's lock (another thread may be evicting too: each key is popped at most once)."""
+    with self._lock:
+        for old in list(cache)[: self.cache_size // 4]:
+            cache.pop(old, None)
 
 
 def any_lookahead(self, keys: Sequence[str], dicts: Sequence[Mapping[str, Any]]) -> bool:

@@ -249,3 +249,51 @@ def test_compiled_window_alignment_equals_the_twin(model_dirs, family, ms, data)
                     data.draw(st.one_of(st.none(), st.integers(0, 50)))))
     path = model_dirs[family]
     assert _replay(CompiledCounter, path, ms, ops) == _replay(TwinCounter, path, ms, ops)
+
+
+class _Noted(Message):
+    """A Message subclass (its fields are read by attribute, not from ``__dict__``)."""
+
+    note: str = ""
+
+
+def test_a_message_subclass_gets_the_entries_of_the_message_it_copies():
+    fields = ("content", "name", "tool_call_id")
+    call = [{"id": "c1", "type": "function", "function": {"name": "f", "arguments": '{"x": 1}'}}]
+    for m in (Message(role="tool", content="ok", tool_call_id="c1", name="f"),
+              Message(role="assistant", content="On it.", tool_calls=call),
+              Message(role="assistant", content=None, tool_calls=call)):
+        sub = _Noted(**m.model_dump(exclude={"metadata", "extra", "id"}), note="n")
+        for core in (compiled, twin):
+            assert core.plain_entry(sub, fields) == core.plain_entry(m, fields)
+            assert core.call_entry(sub) == core.call_entry(m)
+            if m.tool_calls:
+                assert core.call_entry(m) is not None and core.plain_entry(m, fields) is None
+            else:
+                assert core.plain_entry(m, fields) is not None and core.call_entry(m) is None
+
+
+@pytest.mark.parametrize("family", ["qwen3", "hermes", "llama3.1"])
+@settings(max_examples=10, deadline=None, suppress_health_check=list(HealthCheck))
+@given(ms=_conversation())
+def test_a_tiny_cache_evicts_and_counts_the_same(model_dirs, family, ms):
+    """``cache_size=4``: every cache an entry fills is evicted turn after turn (the entries
+    store without the lock, the evictions take it); the counts are those of a roomy cache,
+    on both builds, and no cache outgrows its size."""
+    path = model_dirs[family]
+
+    def tiny(cls):
+        return type("Tiny", (cls,), {"__init__": lambda self, p, engine="tokenizers":
+                                     cls.__init__(self, p, engine=engine, cache_size=4)})
+
+    want = _run(TwinCounter, path, ms)
+    assert _run(tiny(CompiledCounter), path, ms) == want
+    assert _run(tiny(TwinCounter), path, ms) == want
+    c = tiny(CompiledCounter)(path)
+    for k in range(1, len(ms) + 1):
+        try:
+            c.count_messages(ms[:k])
+        except Exception:
+            pass
+        for cache in (c._memo, c._looks, c._frame_parts, c._calls):
+            assert len(cache) <= 4
