@@ -518,12 +518,10 @@ def prefill_units(self, keys: Sequence[str], dicts: Sequence[dict[str, Any]], st
         found[uck] = costs
         if not_tool_first:
             found_local[ukeys] = costs
-    with self._lock:
-        for cache, new in ((units, found), (local_units, found_local)):
-            if len(cache) >= self.cache_size:
-                for k in list(cache)[: self.cache_size // 4]:
-                    cache.pop(k, None)  # type: ignore[arg-type]
-            cache.update(new)  # type: ignore[attr-defined]
+    for cache, new in ((units, found), (local_units, found_local)):
+        if len(cache) >= self.cache_size:
+            _evict(self, cache)
+        cache.update(new)  # type: ignore[attr-defined]
 
 
 def plan(self, pred: str, shapes: tuple[Any, ...]) -> Any:
@@ -562,11 +560,9 @@ def plan(self, pred: str, shapes: tuple[Any, ...]) -> Any:
         plan = self._build_plan(self._tokens(pre + post), frames) if None not in frames else None
     except Refused:
         plan = None
-    with self._lock:
-        if len(plans) >= self.cache_size:
-            for old in list(plans)[: self.cache_size // 4]:
-                plans.pop(old, None)
-        plans[key] = plan
+    if len(plans) >= self.cache_size:
+        _evict(self, plans)
+    plans[key] = plan
     return plan
 
 
@@ -697,12 +693,10 @@ def piece_counts(self, pieces: list[str]) -> list[int]:
         for i in pending:
             out[i] = got[out[i]]
         if new:
-            with self._lock:
-                if len(cache) >= self.cache_size:
-                    for k in list(cache)[: self.cache_size // 4]:
-                        cache.pop(k, None)
-                for piece, j in new.items():
-                    cache[piece] = got[j]
+            if len(cache) >= self.cache_size:
+                _evict(self, cache)
+            for piece, j in new.items():
+                cache[piece] = got[j]
     return out
 
 
@@ -736,11 +730,9 @@ def frame_part(self, key: str, d: dict[str, Any]) -> tuple[Any, tuple[str, ...]]
             part = plain_frame(self._frames._fields, d) if "tool_calls" not in d else None
             if part is None:
                 part = self._frames.frame_of(d)
-        with self._lock:
-            if len(parts) >= self.cache_size:
-                for old in list(parts)[: self.cache_size // 4]:
-                    parts.pop(old, None)
-            parts[key] = part
+        if len(parts) >= self.cache_size:
+            _evict(self, parts)
+        parts[key] = part
     return part
 
 
@@ -895,10 +887,7 @@ def entry(self, m: Any, i: int) -> tuple[str, dict[str, Any]]:
         if (isinstance(m.content, list) and type(m.content) is not FrozenList) or (
                 m.tool_calls is not None and type(m.tool_calls) is not FrozenList):
             snap = (copy.deepcopy(m.content), copy.deepcopy(m.tool_calls))
-    # the caches' entries are set without the lock (a dict store is atomic; the value stored
-    # under a key is a function of the key, so two threads storing it agree); only the
-    # evictions, which read a cache's keys and then remove some, hold it
-    size = self.cache_size
+    size = self.cache_size  # (stores without the lock: see _evict)
     if t is not None:
         looks: dict = self._looks
         if len(looks) >= size:
@@ -929,7 +918,11 @@ def entry(self, m: Any, i: int) -> tuple[str, dict[str, Any]]:
 
 def _evict(self, cache: dict) -> None:
     """Drop the oldest quarter of ``cache`` (a cache at ``self.cache_size`` entries), under the
-    counter's lock (another thread may be evicting too: each key is popped at most once)."""
+    counter's lock (another thread may be evicting too: each key is popped at most once).
+
+    Every cache of the hot path is evicted here and stored into without the lock: a dict
+    store (or ``update``) is atomic, and what is stored under a key is a function of the key
+    (two threads storing it agree)."""
     with self._lock:
         for old in list(cache)[: self.cache_size // 4]:
             cache.pop(old, None)
@@ -959,9 +952,7 @@ def trait(self, k: str, d: Mapping[str, Any]) -> tuple[bool, tuple[Any, ...]]:
             (call_text and "call_text" in sensitive) or (think_text and "think_text" in sensitive))
         t = (look, (d["role"], len(d.get("tool_calls") or ()), reasoning, call_text, think_text))
         if len(looks) >= self.cache_size:
-            with self._lock:
-                for old in list(looks)[: self.cache_size // 4]:
-                    looks.pop(old, None)
+            _evict(self, looks)
         looks[k] = t
     return t
 
