@@ -27,7 +27,7 @@ __all__ = [
     "entries_stable",
     "entry", "frame_part", "head_groups", "is_local", "local_pattern", "message_to_template_dict", "message_key", "overlap",
     "ops_hold", "parse_key", "piece_counts", "plain_entry", "plain_frame", "plan", "plan_texts", "prefill_units",
-    "segments", "trait", "unit_starts", "unit_total",
+    "segments", "store_all", "trait", "unit_starts", "unit_total",
 ]
 
 _REASONING_FIELDS = ("reasoning_content", "thinking", "reasoning")
@@ -518,10 +518,8 @@ def prefill_units(self, keys: Sequence[str], dicts: Sequence[dict[str, Any]], st
         found[uck] = costs
         if not_tool_first:
             found_local[ukeys] = costs
-    for cache, new in ((units, found), (local_units, found_local)):
-        if len(cache) >= self.cache_size:
-            _evict(self, cache)
-        cache.update(new)  # type: ignore[attr-defined]
+    store_all(self, units, found)
+    store_all(self, local_units, found_local)
 
 
 def plan(self, pred: str, shapes: tuple[Any, ...]) -> Any:
@@ -693,10 +691,7 @@ def piece_counts(self, pieces: list[str]) -> list[int]:
         for i in pending:
             out[i] = got[out[i]]
         if new:
-            if len(cache) >= self.cache_size:
-                _evict(self, cache)
-            for piece, j in new.items():
-                cache[piece] = got[j]
+            store_all(self, cache, {piece: got[j] for piece, j in new.items()})
     return out
 
 
@@ -916,16 +911,32 @@ def entry(self, m: Any, i: int) -> tuple[str, dict[str, Any]]:
     return key, d
 
 
-def _evict(self, cache: dict) -> None:
-    """Drop the oldest quarter of ``cache`` (a cache at ``self.cache_size`` entries), under the
+def _evict(self, cache: dict, adding: int = 1) -> None:
+    """Make room in ``cache`` (a cache at ``self.cache_size`` entries) for ``adding`` new keys:
+    drop its oldest quarter -- at least one key, more where ``adding`` needs it -- under the
     counter's lock (another thread may be evicting too: each key is popped at most once).
 
-    Every cache of the hot path is evicted here and stored into without the lock: a dict
+    Every cache of the counter is evicted here and stored into without the lock: a dict
     store (or ``update``) is atomic, and what is stored under a key is a function of the key
     (two threads storing it agree)."""
+    size = self.cache_size
     with self._lock:
-        for old in list(cache)[: self.cache_size // 4]:
+        for old in list(cache)[: max(size // 4, len(cache) + adding - size, 1)]:
             cache.pop(old, None)
+
+
+def store_all(self, cache: dict, new: Mapping[Any, Any]) -> None:
+    """``cache.update(new)`` within ``self.cache_size`` keys: room made by ``_evict``; of a
+    batch larger than the whole cache only its last ``cache_size`` entries are kept (a cache
+    holds what it can; a reader finding a key gone computes it again)."""
+    size = self.cache_size
+    n = len(new)
+    if n > size:
+        new = dict(list(new.items())[n - size:])
+        n = size
+    if len(cache) + n > size:
+        _evict(self, cache, n)
+    cache.update(new)
 
 
 def any_lookahead(self, keys: Sequence[str], dicts: Sequence[Mapping[str, Any]]) -> bool:

@@ -34,7 +34,7 @@ METHODS = {"count_messages": "count_messages", "count_list": "_count_list", "pre
            "plan": "_plan", "plan_texts": "_plan_texts", "piece_counts": "_piece_counts", "frame_part": "_frame_part",
            "entries_stable": "_entries_stable", "call_entries": "_call_entries", "entry": "_entry",
            "any_lookahead": "_any_lookahead", "trait": "_trait", "overlap": "_overlap", "segments": "_segments",
-           "unit_total": "_unit_total"}
+           "unit_total": "_unit_total", "store_all": "_store_all"}
 
 
 #: the core's own helpers (called from the methods above, each of the same build)
@@ -273,27 +273,32 @@ def test_a_message_subclass_gets_the_entries_of_the_message_it_copies():
                 assert core.plain_entry(m, fields) is not None and core.call_entry(m) is None
 
 
+@pytest.mark.parametrize("size", [1, 4])
 @pytest.mark.parametrize("family", ["qwen3", "hermes", "llama3.1"])
 @settings(max_examples=10, deadline=None, suppress_health_check=list(HealthCheck))
 @given(ms=_conversation())
-def test_a_tiny_cache_evicts_and_counts_the_same(model_dirs, family, ms):
-    """``cache_size=4``: every cache an entry fills is evicted turn after turn (the entries
-    store without the lock, the evictions take it); the counts are those of a roomy cache,
-    on both builds, and no cache outgrows its size."""
+def test_a_tiny_cache_evicts_and_counts_the_same(model_dirs, family, size, ms):
+    """``cache_size`` 1 and 4: every cache is evicted turn after turn (the stores take no lock,
+    the evictions do; a cache of 1-3 keys drops at least one); the counts are those of a
+    roomy cache, on both builds, and no cache of the counter outgrows its size (the frame and
+    plan tables, shared by every counter of a template in the process, are not its own)."""
     path = model_dirs[family]
 
     def tiny(cls):
         return type("Tiny", (cls,), {"__init__": lambda self, p, engine="tokenizers":
-                                     cls.__init__(self, p, engine=engine, cache_size=4)})
+                                     cls.__init__(self, p, engine=engine, cache_size=size)})
 
     want = _run(TwinCounter, path, ms)
     assert _run(tiny(CompiledCounter), path, ms) == want
     assert _run(tiny(TwinCounter), path, ms) == want
-    c = tiny(CompiledCounter)(path)
-    for k in range(1, len(ms) + 1):
-        try:
-            c.count_messages(ms[:k])
-        except Exception:
-            pass
-        for cache in (c._memo, c._looks, c._frame_parts, c._calls):
-            assert len(cache) <= 4
+    for cls in (CompiledCounter, TwinCounter):
+        c = tiny(cls)(path)
+        for k in range(1, len(ms) + 1):
+            try:
+                c.count_messages(ms[:k])
+            except Exception:
+                pass
+            caches = {name: getattr(c, name) for name in (
+                "_memo", "_by_key", "_looks", "_frame_parts", "_calls", "_texts", "_units",
+                "_local_units", "_local", "_pieces")}
+            assert {name: len(v) for name, v in caches.items() if len(v) > size} == {}

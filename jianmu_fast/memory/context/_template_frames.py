@@ -361,7 +361,7 @@ class Frames:
             entry = self._learn(dicts, [bool(v) for _, v in parts])
             with self._lock:
                 if len(self._frames) >= self.cache_size:
-                    for old in list(self._frames)[: self.cache_size // 4]:
+                    for old in list(self._frames)[: max(1, self.cache_size // 4)]:
                         self._frames.pop(old, None)
                 self._frames[key] = entry
         if entry is not None:

@@ -573,7 +573,7 @@ class ChatTemplateTokenCounter:
 
     #: below this many characters, the hot path encodes a batch on fastokens text by text
     _FAST_LOOP_CHARS = _encodings.FASTOKENS_LOOP_CHARS
-    # the hot path, from jianmu_fast._template_core (see _CORE_METHODS)
+    # the hot path, from jianmu_fast._template_core (tests/test_template_core.py binds each build's)
     count_messages = _tc.count_messages
     _count_list = _tc.count_list
     _prefill_units = _tc.prefill_units
@@ -589,6 +589,7 @@ class ChatTemplateTokenCounter:
     _overlap = _tc.overlap
     _segments = _tc.segments
     _unit_total = _tc.unit_total
+    _store_all = _tc.store_all
 
     def __repr__(self) -> str:
         tail = f", engine={self.engine!r}" if self.engine != "auto" else ""
@@ -678,11 +679,7 @@ class ChatTemplateTokenCounter:
             return totals
         new = list(missing)
         found = dict(zip(new, self._encode_lengths(new)))
-        with self._lock:
-            if len(pieces) >= self.cache_size:
-                for k in list(pieces)[: self.cache_size // 4]:
-                    del pieces[k]
-            pieces.update(found)
+        self._store_all(pieces, found)
         for i, parts in enumerate(parts_of):
             if parts is not None:
                 totals[i] += sum(found[piece] for piece in parts[::2] if piece in found)
@@ -783,11 +780,7 @@ class ChatTemplateTokenCounter:
         return n
 
     def _store(self, found: Mapping[Any, int]) -> None:
-        with self._lock:
-            if len(self._texts) >= self.cache_size:
-                for k in list(self._texts)[: self.cache_size // 4]:
-                    del self._texts[k]
-            self._texts.update(found)
+        self._store_all(self._texts, found)
 
     def _prefill(self, convs: Sequence[tuple[str, ...]], conv_dicts: Optional[Sequence[list[dict[str, Any]]]] = None) -> None:
         """Render the conversations (message keys, no tools) not counted yet and count them
@@ -839,8 +832,7 @@ class ChatTemplateTokenCounter:
         if pred == "first" and succ == "system" and len(keys) == 1 and caller is None:
             first = self._first_before_system(keys, post)
             if first is not None:
-                with self._lock:
-                    self._units[ck] = first
+                self._store_all(self._units, {ck: first})
                 return first
         if not prefilled:  # (``_prefill_units`` has rendered and counted them in its batch)
             self._prefill([pre + post] + [pre + keys[:j] + post for j in range(1, len(keys) + 1)])
@@ -850,11 +842,7 @@ class ChatTemplateTokenCounter:
             cur = self._tokens(pre + keys[:j] + post)
             costs.append(cur - prev)
             prev = cur
-        with self._lock:
-            if len(self._units) >= self.cache_size:
-                for k in list(self._units)[: self.cache_size // 4]:
-                    del self._units[k]
-            self._units[ck] = costs
+        self._store_all(self._units, {ck: costs})
         return costs
 
     def _first_before_system(self, keys: tuple[str, ...], post: tuple[str, ...]) -> Optional[list[int]]:
@@ -963,7 +951,7 @@ class ChatTemplateTokenCounter:
                     except _Refused:
                         continue
             local = len(seen) <= 1
-            self._local[pat] = local
+            self._store_all(self._local, {pat: local})
         return local
 
     @staticmethod
@@ -988,11 +976,7 @@ class ChatTemplateTokenCounter:
         return "call" if first_role == "tool" else "first"
 
     def _remember_local(self, keys: tuple[str, ...], costs: list[int]) -> None:
-        with self._lock:
-            if len(self._local_units) >= self.cache_size:
-                for k in list(self._local_units)[: self.cache_size // 4]:
-                    del self._local_units[k]
-            self._local_units[keys] = costs
+        self._store_all(self._local_units, {keys: costs})
 
     def _upper_costs(self, keys: tuple[str, ...], dicts: Sequence[dict[str, Any]], preds: list[str],
                      succs: list[str], exact: tuple[str, str], caller: Optional[str] = None) -> list[int]:
