@@ -1057,9 +1057,15 @@ class ChatTemplateTokenCounter:
         return np.array(self._count_list(messages), dtype=np.int64)
 
     def count_tools(self, tools_schema: Optional[Sequence[Mapping[str, Any]]], messages: Optional[Sequence[Any]] = None) -> int:
-        """Marginal tokens of ``tools_schema`` in a request of ``messages`` (default: one user
-        message): the exact count with the tools minus ``count_messages(messages)``, so
-        ``count_messages(ms) + count_tools(tools, ms)`` is the request's exact count.
+        """Marginal tokens of ``tools_schema`` in a request of ``messages``: the exact count
+        with the tools minus ``count_messages(messages)``, so ``count_messages(ms) +
+        count_tools(tools, ms)`` is the request's exact count.
+
+        Without ``messages`` (what a budget charges for the request's tools): the larger of
+        the marginal costs after one user message and after a system and a user message --
+        templates place the tools differently when a system message leads (DeepSeek-V3's
+        cost one token more there), and a budget of ``count_messages`` plus this must hold
+        for either.
 
         Templates put tools in many places (a system block, the first or the last user message,
         Mistral's template even once per user message equal to the last one), so this renders
@@ -1070,8 +1076,16 @@ class ChatTemplateTokenCounter:
         from ._tools_count import iter_functions
 
         iter_functions(tools_schema)
-        ms = list(messages) if messages else [{"role": "user", "content": "."}]
-        return self.count_request(ms, tools_schema) - self.count_messages(ms)
+        if messages:
+            ms = list(messages)
+            return self.count_request(ms, tools_schema) - self.count_messages(ms)
+        user = {"role": "user", "content": "."}
+        cost = self.count_request([user], tools_schema) - self.count_messages([user])
+        led = [{"role": "system", "content": "."}, user]
+        try:
+            return max(cost, self.count_request(led, tools_schema) - self.count_messages(led))
+        except MessageValidationError:  # a template that refuses a system message
+            return cost
 
     def count_request(self, messages: Sequence[Any], tools_schema: Optional[Sequence[Mapping[str, Any]]] = None) -> int:
         """Exact tokens of a whole request, by one full rendering (what the others must sum to)."""
