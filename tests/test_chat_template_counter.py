@@ -485,6 +485,17 @@ def test_budget_filter_with_tools_keeps_budget_by_exact_rendering(families, ms, 
     assert c.count_request(kept, TOOLS) <= flt.max_tokens
 
 
+@pytest.mark.xfail(strict=True, reason="known, not fixed: Mistral's template prints the tools before every user "
+                   "message equal to the last one; TokenBudgetFilter charges count_tools(tools) once (README)")
+def test_mistral_repeating_the_last_user_message_stays_within_the_budget_with_tools(families):
+    c = families["mistral"].counter
+    ms = [Message(role="user", content="continue"), Message(role="assistant", content="Done."),
+          Message(role="user", content="continue")]
+    budget = c.count_messages(ms) + c.count_tools(TOOLS)
+    kept = TokenBudgetFilter(max_tokens=budget, counter=c).apply(ms, tools_schema=TOOLS)
+    assert c.count_request(kept, TOOLS) <= budget
+
+
 def test_count_tools_without_messages_is_the_larger_of_two_shapes(families):
     """``count_tools(tools)``: the tools' marginal cost after a lone user message or after a
     system and a user message, whichever is larger (templates place the tools differently
