@@ -74,11 +74,27 @@ def trim_many(flt: Any, prompts: Sequence[Any], tools_schema: Any, sanitize: boo
     rows, off, distinct, bad = interned
     if not distinct or limit < 0:
         return _each(flt, _lists(prompts, interned), range(n), tools_schema, sanitize)
+    vary = getattr(flt, "_vary", False)  # (what _limit said of these tools)
     try:
         outs, clean = _plan(flt, prompts, rows, off, distinct, bad, limit, tools_schema, sanitize)
+        if vary:
+            _fit_tools(flt, prompts, interned, outs, clean, tools_schema, sanitize)
     except Exception:  # a counter failing on one message: each prompt gets its own outcome
         return _each(flt, _lists(prompts, interned), range(n), tools_schema, sanitize)
     return outs, clean
+
+
+def _fit_tools(flt: Any, prompts: Sequence[Any], interned: Any, outs: list[Any], clean: Optional[list[bool]],
+               tools_schema: Any, sanitize: bool) -> None:
+    """The outputs in which the tools cost more than the limit charged (``tools_surplus``:
+    a chat template printing them again for a repeated last user message) made again the
+    one-prompt way, which trims them further (``_WindowFilter._fit_tools``)."""
+    counter = flt.counter
+    rows, off, distinct, _ = interned
+    for p, out in enumerate(outs):
+        if type(out) is list and counter._user_repeats(out) and counter.tools_surplus(tools_schema, out):
+            _redo(flt, prompts[p] if prompts[p] is not None else _at(rows, off, distinct, p), p, outs, clean,
+                  tools_schema, sanitize)
 
 
 def _lists(prompts: Sequence[Any], interned: Any) -> Sequence[Any]:

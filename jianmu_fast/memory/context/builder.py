@@ -684,6 +684,6 @@ class ContextBuilder:
 
         for flt in self.filters:
             if isinstance(flt, TokenBudgetFilter):
-                if flt.counter.count_messages(out) + flt.tools_cost(tools_schema) > flt.max_tokens:
+                if flt.counter.count_messages(out) + flt.tools_cost(tools_schema, out) > flt.max_tokens:
                     out = sanitize_tool_call_history(flt.apply(out, tools_schema=tools_schema))
         return out

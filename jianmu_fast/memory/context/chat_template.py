@@ -506,6 +506,9 @@ class ChatTemplateTokenCounter:
         self._template = _compile(template)
         self._lock = threading.Lock()
         self._pieces: dict[str, int] = {}  # text between added tokens -> tokens
+        # tools (their JSON) -> whether the template prints them again for a repeated user
+        # message (tools_surplus); a function of the template and the tools only
+        self._tools_repeat: dict[str, bool] = {}
         self._split = self._piecewise_splitter()
         # frames: conversations assembled around their messages' verbatim fields, not rendered
         # (see _template_frames); message key -> (frame part, field values)
@@ -829,7 +832,7 @@ class ChatTemplateTokenCounter:
         if costs is not None:
             return costs
         pre, post = self._context(pred, succ, caller)
-        if pred == "first" and succ == "system" and len(keys) == 1 and caller is None:
+        if pred == "first" and succ == "system" and caller is None:
             first = self._first_before_system(keys, post)
             if first is not None:
                 self._store_all(self._units, {ck: first})
@@ -846,20 +849,29 @@ class ChatTemplateTokenCounter:
         return costs
 
     def _first_before_system(self, keys: tuple[str, ...], post: tuple[str, ...]) -> Optional[list[int]]:
-        """The cost of a one-message unit that opens the conversation and is followed by a
+        """The per-message costs of a unit that opens the conversation and is followed by a
         system message, or None (then the plain difference). Without the unit the system
         stand-in after it would open the conversation, which a template may render otherwise
         (Llama 3.1 prints a first system message in its header, any later one as a block of
-        its own): the probe's count less what the stand-ins after the unit cost where they
-        stand (after the unit's role) and the end cost."""
+        its own): for each prefix of the unit, the probe's count less what the stand-ins after
+        it cost where they stand (after the prefix's last role) and the end cost; a message
+        costs what its prefix adds. Units of several messages too: a window that opens on a
+        system message with orphan tool results, or on a call with its results."""
         end = self._end_cost("user")
         if end is None:
             return None
-        role = self._role_of(self._dicts_of(keys)[0])
-        if role not in _PRE:
-            return None
-        rest = sum(self._unit_cost(post[:1], role, "user")) + sum(self._unit_cost(post[1:], "system", "end"))
-        return [self._tokens(keys + post) - rest - end]
+        dicts = self._dicts_of(keys)
+        after = sum(self._unit_cost(post[1:], "system", "end"))
+        costs: list[int] = []
+        prev = 0
+        for j in range(1, len(keys) + 1):
+            role = self._role_of(dicts[j - 1])
+            if role not in _PRE:
+                return None
+            total = self._tokens(keys[:j] + post) - sum(self._unit_cost(post[:1], role, "user")) - after - end
+            costs.append(total - prev)
+            prev = total
+        return costs
 
     @staticmethod
     def _context(pred: str, succ: str, caller: Optional[str] = None) -> tuple[tuple[str, ...], tuple[str, ...]]:
@@ -1086,6 +1098,53 @@ class ChatTemplateTokenCounter:
             return max(cost, self.count_request(led, tools_schema) - self.count_messages(led))
         except MessageValidationError:  # a template that refuses a system message
             return cost
+
+    def tools_surplus(self, tools_schema: Optional[Sequence[Mapping[str, Any]]], messages: Sequence[Any]) -> int:
+        """Tokens ``tools_schema`` cost in the request of ``messages`` beyond
+        ``count_tools(tools_schema)`` (what a budget charges for them): 0 unless the template
+        prints the tools more than once for these messages. Mistral's prints them before every
+        user message equal to the last one, so a prompt repeating its last user message
+        verbatim ("continue" ... "continue") pays for them again; the trimming filters trim
+        such a prompt further by this surplus (``TokenBudgetFilter.tools_cost(tools, kept)``).
+
+        Cheap for every other prompt: whether the template repeats the tools is probed once
+        per tools list (two renderings), and only a prompt holding a user message equal to its
+        last one is rendered whole with the tools (cached like ``count_request``).
+        """
+        if not tools_schema or not messages or not self._repeats_tools(tools_schema):
+            return 0
+        ms = list(messages)
+        if not self._user_repeats(ms):
+            return 0
+        return max(0, self.count_tools(tools_schema, ms) - self.count_tools(tools_schema))
+
+    def _user_repeats(self, ms: list[Any]) -> list[int]:
+        """Indexes of the user messages of ``ms`` before its last one that equal it, as the
+        template sees them (its dicts)."""
+        _, dicts = self._entries(ms)
+        users = [i for i, d in enumerate(dicts) if d["role"] == "user"]
+        if len(users) < 2:
+            return []
+        last = dicts[users[-1]]
+        return [i for i in users[:-1] if dicts[i] == last]
+
+    def _repeats_tools(self, tools_schema: Sequence[Mapping[str, Any]]) -> bool:
+        """Whether the tools cost more after ``[u, a, u]`` than after ``[u', a, u]`` (the
+        template prints them again for a user message equal to the last one)."""
+        key = json.dumps(list(tools_schema), sort_keys=True, default=repr)
+        got = self._tools_repeat.get(key)
+        if got is None:
+            a = {"role": "assistant", "content": "a"}
+            u = {"role": "user", "content": "."}
+            try:
+                got = self.count_tools(tools_schema, [u, a, u]) != self.count_tools(
+                    tools_schema, [{"role": "user", "content": ","}, a, u])
+            except MessageValidationError:  # a template that refuses the shape repeats nothing in it
+                got = False
+            if len(self._tools_repeat) >= 16:
+                self._tools_repeat.pop(next(iter(self._tools_repeat)))
+            self._tools_repeat[key] = got
+        return got
 
     def count_request(self, messages: Sequence[Any], tools_schema: Optional[Sequence[Mapping[str, Any]]] = None) -> int:
         """Exact tokens of a whole request, by one full rendering (what the others must sum to)."""

@@ -36,7 +36,9 @@ only with a library error: a counter that raises, or returns a count that is not
 
 The request's tools: ``TokenBudgetFilter.apply(messages, tools_schema=tools)`` (the builder
 passes the request's tools so) budgets the whole request, messages plus chat overhead plus
-``counter.count_tools(tools)``; the tools' count is cached by content.
+``counter.count_tools(tools)``; the tools' count is cached by content. Where a chat template
+prints the tools more than once for some prompts (``ChatTemplateTokenCounter.tools_surplus``),
+the output pays for each time they are printed (``tools_cost(tools, output)``).
 
 ``eviction="chunked"`` trades maximality for a stable prompt prefix: once over the limit the
 cut moves forward by at least ``chunk`` (tokens or messages) at a time and stays put while
@@ -194,9 +196,20 @@ class _WindowFilter:
             cfg = self._cfg = (mask, bool(self.trim_from_start), self.chunk, self._pinned_free)
         return cfg
 
+    #: whether the last ``_limit``'s tools may cost more in some prompts than the limit charged
+    #: (``TokenBudgetFilter``: a chat template printing them more than once): the output is
+    #: then checked by ``_fit_tools``
+    _vary = False
+
     def _limit(self, tools_schema: Any = None) -> int:
         """The core's budget: what the pinned prefix plus the kept run may cost."""
         raise NotImplementedError
+
+    def _fit_tools(self, msgs: list[Any], tools_schema: Any, limit: int, sanitize: bool,
+                   got: tuple[list[Message], bool]) -> tuple[list[Message], bool]:
+        """``got`` fitted to tools that cost more in some prompts (``TokenBudgetFilter``'s; a
+        filter that does not budget tools never sets ``_vary``)."""
+        return got
 
     def _counts(self, messages: Sequence[Message], lo: int, hi: int) -> np.ndarray:
         """int64 cost of each of ``messages[lo:hi]``."""
@@ -246,13 +259,16 @@ class _WindowFilter:
                 msgs = messages if type(messages) is list else list(messages)
                 limit = self._limit(tools_schema)
                 rec = self._rec
+                got = None
                 if rec is not None and limit >= 0:
                     # the agent loop: the prompt extends the last one; one compiled call records
                     # the new messages (counted by _turn_counts), plans and slices the output
                     got = rec.window(msgs, self._turn_counts, limit, self._cfg or self._config(), sanitize)
-                    if got is not None:
-                        return got
-                return self._trim_general(msgs, limit, sanitize)
+                if got is None:
+                    got = self._trim_general(msgs, limit, sanitize)
+                if self._vary:
+                    return self._fit_tools(msgs, tools_schema, limit, sanitize, got)
+                return got
         except JianmuError:
             raise
         except Exception as exc:  # a built-in trimming filter fails only with a library error
@@ -502,8 +518,8 @@ class TokenBudgetFilter(_WindowFilter):
         self._list_counts = _list_counter(counter)
         self._set_turn_counts()
         self._forget()
-        self._tools_last: Optional[tuple[Any, int]] = None
-        self._tools_by_json: dict[str, int] = {}
+        self._tools_last: Optional[tuple[Any, tuple[int, bool]]] = None
+        self._tools_by_json: dict[str, tuple[int, bool]] = {}
         self._tools_cost_now = 0
 
     def __getstate__(self) -> dict[str, Any]:
@@ -533,11 +549,14 @@ class TokenBudgetFilter(_WindowFilter):
                 msgs = messages if type(messages) is list else list(messages)
                 limit = self._limit(tools_schema)
                 rec = self._rec
+                got = None
                 if rec is not None and limit >= 0:
                     got = rec.window(msgs, self._turn_counts, limit, self._cfg or self._config(), True, None, known)
-                    if got is not None:
-                        return got
-                return self._trim_general(msgs, limit, True)
+                if got is None:
+                    got = self._trim_general(msgs, limit, True)
+                if self._vary:
+                    return self._fit_tools(msgs, tools_schema, limit, True, got)
+                return got
         except JianmuError:
             raise
         except Exception as exc:  # (as _trim)
@@ -574,10 +593,16 @@ class TokenBudgetFilter(_WindowFilter):
             return fast(new)  # trusted: ints in range, as a plain list
         return self._counts(new, 0, len(new))
 
-    def tools_cost(self, tools_schema: Optional[Sequence[dict[str, Any]]]) -> int:
+    def tools_cost(self, tools_schema: Optional[Sequence[dict[str, Any]]], messages: Optional[Sequence[Any]] = None) -> int:
         """What the request's tools cost by this filter's counter (``count_tools``; a counter
         without it: 8 per tool plus ``count_text`` of its compact JSON), cached by content:
         the same tools in a new list (new dicts, equal content) are not counted again.
+
+        With ``messages`` (a prompt this filter kept, or one to check): what they cost in that
+        prompt, which is more where a chat template prints the tools more than once
+        (``ChatTemplateTokenCounter.tools_surplus``: Mistral's, for a repeated last user
+        message); the filter's output keeps ``count_messages(out) + tools_cost(tools, out)``
+        within ``max_tokens``.
 
         >>> f = TokenBudgetFilter(1000, SimpleTokenCounter())
         >>> f.tools_cost([{"name": "f"}]), f.tools_cost([{"name": "f"}]), f.tools_cost(None)
@@ -585,6 +610,14 @@ class TokenBudgetFilter(_WindowFilter):
         """
         if not tools_schema:
             return 0
+        cost, vary = self._tools_entry(tools_schema)
+        if vary and messages:
+            return cost + int(self._counter.tools_surplus(tools_schema, messages))
+        return cost
+
+    def _tools_entry(self, tools_schema: Sequence[dict[str, Any]]) -> tuple[int, bool]:
+        """``(cost, vary)`` of non-empty tools: ``tools_cost``, and whether they may cost more in
+        some prompts (the counter's ``tools_surplus`` is then asked about each output)."""
         last = self._tools_last
         if last is not None and last[0] == tools_schema:  # C-level deep comparison, no JSON
             return last[1]
@@ -592,16 +625,18 @@ class TokenBudgetFilter(_WindowFilter):
             key: Optional[str] = json.dumps(tools_schema, sort_keys=True, separators=(",", ":"), default=repr)
         except (TypeError, ValueError):
             key = None
-        cost = self._tools_by_json.get(key) if key is not None else None
-        if cost is None:
-            cost = self._count_tools(tools_schema)
+        got = self._tools_by_json.get(key) if key is not None else None
+        if got is None:
+            counter = self._counter
+            got = (self._count_tools(tools_schema),
+                   type(counter) is ChatTemplateTokenCounter and counter._repeats_tools(tools_schema))
             if key is not None:
                 if len(self._tools_by_json) >= 16:
                     self._tools_by_json.pop(next(iter(self._tools_by_json)))
-                self._tools_by_json[key] = cost
+                self._tools_by_json[key] = got
         # a deep copy: the caller may edit their dicts in place before the next call
-        self._tools_last = (thaw(list(tools_schema)), cost)
-        return cost
+        self._tools_last = (thaw(list(tools_schema)), got)
+        return got
 
     def _count_tools(self, tools_schema: Sequence[dict[str, Any]]) -> int:
         counter = self.counter
@@ -616,14 +651,20 @@ class TokenBudgetFilter(_WindowFilter):
         return cost if self._trusted else self._check_count(cost, "count_tools(tools_schema)")
 
     def _limit(self, tools_schema: Any = None) -> int:
-        if not tools_schema and self._trusted:  # the agent loop without tools: no calls
-            self._tools_cost_now = 0
-            return self.max_tokens - self._counter.PER_REQUEST
-        if not tools_schema and type(self._counter) is ChatTemplateTokenCounter:
-            self._tools_cost_now = 0  # its count_messages([]), an int it computed when built
-            return self.max_tokens - self._counter._empty
+        if not tools_schema:
+            self._vary = False
+            if self._trusted:  # the agent loop without tools: no calls
+                self._tools_cost_now = 0
+                return self.max_tokens - self._counter.PER_REQUEST
+            if type(self._counter) is ChatTemplateTokenCounter:
+                self._tools_cost_now = 0  # its count_messages([]), an int it computed when built
+                return self.max_tokens - self._counter._empty
         request = self._request_cost()
-        tools = self._tools_cost_now = self.tools_cost(tools_schema)
+        if tools_schema:
+            tools, self._vary = self._tools_entry(tools_schema)
+        else:
+            tools = 0
+        self._tools_cost_now = tools
         if tools and request + tools > self.max_tokens:
             n = len(tools_schema) if tools_schema else 0
             raise ContextBudgetError(
@@ -635,6 +676,44 @@ class TokenBudgetFilter(_WindowFilter):
                 pinned=request + tools,
             )
         return self.max_tokens - request - tools
+
+    def _fit_tools(self, msgs: list[Any], tools_schema: Any, limit: int, sanitize: bool,
+                   got: tuple[list[Message], bool]) -> tuple[list[Message], bool]:
+        """``got`` (the output under ``limit``), trimmed further while the tools cost more in
+        it than ``limit`` charged (``counter.tools_surplus``: Mistral's template prints them
+        again before every user message equal to the last one), so that its cost plus that
+        surplus is within ``limit``.
+
+        An output over it is planned again under a lower budget, the larger of two: ``limit``
+        less the surplus (the output keeps its repeats and pays for them), and, when the
+        oldest message is dropped first, what the output costs after its oldest unpinned
+        repeat (it drops that repeat, and with it some of the surplus). Each step plans less
+        than the last, so this ends: with the largest output that fits when the newest are
+        kept (fewer messages never cost more tools), or with the planner's
+        ``ContextBudgetError`` when nothing fits."""
+        counter = self._counter
+        pinned = self.pinned_roles
+        budget = limit
+        while True:
+            out = got[0]
+            # (no repeat: no surplus, without rendering; the usual turn)
+            extra = counter.tools_surplus(tools_schema, out) if counter._user_repeats(out) else 0
+            if not extra:
+                return got
+            counts = self._counts(out, 0, len(out)).tolist()
+            k = 0
+            while k < len(out) and out[k].role in pinned and out[k] is msgs[k]:
+                k += 1
+            cost = sum(counts[k:]) if self._pinned_free else sum(counts)
+            if cost + extra <= limit:
+                return got
+            budget = min(budget - 1, limit - extra)
+            if self.trim_from_start:
+                oldest = [i for i in counter._user_repeats(out) if i >= k]
+                if oldest:
+                    budget = max(budget, cost - sum(counts[k:oldest[0] + 1]))
+            self._tools_cost_now = self.tools_cost(tools_schema) + extra  # (its error message says so)
+            got = self._trim_general(msgs, budget, sanitize)
 
     def _describe_limit(self) -> str:
         tools = self._tools_cost_now

@@ -86,7 +86,9 @@ class BuildReport:
     provided_tokens: int = 0
     total_tokens: int = 0
     tools_tokens: int = 0
-    """What the request's tools cost (``counter.count_tools(tools_schema)``; 0 without tools)."""
+    """What the request's tools cost (``counter.count_tools(tools_schema)``, plus what they
+    cost again in this prompt where a chat template prints them more than once:
+    ``TokenBudgetFilter.tools_cost(tools_schema, messages)``; 0 without tools)."""
     overhead_tokens: int = 0
     """What the request's framing costs beyond its messages and tools: ``total_tokens`` minus
     both (the chat template's fixed text and generation prompt, for ``ChatTemplateTokenCounter``)."""
@@ -203,7 +205,7 @@ def build_report(
         messages.extend(block)
         report.provided_sections.extend([i] * len(block))
     report.provided_messages = list(messages)
-    report.tools_tokens = _tools_tokens(counter, tools_schema)
+    report.tools_tokens = _tools_tokens(counter, tools_schema, messages)
     report.provided_tokens = int(counter.count_messages(messages)) + report.tools_tokens
 
     def stage(index: int, name: str, before: list[Message], after: list[Message], failed: bool = False) -> None:
@@ -234,15 +236,17 @@ def build_report(
             stage(-1, "sanitize_tool_call_history", messages, out)
         messages = out
     report.messages = messages
+    report.tools_tokens = _tools_tokens(counter, tools_schema, messages)
     report.total_tokens = int(counter.count_messages(messages)) + report.tools_tokens
     report.overhead_tokens = report.total_tokens - report.tools_tokens - sum(count(m) for m in messages)
     return report
 
 
-def _tools_tokens(counter: Any, tools_schema: Any) -> int:
-    """The tools' cost as a ``TokenBudgetFilter`` with ``counter`` budgets it."""
+def _tools_tokens(counter: Any, tools_schema: Any, messages: list[Message]) -> int:
+    """The tools' cost in the request of ``messages``, as a ``TokenBudgetFilter`` with
+    ``counter`` budgets it (``tools_cost(tools_schema, messages)``)."""
     if not tools_schema:
         return 0
     from .filters import TokenBudgetFilter
 
-    return TokenBudgetFilter(1, counter).tools_cost(tools_schema)
+    return TokenBudgetFilter(1, counter).tools_cost(tools_schema, messages)

@@ -294,7 +294,7 @@ class SummarizingBudgetFilter(TokenBudgetFilter):
                     limit = f._limit(tools_schema)
                 except ContextBudgetError:
                     limit = -1
-                if limit == budget:
+                if limit == budget and not f._vary:  # (tools that may cost more: each turn checked)
                     try:
                         got = rec.window(messages, count, budget, cfg, sanitize, insert)
                     except Exception:  # the general path raises what it should
@@ -380,7 +380,7 @@ class SummarizingBudgetFilter(TokenBudgetFilter):
                           chain[4:] if chain is not None and chain[9] == len(span) and span else None)
         kept.insert(n_pinned, summary)  # (the inner filter's output is a new list: ours to grow)
         out = kept
-        if not self._additive and int(self.counter.count_messages(out)) + self._plain.tools_cost(tools_schema) > self.max_tokens:
+        if not self._additive and int(self.counter.count_messages(out)) + self._plain.tools_cost(tools_schema, out) > self.max_tokens:
             return self._plain._trim(msgs, tools_schema, sanitize)  # pragma: no cover - capped to fit
         # a system message right after the pinned prefix changes no tool pairing: the inner
         # filter's sanitize decision holds for the output
@@ -440,6 +440,9 @@ class SummarizingBudgetFilter(TokenBudgetFilter):
         rec = inner._rec
         if rec is None or rec.n != len(msgs):
             return  # pragma: no cover - the inner _trim always leaves the records of msgs
+        if inner._vary:  # tools that cost more in some prompts: each turn is checked (_fit_tools)
+            self._hot = None
+            return
         bare = not tools_schema and inner._trusted
         self._hot = (inner, rec, inner._turn_counts, inner._cfg or inner._config(), inner._limit(tools_schema), bare,
                      None if summary is None else (summary, n_pinned, cut))
