@@ -92,7 +92,7 @@ def _fit_tools(flt: Any, prompts: Sequence[Any], interned: Any, outs: list[Any],
     counter = flt.counter
     rows, off, distinct, _ = interned
     for p, out in enumerate(outs):
-        if type(out) is list and counter._user_repeats(out) and counter.tools_surplus(tools_schema, out):
+        if type(out) is list and counter._user_repeats(out) and counter._repeat_surplus(tools_schema, out):
             _redo(flt, prompts[p] if prompts[p] is not None else _at(rows, off, distinct, p), p, outs, clean,
                   tools_schema, sanitize)
 

@@ -1114,8 +1114,11 @@ class ChatTemplateTokenCounter:
         if not tools_schema or not messages or not self._repeats_tools(tools_schema):
             return 0
         ms = list(messages)
-        if not self._user_repeats(ms):
-            return 0
+        return self._repeat_surplus(tools_schema, ms) if self._user_repeats(ms) else 0
+
+    def _repeat_surplus(self, tools_schema: Sequence[Mapping[str, Any]], ms: list[Any]) -> int:
+        """``tools_surplus`` of ``ms`` for tools the template repeats (``_repeats_tools``) and a
+        prompt that repeats its last user message (``_user_repeats``): the callers know both."""
         return max(0, self.count_tools(tools_schema, ms) - self.count_tools(tools_schema))
 
     def _user_repeats(self, ms: list[Any]) -> list[int]:

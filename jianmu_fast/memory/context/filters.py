@@ -697,7 +697,8 @@ class TokenBudgetFilter(_WindowFilter):
         while True:
             out = got[0]
             # (no repeat: no surplus, without rendering; the usual turn)
-            extra = counter.tools_surplus(tools_schema, out) if counter._user_repeats(out) else 0
+            repeats = counter._user_repeats(out)
+            extra = counter._repeat_surplus(tools_schema, out) if repeats else 0
             if not extra:
                 return got
             counts = self._counts(out, 0, len(out)).tolist()
@@ -709,7 +710,7 @@ class TokenBudgetFilter(_WindowFilter):
                 return got
             budget = min(budget - 1, limit - extra)
             if self.trim_from_start:
-                oldest = [i for i in counter._user_repeats(out) if i >= k]
+                oldest = [i for i in repeats if i >= k]
                 if oldest:
                     budget = max(budget, cost - sum(counts[k:oldest[0] + 1]))
             self._tools_cost_now = self.tools_cost(tools_schema) + extra  # (its error message says so)

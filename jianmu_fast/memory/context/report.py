@@ -205,7 +205,8 @@ def build_report(
         messages.extend(block)
         report.provided_sections.extend([i] * len(block))
     report.provided_messages = list(messages)
-    report.tools_tokens = _tools_tokens(counter, tools_schema, messages)
+    tools_cost = _tools_pricer(counter)
+    report.tools_tokens = tools_cost(tools_schema, messages) if tools_schema else 0
     report.provided_tokens = int(counter.count_messages(messages)) + report.tools_tokens
 
     def stage(index: int, name: str, before: list[Message], after: list[Message], failed: bool = False) -> None:
@@ -236,17 +237,16 @@ def build_report(
             stage(-1, "sanitize_tool_call_history", messages, out)
         messages = out
     report.messages = messages
-    report.tools_tokens = _tools_tokens(counter, tools_schema, messages)
+    report.tools_tokens = tools_cost(tools_schema, messages) if tools_schema else 0
     report.total_tokens = int(counter.count_messages(messages)) + report.tools_tokens
     report.overhead_tokens = report.total_tokens - report.tools_tokens - sum(count(m) for m in messages)
     return report
 
 
-def _tools_tokens(counter: Any, tools_schema: Any, messages: list[Message]) -> int:
-    """The tools' cost in the request of ``messages``, as a ``TokenBudgetFilter`` with
-    ``counter`` budgets it (``tools_cost(tools_schema, messages)``)."""
-    if not tools_schema:
-        return 0
+def _tools_pricer(counter: Any) -> Any:
+    """``tools_cost(tools_schema, messages)`` of a ``TokenBudgetFilter`` with ``counter``: the
+    tools' cost in the request of ``messages``, as the budget charges it (one filter for the
+    provided and the final prompt: the tools are counted once)."""
     from .filters import TokenBudgetFilter
 
-    return TokenBudgetFilter(1, counter).tools_cost(tools_schema, messages)
+    return TokenBudgetFilter(1, counter).tools_cost
