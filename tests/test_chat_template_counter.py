@@ -617,6 +617,34 @@ def test_builder_and_summarizing_keep_mistral_repeats_within_the_budget(families
         assert report.total_tokens == c.count_request(report.messages, TOOLS)
 
 
+def test_clearing_triggers_on_the_tools_mistral_prints_again(families):
+    """``ClearToolResultsFilter``'s trigger charges the tools as often as the template prints
+    them: a Mistral prompt that repeats its last user message is over a trigger that it
+    would stay under with the tools charged once, and its tool results are cleared."""
+    from jianmu_fast.memory.context import ClearToolResultsFilter
+
+    c = families["mistral"].fresh()
+    result = json.dumps({"rows": [{"id": i, "city": "Paris", "temp": 20 + i % 7} for i in range(12)]})
+    history: list[Message] = []
+    for i in range(3):
+        history.append(Message(role="user", content="continue" if i else "Plan the trip."))
+        call = {"id": f"c{i}", "type": "function",
+                "function": {"name": "get_weather", "arguments": json.dumps({"city": "Paris"})}}
+        history.append(Message(role="assistant", content="", tool_calls=[call]))
+        history.append(Message(role="tool", content=result, tool_call_id=f"c{i}"))
+        history.append(Message(role="assistant", content=f"Step {i} done."))
+    history.append(Message(role="user", content="continue"))
+    sent = c.count_request(history, TOOLS)
+    charged_once = c.count_messages([]) + int(c.count_array(history).sum()) + c.count_tools(TOOLS)
+    assert charged_once < sent - 1  # (the tools are printed twice: before both "continue")
+    flt = ClearToolResultsFilter(sent - 1, counter=c, keep=1)
+    assert flt.cleared_results(history, tools_schema=TOOLS) == [2, 6]
+    out = flt.apply(history, tools_schema=TOOLS)
+    assert c.count_request(out, TOOLS) < sent
+    # under a trigger the whole prompt fits, nothing is cleared
+    assert ClearToolResultsFilter(sent, counter=c, keep=1).cleared_results(history, tools_schema=TOOLS) == []
+
+
 def test_tools_surplus_is_zero_where_the_template_prints_the_tools_once(families):
     """Only Mistral's template prints the tools again for a repeated user message; for the
     others ``tools_surplus`` is 0 and the filter never asks it about a prompt."""

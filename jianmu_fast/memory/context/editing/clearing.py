@@ -311,7 +311,7 @@ class ClearToolResultsFilter:
         comparison of the old part, records and a resumed compiled scan for the new part, and
         the previous output objects extended (the cleared copies are the same objects turn
         after turn, so the next stage sees a prompt that extends its previous one)."""
-        base = self._base(tools_schema)
+        base = self._base(tools_schema, msgs)
         rec = self._rec
         ref = rec.messages
         k = len(ref)
@@ -508,6 +508,9 @@ class ClearToolResultsFilter:
             else:
                 self._rec = _ClearRecords(-1)
 
-    def _base(self, tools_schema: Any) -> int:
-        """What the request costs before its messages: its fixed cost and ``tools_schema``."""
-        return self._request + (self._tools.tools_cost(tools_schema) if tools_schema else 0)
+    def _base(self, tools_schema: Any, msgs: Sequence[Message] = ()) -> int:
+        """What the request of ``msgs`` costs before its messages: its fixed cost and
+        ``tools_schema``, as often as the template prints them for ``msgs`` (Mistral's again
+        for a repeated last user message, which clearing keeps: it clears only tool results
+        and call arguments)."""
+        return self._request + (self._tools.tools_cost(tools_schema, msgs) if tools_schema else 0)
