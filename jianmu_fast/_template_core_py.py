@@ -207,6 +207,15 @@ def _fields_of(m: Message) -> dict[str, Any]:
             "tool_calls": m.tool_calls, "extra": m.extra}
 
 
+#: the usual tool call's keys (``{"id": ..., "type": "function", "function": {"name": ...,
+#: "arguments": ...}}``, in this order) and its shape in a frame part (``call_entry``'s general
+#: path builds the same for it: a non-empty id and name are slots, the arguments a tojson slot)
+_STD_CALL_KEYS = ("id", "type", "function")
+_STD_FN_KEYS = ("name", "arguments")
+_STD_CALL_SHAPE = (("id", None), ("type", ("str", "function")),
+                   ("function", ("F", (("name", None), ("arguments", ("A",))), None)))
+
+
 def call_entry(m: Message) -> Optional[tuple[dict[str, Any], str, tuple[Any, tuple[str, ...]]]]:
     """``(message_to_template_dict(m), message_key(d), Frames().frame_of(d))`` in one pass
     for the usual tool-call message (calls with ``str`` ids, types and function names,
@@ -239,6 +248,27 @@ def call_entry(m: Message) -> Optional[tuple[dict[str, Any], str, tuple[Any, tup
     values: list = [content] if content else []
     cshapes: list = []
     for call in tool_calls:
+        if len(call) == 3:  # the usual call: {"id": id, "type": "function", "function": {"name", "arguments"}}
+            cid = call.get("id")
+            fn = call.get("function")
+            if (type(cid) is str and cid and call.get("type") == "function" and isinstance(fn, dict)
+                    and len(fn) == 2 and tuple(call) == _STD_CALL_KEYS and tuple(fn) == _STD_FN_KEYS):
+                name = fn["name"]
+                v = fn["arguments"]
+                if type(name) is str and name and type(v) is str and type(call["type"]) is str:
+                    args = _parse_arguments(v)
+                    if type(args) is not dict:
+                        return None
+                    text = args_text(v, args)
+                    out.append(('{"id": ' if not calls else ', {"id": ') + enc(cid)
+                               + ', "type": "function", "function": {"name": ' + enc(name)
+                               + ', "arguments": ' + text + "}}")
+                    values.append(cid)
+                    values.append(name)
+                    values.append(text)
+                    calls.append({"id": cid, "type": "function", "function": {"name": name, "arguments": args}})
+                    cshapes.append(_STD_CALL_SHAPE)
+                    continue
         c: dict = {}
         cshape: list = []
         fn = None
@@ -696,17 +726,27 @@ def piece_counts(self, pieces: list[str]) -> list[int]:
 
 
 def encode_lengths(self, texts: list[str]) -> list[int]:
-    """``self._encode_lengths(texts)``: a small batch on fastokens (the turn's new value runs)
+    """``self._encode_lengths(texts)`` for pieces that hold no added token (a unit plan's value
+    runs, checked by ``plan_texts``): a small batch on fastokens (the turn's new value runs)
     encoded here, text by text (what ``_encodings.fastokens_counts`` does below
-    ``self._FAST_LOOP_CHARS`` characters); anything else through ``_encode_lengths``."""
+    ``self._FAST_LOOP_CHARS`` characters) by its ``encode_ordinary`` (the base pipeline
+    without the added-vocabulary split, which has nothing to split in such a piece: the same
+    tokens without its per-call search and encoding object); anything else through
+    ``_encode_lengths``."""
     fast = self._fast
     if fast is not None:
         total = 0
         for t in texts:
             total += len(t)
         if total < self._FAST_LOOP_CHARS:
-            encode = fast.encode
             try:
+                ordinary = fast.encode_ordinary  # (fastokens 0.3.5+)
+            except AttributeError:
+                ordinary = None
+            try:
+                if ordinary is not None:
+                    return [len(ordinary(t)) for t in texts]
+                encode = fast.encode
                 return [len(encode(t, add_special_tokens=False)) for t in texts]
             except Exception:  # _encode_lengths falls back to tokenizers
                 pass

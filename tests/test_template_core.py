@@ -135,6 +135,31 @@ def test_compiled_hot_path_equals_the_twin_on_fastokens(model_dirs, family, ms):
     assert got == _run(TwinCounter, path, ms, "fastokens") == _run(TwinCounter, path, ms)
 
 
+_FAST_COUNTERS: dict[str, ChatTemplateTokenCounter] = {}
+
+
+@pytest.mark.skipif(importlib.util.find_spec("fastokens") is None, reason="fastokens not installed")
+@pytest.mark.parametrize("family", FAMILIES)
+@settings(max_examples=60, deadline=None, suppress_health_check=list(HealthCheck))
+@given(texts=st.lists(st.text(st.sampled_from(list("ab <>|[]/_\n\t{}\":,.0123éü中文😀")) | st.characters(), max_size=40)
+                      | st.sampled_from(["<|im_end|>", "[INST]", "<|eot_id|>", "<think>", "<|end|>", "</s>", " <"]),
+                      min_size=1, max_size=6).map(lambda parts: "".join(parts)))
+def test_the_core_counts_a_piece_without_added_tokens_as_the_tokenizer_does(model_dirs, family, texts):
+    """``encode_lengths`` (a unit plan's value runs, which ``plan_texts`` checked to hold no
+    added token) counts with fastokens' ``encode_ordinary``: for such a text, on every bundled
+    tokenizer, the count of ``tokenizers``' ``encode(text, add_special_tokens=False)``."""
+    c = _FAST_COUNTERS.get(family)
+    if c is None:
+        c = _FAST_COUNTERS[family] = ChatTemplateTokenCounter(model_dirs[family], engine="fastokens")
+    if c._split is None or c._search(texts) is not None:
+        return  # (a text holding an added token never reaches encode_lengths)
+    want = len(c._tok.encode(texts, add_special_tokens=False))
+    for core in (twin, compiled):
+        assert core.encode_lengths(c, [texts]) == [want]
+        assert core.encode_lengths(c, [texts, texts + "x"]) == [want, len(c._tok.encode(texts + "x", add_special_tokens=False))] \
+            or c._search(texts + "x") is not None
+
+
 @settings(max_examples=300, deadline=None, suppress_health_check=list(HealthCheck))
 @given(ms=_conversation())
 def test_compiled_message_helpers_equal_the_twin(ms):

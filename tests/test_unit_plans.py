@@ -149,25 +149,32 @@ _json = st.recursive(
 @st.composite
 def _call_messages(draw):
     calls = []
+    args = st.one_of(st.dictionaries(_odd, _json, max_size=3).map(json.dumps), _json.map(json.dumps),
+                     st.just("not json {"), st.just(" {} "), st.just("\ufeff{}"))
     for _ in range(draw(st.integers(0, 3))):
+        if draw(st.integers(0, 2)) == 0:  # the usual call (call_entry's fast path)
+            calls.append({"id": draw(_odd.filter(bool)), "type": "function",
+                          "function": {"name": draw(_odd.filter(bool)), "arguments": draw(args)}})
+            continue
         fn: dict = {}
-        for k in draw(st.permutations(["name", "arguments"])):
+        for k in draw(st.one_of(st.just(["name", "arguments"]), st.permutations(["name", "arguments"]))):
             if k == "arguments" and draw(st.integers(0, 5)) == 0:
                 continue
             if k == "name":
                 fn[k] = draw(_odd.filter(bool))
             else:
-                fn[k] = draw(st.one_of(st.dictionaries(_odd, _json, max_size=3).map(json.dumps), _json.map(json.dumps),
-                                       st.just("not json {"), st.just(" {} "), st.just("\ufeff{}")))
+                fn[k] = draw(args)
         call: dict = {}
-        for k in draw(st.permutations(["id", "type", "function", "index"])):
+        # (the usual call's key order and type half of the time: call_entry's fast path)
+        for k in draw(st.one_of(st.just(["id", "type", "function", "index"]),
+                                st.permutations(["id", "type", "function", "index"]))):
             if k == "function":
                 call[k] = fn
             elif k == "index":
                 if draw(st.booleans()):
                     call[k] = draw(st.integers(0, 3))
             elif draw(st.integers(0, 4)):
-                call[k] = draw(st.one_of(_odd, st.none()))
+                call[k] = draw(st.one_of(st.just("function"), _odd, st.none()) if k == "type" else st.one_of(_odd, st.none()))
         calls.append(call)
     content = draw(st.one_of(st.none(), _odd))
     return Message(role="assistant", content=content, tool_calls=calls or None,
