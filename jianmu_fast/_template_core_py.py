@@ -740,7 +740,7 @@ def encode_lengths(self, texts: list[str]) -> list[int]:
             total += len(t)
         if total < self._FAST_LOOP_CHARS:
             try:
-                ordinary = fast.encode_ordinary  # (fastokens 0.3.5+)
+                ordinary = fast.encode_ordinary  # (a fastokens without it: encode, below)
             except AttributeError:
                 ordinary = None
             try:
