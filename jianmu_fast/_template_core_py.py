@@ -27,7 +27,7 @@ __all__ = [
     "entries_stable",
     "entry", "frame_part", "head_groups", "is_local", "local_pattern", "message_to_template_dict", "message_key", "overlap",
     "ops_hold", "parse_key", "piece_counts", "plain_entry", "plain_frame", "plan", "plan_texts", "prefill_units",
-    "segments", "store_all", "trait", "unit_starts", "unit_total",
+    "segments", "store_all", "trait", "unit_starts", "unit_total", "user_repeats",
 ]
 
 _REASONING_FIELDS = ("reasoning_content", "thinking", "reasoning")
@@ -885,6 +885,24 @@ def call_entries(self, ms: list[Any]) -> tuple[list[str], list[dict[str, Any]], 
                 ov = None
     self._last_ms = (ms, keys, dicts) if stable else None
     return keys, dicts, ov
+
+
+def user_repeats(self, ms: list[Any]) -> list[int]:
+    """Indexes of the user messages of ``ms`` before its last one that equal it as the
+    template sees them (their dicts: Mistral's template prints the tools again before each).
+    Its entries as ``count_messages`` gets them (``call_entries``: the messages shared with
+    the previous call are not looked up again; a budget filter asks this of every output it
+    sends with tools that the template may repeat, right before the prompt is counted)."""
+    if not ms:
+        return []
+    keys, dicts, _ = call_entries(self, ms)
+    j = len(dicts) - 1
+    while j >= 0 and dicts[j]["role"] != "user":
+        j -= 1
+    if j <= 0:
+        return []
+    last = dicts[j]
+    return [i for i in range(j) if dicts[i]["role"] == "user" and dicts[i] == last]
 
 
 def entry(self, m: Any, i: int) -> tuple[str, dict[str, Any]]:

@@ -34,7 +34,7 @@ METHODS = {"count_messages": "count_messages", "count_list": "_count_list", "pre
            "plan": "_plan", "plan_texts": "_plan_texts", "piece_counts": "_piece_counts", "frame_part": "_frame_part",
            "entries_stable": "_entries_stable", "call_entries": "_call_entries", "entry": "_entry",
            "any_lookahead": "_any_lookahead", "trait": "_trait", "overlap": "_overlap", "segments": "_segments",
-           "unit_total": "_unit_total", "store_all": "_store_all"}
+           "unit_total": "_unit_total", "store_all": "_store_all", "user_repeats": "_user_repeats"}
 
 
 #: the core's own helpers (called from the methods above, each of the same build)
@@ -296,6 +296,51 @@ def test_a_message_subclass_gets_the_entries_of_the_message_it_copies():
                 assert core.call_entry(m) is not None and core.plain_entry(m, fields) is None
             else:
                 assert core.plain_entry(m, fields) is not None and core.call_entry(m) is None
+
+
+_said = st.sampled_from(["continue", "go on", "continue ", ""])
+
+
+@st.composite
+def _repeating_conversation(draw):
+    """Short texts from few choices: user messages often equal the last one, or differ from it
+    only in a name, trailing space, or an assistant's role; tool turns between them."""
+    ms: list[Message] = [Message(role="system", content=draw(_said))] if draw(st.booleans()) else []
+    for n in range(draw(st.integers(0, 8))):
+        kind = draw(st.integers(0, 4))
+        if kind <= 1:
+            name = draw(st.sampled_from([None, None, "ana", "bo"]))
+            ms.append(Message(role="user", content=draw(_said), name=name))
+        elif kind == 2:
+            ms.append(Message(role="assistant", content=draw(_said)))
+        else:
+            call = {"id": f"c{n}", "type": "function", "function": {"name": "f", "arguments": "{}"}}
+            ms += [Message(role="assistant", content=None, tool_calls=[call]),
+                   Message(role="tool", content=draw(_said), tool_call_id=f"c{n}", name="f")]
+    return ms
+
+
+@pytest.fixture(scope="module")
+def mistral_counters(model_dirs):
+    return [cls(model_dirs["mistral"]) for cls in (CompiledCounter, TwinCounter)]
+
+
+@settings(max_examples=200, deadline=None, suppress_health_check=list(HealthCheck))
+@given(ms=_repeating_conversation(), grow=_repeating_conversation())
+def test_user_repeats_are_the_earlier_user_messages_the_template_sees_equal_to_the_last(mistral_counters, ms, grow):
+    """``_user_repeats`` (what Mistral's template prints the tools again before) on both
+    builds: the user messages before the last user message whose template dicts equal its,
+    on a prompt, the prompt grown (the identity path of ``call_entries``), and its tail."""
+    def want(msgs):
+        dicts = [twin.message_to_template_dict(m) for m in msgs]
+        users = [i for i, d in enumerate(dicts) if d["role"] == "user"]
+        return [i for i in users[:-1] if dicts[i] == dicts[users[-1]]]
+
+    for c in mistral_counters:
+        for msgs in (ms, ms + grow, (ms + grow)[1:], []):
+            assert c._user_repeats(list(msgs)) == want(msgs), type(c).__name__
+    assert want([Message(role="user", content="go on"), Message(role="assistant", content="ok"),
+                 Message(role="user", content="go on")]) == [0]  # (the reference finds a repeat)
 
 
 @pytest.mark.parametrize("size", [1, 4])

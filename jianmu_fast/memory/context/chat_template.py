@@ -586,6 +586,7 @@ class ChatTemplateTokenCounter:
     _frame_part = _tc.frame_part
     _entries_stable = _tc.entries_stable
     _call_entries = _tc.call_entries
+    _user_repeats = _tc.user_repeats
     _entry = _tc.entry
     _any_lookahead = _tc.any_lookahead
     _trait = _tc.trait
@@ -1113,6 +1114,11 @@ class ChatTemplateTokenCounter:
         """
         if not tools_schema or not messages or not self._repeats_tools(tools_schema):
             return 0
+        return self._repeated_surplus(tools_schema, messages)
+
+    def _repeated_surplus(self, tools_schema: Sequence[Mapping[str, Any]], messages: Sequence[Any]) -> int:
+        """``tools_surplus`` of tools the template repeats (``_repeats_tools``: a budget filter
+        knows it from its cached tools entry, and asks this about each prompt it sends)."""
         ms = list(messages)
         return self._repeat_surplus(tools_schema, ms) if self._user_repeats(ms) else 0
 
@@ -1120,16 +1126,6 @@ class ChatTemplateTokenCounter:
         """``tools_surplus`` of ``ms`` for tools the template repeats (``_repeats_tools``) and a
         prompt that repeats its last user message (``_user_repeats``): the callers know both."""
         return max(0, self.count_tools(tools_schema, ms) - self.count_tools(tools_schema))
-
-    def _user_repeats(self, ms: list[Any]) -> list[int]:
-        """Indexes of the user messages of ``ms`` before its last one that equal it, as the
-        template sees them (its dicts)."""
-        _, dicts = self._entries(ms)
-        users = [i for i, d in enumerate(dicts) if d["role"] == "user"]
-        if len(users) < 2:
-            return []
-        last = dicts[users[-1]]
-        return [i for i in users[:-1] if dicts[i] == last]
 
     def _repeats_tools(self, tools_schema: Sequence[Mapping[str, Any]]) -> bool:
         """Whether the tools cost more after ``[u, a, u]`` than after ``[u', a, u]`` (the

@@ -585,6 +585,8 @@ class TokenBudgetFilter(_WindowFilter):
         counter = self.counter
         if self._trusted:  # count_messages([]) of the library's counters is their PER_REQUEST
             return counter.PER_REQUEST
+        if type(counter) is ChatTemplateTokenCounter:  # its count_messages([]), computed when built
+            return counter._empty  # type: ignore[no-any-return]
         return self._check_count(counter.count_messages([]), "count_messages([])")
 
     def _new_counts(self, new: list[Message]) -> Any:
@@ -611,8 +613,8 @@ class TokenBudgetFilter(_WindowFilter):
         if not tools_schema:
             return 0
         cost, vary = self._tools_entry(tools_schema)
-        if vary and messages:
-            return cost + int(self._counter.tools_surplus(tools_schema, messages))
+        if vary and messages:  # (vary: a ChatTemplateTokenCounter whose template repeats these tools)
+            return cost + int(self._counter._repeated_surplus(tools_schema, messages))
         return cost
 
     def _tools_entry(self, tools_schema: Sequence[dict[str, Any]]) -> tuple[int, bool]:
