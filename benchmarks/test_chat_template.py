@@ -44,19 +44,25 @@ import time
 
 import pytest
 from conftest import REPORT, conversation
+from traces import conversation_tools
 
 from jianmu_fast.memory.context import ChatTemplateTokenCounter, HFTokenCounter, TokenBudgetFilter
 from jianmu_fast.memory.context import _encodings
+from jianmu_fast.memory.context.chat_template import message_to_template_dict
 from jianmu_fast.message import Message
 
 #: the tokenizing engines measured (fastokens where the [fast] extra is installed)
 ENGINES = ["tokenizers"] + (["fastokens"] if importlib.util.find_spec("fastokens") else [])
+#: transformers' own apply_chat_template is measured where it is installed (the [dev] extra)
+PEERS = ["transformers"] if importlib.util.find_spec("transformers") else []
 
 BUDGET = 8_000
 TURNS = 10
 ROUNDS = int(os.environ.get("JIANMU_FAST_CT_ROUNDS", "15"))
 SIZES = [40, 600]
 FAMILIES = ["qwen3", "hermes", "llama3.1", "mistral", "gpt-oss", "deepseek-v3"]
+#: the request's tools in the "tools" rows: a schema per function the conversation calls
+TOOLS = conversation_tools()
 _DATA = os.path.join(os.path.dirname(__file__), "..", "tests", "data", "chat_templates")
 _spec = importlib.util.spec_from_file_location("_ct_data", os.path.join(_DATA, "make_tokenizer.py"))
 mk = importlib.util.module_from_spec(_spec)
@@ -109,12 +115,36 @@ def _split(size: int, family: str = "qwen3") -> tuple[list[Message], list[list[M
     return [m for u in units[:k] for m in u], units[k:k + TURNS]
 
 
-def _round(impl: str, size: int, path: str, family: str = "qwen3", engine: str = "auto"):
+def _round(impl: str, size: int, path: str, family: str = "qwen3", engine: str = "auto", tools: bool = False):
     """``(setup, target)``: setup warms a fresh counter on the history before the round;
     target replays the round's turns and returns the counts of the prompts sent. ``engine``
     is the counters' (for ``full_render``: "fastokens" tokenizes with fastokens, anything else
-    with tokenizers, as transformers does)."""
+    with tokenizers, as transformers does). ``tools``: the requests carry ``TOOLS`` (budgeted
+    by the filter, counted in the prompt's count, rendered by the full rendering)."""
     before, turns = _split(size, family)
+    schemas = TOOLS if tools else None
+    clock = time.perf_counter
+    if impl == "transformers":  # the peer: apply_chat_template on the chat-completions dicts
+        import transformers
+
+        hf_tok = transformers.AutoTokenizer.from_pretrained(path)
+        before_dicts = [message_to_template_dict(m) for m in before]
+        turn_dicts = [[message_to_template_dict(m) for m in unit] for unit in turns]
+
+        def tf_setup():
+            gc.collect()
+            return (hf_tok, None, list(before_dicts)), {}
+
+        def tf_target(tok, _flt, history, timed=False):
+            out = []
+            for unit in turn_dicts:
+                t = clock()
+                history.extend(unit)
+                n = len(tok.apply_chat_template(history, tools=schemas, add_generation_prompt=True, tokenize=True,
+                                                return_dict=False))
+                out.append(clock() - t if timed else n)
+            return out
+        return tf_setup, tf_target
 
     def setup():
         if impl == "hf":
@@ -125,11 +155,12 @@ def _round(impl: str, size: int, path: str, family: str = "qwen3", engine: str =
             counter = ChatTemplateTokenCounter(path, engine=engine)
         flt = TokenBudgetFilter(BUDGET, counter=counter)
         history = list(before)
-        counter.count_messages(flt.apply(history))
+        kept = flt.apply(history, tools_schema=schemas)
+        counter.count_messages(kept)
+        flt.tools_cost(schemas, kept)
         gc.collect()  # the garbage of building the counter is not the first turn's to collect
         return (counter, flt, history), {}
 
-    clock = time.perf_counter
     if impl == "full_render":
         tok = _encodings.hf_fastokens(ChatTemplateTokenCounter(path, engine="tokenizers")._tok, "fastokens") \
             if engine == "fastokens" else None
@@ -140,7 +171,7 @@ def _round(impl: str, size: int, path: str, family: str = "qwen3", engine: str =
             for unit in turns:
                 t = clock()
                 history.extend(unit)
-                n = len(encode(counter.render(history), add_special_tokens=False))
+                n = len(encode(counter.render(history, schemas), add_special_tokens=False))
                 out.append(clock() - t if timed else n)
             return out
     else:
@@ -149,7 +180,8 @@ def _round(impl: str, size: int, path: str, family: str = "qwen3", engine: str =
             for unit in turns:
                 t = clock()
                 history.extend(unit)
-                n = counter.count_messages(flt.apply(history))
+                kept = flt.apply(history, tools_schema=schemas)
+                n = counter.count_messages(kept) + flt.tools_cost(schemas, kept)
                 out.append(clock() - t if timed else n)
             return out
     return setup, target
@@ -157,22 +189,29 @@ def _round(impl: str, size: int, path: str, family: str = "qwen3", engine: str =
 
 @pytest.mark.parametrize("family", FAMILIES)
 @pytest.mark.parametrize("size", SIZES)
-@pytest.mark.parametrize("impl", ["chat_template", "hf", "full_render"])
+@pytest.mark.parametrize("impl", ["chat_template", "hf", "full_render", *PEERS])
 @pytest.mark.parametrize("engine", ENGINES)
-def test_turn(benchmark, model_dirs, impl, size, family, engine):
-    benchmark.group = f"chat template hot loop ({family}), {size} messages, per {TURNS} turns"
-    setup, target = _round(impl, size, model_dirs[family], family, engine)
+@pytest.mark.parametrize("tools", [False, True], ids=["no_tools", "tools"])
+def test_turn(benchmark, model_dirs, impl, size, family, engine, tools):
+    if impl in PEERS and engine != "tokenizers":
+        pytest.skip("transformers tokenizes with its own engine (measured once)")
+    benchmark.group = (f"chat template hot loop ({family}), {size} messages{', with tools' if tools else ''}, "
+                       f"per {TURNS} turns")
+    setup, target = _round(impl, size, model_dirs[family], family, engine, tools)
     rounds = 3 if impl == "full_render" else 5
     benchmark.pedantic(target, setup=setup, rounds=rounds, iterations=1)
 
 
 @pytest.mark.parametrize("family", FAMILIES)
 @pytest.mark.parametrize("engine", ENGINES)
-def test_counts_are_exact(model_dirs, family, engine):
-    """Before trusting the timings: every prompt counted in a round equals a full rendering."""
+@pytest.mark.parametrize("tools", [False, True], ids=["no_tools", "tools"])
+def test_counts_are_exact(model_dirs, family, engine, tools):
+    """Before trusting the timings: every prompt counted in a round (with its tools) equals a
+    full rendering."""
     model_dir = model_dirs[family]
+    schemas = TOOLS if tools else None
     for size in SIZES:
-        setup, target = _round("chat_template", size, model_dir, family, engine)
+        setup, target = _round("chat_template", size, model_dir, family, engine, tools)
         (counter, flt, history), _ = setup()
         assert counter.engine_in_use == engine
         before = len(history)
@@ -182,8 +221,13 @@ def test_counts_are_exact(model_dirs, family, engine):
         _, turns = _split(size, family)
         for unit, n in zip(turns, counts):
             hist = hist + unit
-            kept = TokenBudgetFilter(BUDGET, counter=probe).apply(hist)
-            assert n == probe.count_request(kept) <= BUDGET
+            kept = TokenBudgetFilter(BUDGET, counter=probe).apply(hist, tools_schema=schemas)
+            assert n == probe.count_request(kept, schemas) <= BUDGET
+        if PEERS and size == SIZES[0]:  # the peer counts the same prompts (nothing trimmed at this size)
+            assert all(len(history) == len(kept) for kept in [TokenBudgetFilter(BUDGET, counter=probe).apply(
+                history, tools_schema=schemas)])
+            tf_setup, tf_target = _round("transformers", size, model_dir, family, engine, tools)
+            assert tf_target(*tf_setup()[0]) == counts
 
 
 def _turn_mins(setup_target, rounds: int) -> list[float]:
@@ -199,23 +243,26 @@ def _turn_mins(setup_target, rounds: int) -> list[float]:
 
 
 @pytest.mark.parametrize("family", FAMILIES)
-def test_ratios(model_dirs, family, capsys):
+@pytest.mark.parametrize("tools", [False, True], ids=["no_tools", "tools"])
+def test_ratios(model_dirs, family, tools, capsys):
     lines = []
     default = ChatTemplateTokenCounter(model_dirs[family]).engine_in_use  # what engine="auto" picks here
     for size in SIZES:
         r = {}
         for engine in ENGINES:
             for impl in ("chat_template", "hf", "full_render"):
-                r[(impl, engine)] = _round(impl, size, model_dirs[family], family, engine)
+                r[(impl, engine)] = _round(impl, size, model_dirs[family], family, engine, tools)
+        for impl in PEERS:
+            r[(impl, "tokenizers")] = _round(impl, size, model_dirs[family], family, "tokenizers", tools)
         mins: dict[tuple[str, str], list[float]] = {}
-        for k in range(ROUNDS):  # interleaved; full rendering (seconds a round at 600) in 3 of them
+        for k in range(ROUNDS):  # interleaved; whole renderings (seconds a round at 600) in 3 of them
             for key, st in r.items():
-                if key[0] != "full_render" or k % 5 == 0:
+                if key[0] not in ("full_render", *PEERS) or k % 5 == 0:
                     got = _turn_mins(st, 1)
                     mins[key] = got if key not in mins else [min(a, b) for a, b in zip(mins[key], got)]
         t = {key: sum(v) / len(v) for key, v in mins.items()}
         ct, hf, full = t[("chat_template", default)], t[("hf", default)], t[("full_render", "tokenizers")]
-        line = (f"chat template ({family}), {size} messages: per turn chat_template {ct * 1e6:.0f} us, "
+        line = (f"chat template ({family}), {size} messages{', with tools' if tools else ''}: per turn chat_template {ct * 1e6:.0f} us, "
                 f"hf {hf * 1e6:.0f} us, full_render {full * 1e3:.2f} ms; "
                 f"chat_template/hf = {ct / hf:.2f}, "
                 f"full_render/chat_template = {full / ct:.0f}x  (defaults: engine auto = {default}; "
@@ -224,6 +271,11 @@ def test_ratios(model_dirs, family, capsys):
             c, h = t[("chat_template", engine)], t[("hf", engine)]
             line += (f"\n    {engine}: chat_template {c * 1e6:.0f} us, hf {h * 1e6:.0f} us, chat_template/hf = "
                      f"{c / h:.2f}; full_render (tokenizers)/chat_template = {full / c:.0f}x")
+        if PEERS:
+            tf = t[("transformers", "tokenizers")]
+            line += (f"\n    transformers' apply_chat_template {tf * 1e3:.2f} ms per turn: "
+                     f"{tf / ct:.0f}x the default chat_template turn"
+                     + "".join(f", {tf / t[('chat_template', e)]:.0f}x with {e}" for e in ENGINES))
         if "fastokens" in ENGINES:
             ff = t[("full_render", "fastokens")]
             line += (f"\n    full_render tokenized with fastokens {ff * 1e3:.2f} ms "

@@ -206,6 +206,42 @@ _TOOLS: list[tuple[str, Callable, Callable]] = [
 ]
 
 
+def _fn(name: str, description: str, props: dict[str, Any], required: list[str]) -> dict[str, Any]:
+    return {"type": "function", "function": {"name": name, "description": description, "parameters": {
+        "type": "object", "properties": props, "required": required}}}
+
+
+def conversation_tools() -> list[dict[str, Any]]:
+    """The request's ``tools`` for ``make_conversation``'s calls: one OpenAI function schema per
+    tool it calls (~700 o200k tokens), as an agent sends them with every model call.
+
+    >>> [t["function"]["name"] for t in conversation_tools()] == [name for name, _, _ in _TOOLS]
+    True
+    """
+    s, i = {"type": "string"}, {"type": "integer"}
+    return [
+        _fn("get_weather", "Current weather and a short forecast for a city.",
+            {"city": {**s, "description": "City name, in English or Chinese."},
+             "unit": {**s, "enum": ["celsius", "fahrenheit"]}, "lang": {**s, "description": "Answer language."}},
+            ["city"]),
+        _fn("search_web", "Search the web; returns titles, URLs and snippets.",
+            {"query": s, "max_results": {**i, "minimum": 1, "maximum": 20, "default": 5}}, ["query"]),
+        _fn("read_file", "Read lines of a file in the workspace.",
+            {"path": {**s, "description": "Path relative to the workspace root."},
+             "start_line": {**i, "minimum": 1}, "end_line": {**i, "minimum": 1}}, ["path"]),
+        _fn("run_shell", "Run a shell command in the workspace and return its output and exit code.",
+            {"command": s, "timeout_s": {**i, "description": "Seconds before the command is killed.", "default": 120}},
+            ["command"]),
+        _fn("sql_query", "Run a read-only SQL query on the analytics database.",
+            {"sql": {**s, "description": "One SELECT statement."}}, ["sql"]),
+        _fn("translate", "Translate a text between languages.",
+            {"text": s, "source": {**s, "description": "ISO 639-1 code."}, "target": {**s, "description": "ISO 639-1 code."}},
+            ["text", "target"]),
+        _fn("fetch_notes", "Fetch the user's saved notes on a topic.",
+            {"topic": s, "lang": {**s, "enum": ["en", "zh"]}}, ["topic"]),
+    ]
+
+
 def _user_turn(rng: random.Random) -> str:
     r = rng.random()
     if r < 0.25:

@@ -27,7 +27,7 @@ __all__ = [
     "entries_stable",
     "entry", "frame_part", "head_groups", "is_local", "local_pattern", "message_to_template_dict", "message_key", "overlap",
     "ops_hold", "parse_key", "piece_counts", "plain_entry", "plain_frame", "plan", "plan_texts", "prefill_units",
-    "segments", "store_all", "trait", "unit_starts", "unit_total", "user_repeats",
+    "same_json", "segments", "store_all", "tools_signature", "trait", "unit_starts", "unit_total", "user_repeats",
 ]
 
 _REASONING_FIELDS = ("reasoning_content", "thinking", "reasoning")
@@ -903,6 +903,74 @@ def user_repeats(self, ms: list[Any]) -> list[int]:
         return []
     last = dicts[j]
     return [i for i in range(j) if dicts[i]["role"] == "user" and dicts[i] == last]
+
+
+def tools_signature(self, ms: list[Any], opening: bool, first_user: bool, last_user: bool) -> Optional[tuple[Any, ...]]:
+    """What the marginal cost of a tool list may depend on in the prompt ``ms`` (non-empty),
+    for a template whose probes (``ChatTemplateTokenCounter._tools_parts``) found it depends on
+    nothing else: the first message's key and every system message's (DeepSeek-V3's template
+    joins them all into one system block, the tools after it); the keys of the first message that is not a system
+    message (Llama 3.1's template prints the tools into it, whatever its role), of the first
+    user message and of the last one, each only where the probes found it matters
+    (``opening``, ``first_user``, ``last_user``); whether the first and last user messages are
+    one message; how many earlier user messages equal the last one (Mistral's template prints
+    the tools before each); and the last message's role. None for a prompt without a user
+    message (the probes saw none: Mistral's template prints no tools there)."""
+    keys, dicts, _ = call_entries(self, ms)
+    n = len(dicts)
+    o = 0
+    while o < n and dicts[o]["role"] == "system":
+        o += 1
+    f = o
+    while f < n and dicts[f]["role"] != "user":
+        f += 1
+    j = n - 1
+    while j >= f and dicts[j]["role"] != "user":
+        j -= 1
+    head = keys[o] if opening and o < n else None
+    if j < f:
+        return None
+    systems = tuple([keys[i] for i in range(n) if dicts[i]["role"] == "system"])
+    last = dicts[j]
+    repeats = 0
+    for i in range(f, j):
+        if dicts[i]["role"] == "user" and dicts[i] == last:
+            repeats += 1
+    return (keys[0], systems, head, keys[f] if first_user else None, keys[j] if last_user else None, f == j, repeats,
+            dicts[n - 1]["role"])
+
+
+def same_json(a: Any, b: Any) -> bool:
+    """``a == b``, and of the same types throughout, dict keys in the same order: equal values
+    that print differently (``1``, ``1.0``, ``True``; keys reordered) as a template's ``tojson``
+    prints them are not the same. (Strings, the usual leaves, are compared in place.)"""
+    if type(a) is not type(b):
+        return False
+    if type(a) is dict:
+        if len(a) != len(b):
+            return False
+        for (k, v), (k2, v2) in zip(a.items(), b.items()):
+            if k != k2 or type(v) is not type(v2):
+                return False
+            if type(v) is str:
+                if v != v2:
+                    return False
+            elif not same_json(v, v2):
+                return False
+        return True
+    if type(a) is list or type(a) is tuple:
+        if len(a) != len(b):
+            return False
+        for v, v2 in zip(a, b):
+            if type(v) is not type(v2):
+                return False
+            if type(v) is str:
+                if v != v2:
+                    return False
+            elif not same_json(v, v2):
+                return False
+        return True
+    return bool(a == b)
 
 
 def entry(self, m: Any, i: int) -> tuple[str, dict[str, Any]]:

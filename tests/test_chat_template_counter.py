@@ -983,3 +983,54 @@ def test_a_list_changed_in_place_between_calls_counts_exactly(family, ms, data):
             assert state[1] == keys and state[2] == dicts
             if c._last is not None and c._last[0] is state[1]:
                 assert c._last[1] == [j for j, d in enumerate(dicts) if j == 0 or d["role"] != "tool"]
+
+
+@settings(max_examples=100, deadline=None, suppress_health_check=list(HealthCheck))
+@given(ms=conversations(), repeat=st.booleans(), name=st.sampled_from(FAMILIES))
+def test_tools_cost_by_prompt_signature_equals_transformers(families, ms, repeat, name):
+    """``count_tools(tools, ms)`` is looked up by the prompt's signature (``tools_signature``:
+    what the probes found the tools' cost depends on) once a prompt of that signature was
+    rendered: exact on the prompts trimming makes of a conversation behind one system prompt,
+    cut ever later (opening with an assistant's call, its results or text: Llama 3.1 prints
+    the tools into that message, in place of it), with the last user message repeated earlier
+    (Mistral prints them before each), one counter throughout (its cache), and as the budget
+    filter reports it."""
+    fam = families[name]
+    c = fam.counter
+    flt = TokenBudgetFilter(10 ** 6, counter=c)
+    rest = [m for m in ms if m.role != "system"]
+    for cut in range(min(len(rest), 6)):
+        p = [Message(role="system", content="You are terse.")] + rest[cut:]
+        users = [m for m in p if m.role == "user"]
+        if repeat and users:
+            p = p[:1] + [users[-1], Message(role="assistant", content="ok")] + p[1:]
+        ref = fam.reference(p, TOOLS)
+        if isinstance(ref, Exception):
+            continue
+        if isinstance(fam.reference(p), Exception):  # (Llama 3.1 refuses parallel calls, unless the tools take them)
+            assert c.count_request(p, TOOLS) == ref
+            continue
+        assert c.count_messages(p) + c.count_tools(TOOLS, p) == ref, cut
+        assert c.count_messages(p) + flt.tools_cost(TOOLS, p) == ref, cut
+
+
+def test_tools_whose_cost_depends_on_more_than_the_signature_are_rendered_whole(model_dirs):
+    """A template printing the tools with something of every message (here a mark per
+    message) fails the probes: its tools are never looked up by signature, and every count is
+    the whole rendering's."""
+    template = ("{%- for m in messages %}<|im_start|>{{ m.role }}\n{{ m.content }}<|im_end|>\n{%- endfor %}"
+                "{%- if tools %}{{ 'x ' * (messages | length) }}{{ tools | tojson }}{%- endif %}"
+                "{%- if add_generation_prompt %}<|im_start|>assistant\n{%- endif %}")
+    c = ChatTemplateTokenCounter(model_dirs["qwen3"], chat_template=template)
+    key, tools = c._tools_entry(TOOLS)
+    assert c._tools_parts(key, tools) is None
+    ms = [Message(role="system", content="s"), Message(role="user", content="u")]
+    costs = []
+    for n in range(3):
+        costs.append(c.count_tools(TOOLS, ms))
+        assert costs[-1] == c.count_request(ms, TOOLS) - c.count_messages(ms)
+        ms = ms + [Message(role="assistant", content="a"), Message(role="user", content="u")]
+    assert costs[0] < costs[1] < costs[2]  # (what a signature lookup would have missed)
+    qwen = ChatTemplateTokenCounter(model_dirs["qwen3"])
+    key, tools = qwen._tools_entry(TOOLS)
+    assert qwen._tools_parts(key, tools) == (False, False, False)  # (the real one: the system block)

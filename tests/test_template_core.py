@@ -34,11 +34,13 @@ METHODS = {"count_messages": "count_messages", "count_list": "_count_list", "pre
            "plan": "_plan", "plan_texts": "_plan_texts", "piece_counts": "_piece_counts", "frame_part": "_frame_part",
            "entries_stable": "_entries_stable", "call_entries": "_call_entries", "entry": "_entry",
            "any_lookahead": "_any_lookahead", "trait": "_trait", "overlap": "_overlap", "segments": "_segments",
-           "unit_total": "_unit_total", "store_all": "_store_all", "user_repeats": "_user_repeats"}
+           "unit_total": "_unit_total", "store_all": "_store_all", "user_repeats": "_user_repeats",
+           "tools_signature": "_tools_signature"}
 
 
 #: the core's own helpers (called from the methods above, each of the same build)
-HELPERS = {"encode_lengths", "end_cost", "head_groups", "is_local", "local_pattern", "ops_hold", "plain_frame", "unit_starts"}
+HELPERS = {"encode_lengths", "end_cost", "head_groups", "is_local", "local_pattern", "ops_hold", "plain_frame", "same_json",
+           "unit_starts"}
 
 
 def _bound(core):

@@ -397,6 +397,9 @@ def _load_dir(path: str) -> tuple[Any, str, dict[str, str], Optional[str]]:
 _FRAME_TABLES: dict[tuple[Any, ...], dict[Any, Any]] = {}
 #: unit plans (see ``ChatTemplateTokenCounter._plan``), shared as the frame tables are
 _PLAN_TABLES: dict[tuple[Any, ...], dict[Any, Any]] = {}
+#: tool lists' probed signature parts (``_tools_parts``) and their marginal costs by prompt
+#: signature (``count_tools``), shared as the frame tables are
+_TOOLS_TABLES: dict[tuple[Any, ...], tuple[dict[Any, Any], dict[Any, Any]]] = {}
 _TABLES_LOCK = threading.Lock()
 
 
@@ -509,6 +512,12 @@ class ChatTemplateTokenCounter:
         # tools (their JSON) -> whether the template prints them again for a repeated user
         # message (tools_surplus); a function of the template and the tools only
         self._tools_repeat: dict[str, bool] = {}
+        # the last tool list count_tools/count_request saw (a deep copy) and its (JSON, tools)
+        self._tools_seen: Optional[tuple[Any, tuple[str, list[Any]], Any]] = None  # (and the list itself)
+        # tools JSON -> the signature parts their cost depends on (None: rendered whole), and
+        # (tools JSON, prompt signature) -> marginal cost: see count_tools
+        self._tools_parts_of: dict[str, Optional[tuple[bool, bool, bool]]] = {}
+        self._marginals: dict[tuple[Any, ...], int] = {}
         self._split = self._piecewise_splitter()
         # frames: conversations assembled around their messages' verbatim fields, not rendered
         # (see _template_frames); message key -> (frame part, field values)
@@ -548,6 +557,7 @@ class ChatTemplateTokenCounter:
                 with _TABLES_LOCK:
                     self._frames._frames = _FRAME_TABLES.setdefault(shared, {})
                     self._plans = _PLAN_TABLES.setdefault(shared, {})
+                    self._tools_parts_of, self._marginals = _TOOLS_TABLES.setdefault(shared, ({}, {}))
         # message key -> (_lookahead, its element of _pattern), once _sensitive is known
         self._looks: dict[str, tuple[bool, tuple[Any, ...]]] = {}
         self._calls: dict[str, str] = {}  # tool-call id -> key of the assistant message that made it
@@ -587,6 +597,7 @@ class ChatTemplateTokenCounter:
     _entries_stable = _tc.entries_stable
     _call_entries = _tc.call_entries
     _user_repeats = _tc.user_repeats
+    _tools_signature = _tc.tools_signature
     _entry = _tc.entry
     _any_lookahead = _tc.any_lookahead
     _trait = _tc.trait
@@ -1081,17 +1092,32 @@ class ChatTemplateTokenCounter:
         for either.
 
         Templates put tools in many places (a system block, the first or the last user message,
-        Mistral's template even once per user message equal to the last one), so this renders
-        the whole request with tools once (cached by the conversation and the tools).
+        Mistral's template even once per user message equal to the last one). Probes run the
+        first time a tool list is counted with messages (``_tools_parts``) find what its cost
+        depends on; where it is only the prompt's first message, its first and last user
+        messages (each where the probes show it matters), how many user messages repeat the
+        last one and the last message's role, the cost is cached by those (a hot-loop turn
+        looks it up: no rendering); otherwise, and for a prompt not seen in that shape yet, the
+        whole request is rendered with the tools.
         """
         if not tools_schema:
             return 0
-        from ._tools_count import iter_functions
-
-        iter_functions(tools_schema)
+        key, tools = self._tools_entry(tools_schema)
         if messages:
             ms = list(messages)
-            return self.count_request(ms, tools_schema) - self.count_messages(ms)
+            parts = self._tools_parts(key, tools)
+            sig = None
+            shape = self._tools_signature(ms, *parts) if parts is not None else None
+            if shape is not None:
+                sig = (key, *shape)
+                got = self._marginals.get(sig)
+                if got is not None:
+                    return got
+            keys, dicts = self._entries(ms)
+            got = self._full(keys, dicts, tools, key) - self.count_messages(ms)
+            if sig is not None:
+                self._store_all(self._marginals, {sig: got})
+            return got
         user = {"role": "user", "content": "."}
         cost = self.count_request([user], tools_schema) - self.count_messages([user])
         led = [{"role": "system", "content": "."}, user]
@@ -1110,7 +1136,8 @@ class ChatTemplateTokenCounter:
 
         Cheap for every other prompt: whether the template repeats the tools is probed once
         per tools list (two renderings), and only a prompt holding a user message equal to its
-        last one is rendered whole with the tools (cached like ``count_request``).
+        last one is priced, by ``count_tools(tools, ms)`` (its cost by the prompt's signature,
+        which counts those repeats).
         """
         if not tools_schema or not messages or not self._repeats_tools(tools_schema):
             return 0
@@ -1151,8 +1178,108 @@ class ChatTemplateTokenCounter:
         keys, dicts = self._entries(ms)
         if not tools_schema:
             return self._full(keys, dicts) if ms else self._empty
+        key, tools = self._tools_entry(tools_schema)
+        return self._full(keys, dicts, tools, key)
+
+    def _tools_entry(self, tools_schema: Sequence[Mapping[str, Any]]) -> tuple[str, list[Any]]:
+        """``(key, tools)``: the tools as the template receives them (their JSON, parsed back)
+        and that JSON, the caches' key; checked (``iter_functions``: bad input names
+        ``tools_schema[i]``). The last list's entry is reused while the next one is the same
+        JSON value (an agent sends the same tools every turn, at times as a new list; no
+        serializing then): the same list still equal to its copy (``==``: ~1 us), or a list
+        that is ``same_json`` (equal values of equal types, keys in the same order)."""
+        seen = self._tools_seen
+        if seen is not None and ((tools_schema is seen[2] and seen[0] == tools_schema)
+                                 or _tc.same_json(seen[0], tools_schema)):
+            return seen[1]
+        from ._tools_count import iter_functions
+
+        iter_functions(tools_schema)
         tools = json.loads(json.dumps(list(tools_schema)))
-        return self._full(keys, dicts, tools, json.dumps(tools))
+        entry = (json.dumps(tools), tools)
+        self._tools_seen = (copy.deepcopy(tools_schema), entry, tools_schema)
+        return entry
+
+    def _tools_parts(self, key: str, tools: list[Any]) -> Optional[tuple[bool, bool, bool]]:
+        """Whether the marginal cost of ``tools`` depends on the prompt's first message that is
+        not a system message, on its first and on its last user message (``(opening,
+        first_user, last_user)``, what ``tools_signature`` then keys it by), or None where it
+        depends on more than ``tools_signature`` names (then ``count_tools`` renders whole).
+        Probed once per tool list (``_probe_tools``)."""
+        table = self._tools_parts_of
+        if key in table:
+            return table[key]
+        got = self._probe_tools(key, tools)
+        if len(table) >= 64:
+            table.pop(next(iter(table)), None)
+        table[key] = got
+        return got
+
+    def _probe_tools(self, key: str, tools: list[Any]) -> Optional[tuple[bool, bool, bool]]:
+        """``_tools_parts`` by rendering small conversations with and without the tools: the
+        marginal cost must not change with the messages between the first and the last user
+        message, nor with what follows the last one (another tool round, results of other
+        text), for each lead (a system message or none, then a user message, an assistant's
+        text or a tool round: a trimmed prompt may open with either) and either ending (the
+        user, a tool result); then whether it changes with the opening message's text (after
+        a system message), the first user message's and the last one's (texts that differ at
+        their edges: whitespace, newlines, markup, none). A conversation the template refuses
+        proves nothing and is skipped."""
+        from ._tools_count import iter_functions
+
+        fn = iter_functions(tools)[0][1]["name"]
+        made = [0]
+
+        def call_round(result: str, args: str = "{}") -> list[Message]:
+            made[0] += 1
+            cid = f"call_{made[0]}"
+            return [Message(role="assistant", content=None, tool_calls=[
+                        {"id": cid, "type": "function", "function": {"name": fn, "arguments": args}}]),
+                    Message(role="tool", content=result, tool_call_id=cid, name=fn)]
+
+        def user(text: str) -> Message:
+            return Message(role="user", content=text)
+
+        def said(text: str) -> Message:
+            return Message(role="assistant", content=text)
+
+        def marginal(conv: list[Message]) -> Optional[int]:
+            try:
+                keys, dicts = self._entries(conv)
+                return self._full(keys, dicts, tools, key) - self._full(keys, dicts)
+            except MessageValidationError:
+                return None
+
+        def same(convs: list[list[Message]]) -> bool:
+            return len({marginal(c) for c in convs} - {None}) <= 1
+
+        system = Message(role="system", content="You are a probe.")
+        first, last = user("What is the weather?"), user("And tomorrow?")
+        middles = [[said("Sure.")], [*call_round("ok"), said("It is sunny.")],
+                   [said("Sure."), user("Thanks."), said("Fine.")],
+                   [*call_round('{"t": 21}'), said("Done.\n"), user("\nOk "), *call_round("  "), said("Noted")]]
+        tool_ends = [call_round("ok"), call_round("\n\nresult\n"), call_round("a") + call_round("b")]
+        texts = ["\n\nWhat is\n", " x ", "", "<b>", "数据"]
+        leads: list[list[Message]] = [[system], [], [system, said("Earlier.")], [system, *call_round("old")]]
+        for lead in leads:
+            for ends in ([[]], tool_ends):
+                if not same([lead + [first] + mid + [last] + end for mid in middles for end in ends]):
+                    return None
+        opening = first_matters = last_matters = False
+        for end in ([], tool_ends[0]):
+            if not same([[system, said(t), first, said("Sure."), last] + end for t in ["Earlier.", *texts]]) or not same(
+                    [[system, *call_round(t, a), first, said("Sure."), last] + end
+                     for t, a in [("old", "{}"), ("", '{"city": "Oslo"}'), ("\n\nx", '{"q": [1, 2], "n": null}')]]):
+                opening = True
+            for lead in leads[:2]:
+                if not same([lead + [user(t), said("Sure."), last] + end for t in [first.content, *texts]]):
+                    first_matters = True
+                if not same([lead + [first, said("Sure."), user(t)] + end for t in [last.content, *texts]]):
+                    last_matters = True
+                if not (first_matters or last_matters) and not same(
+                        [lead + [user(t)] + end for t in [first.content, *texts]]):
+                    first_matters = last_matters = True
+        return opening, first_matters, last_matters
 
     def __getstate__(self) -> dict[str, Any]:
         """Pickles by model folder (workers reload it; vocabularies are never shipped)."""

@@ -601,10 +601,10 @@ class TokenBudgetFilter(_WindowFilter):
         the same tools in a new list (new dicts, equal content) are not counted again.
 
         With ``messages`` (a prompt this filter kept, or one to check): what they cost in that
-        prompt, which is more where a chat template prints the tools more than once
-        (``ChatTemplateTokenCounter.tools_surplus``: Mistral's, for a repeated last user
-        message); the filter's output keeps ``count_messages(out) + tools_cost(tools, out)``
-        within ``max_tokens``.
+        prompt -- for a ``ChatTemplateTokenCounter``, exactly (``count_tools(tools,
+        messages)``), which is more where the template prints the tools more than once
+        (``tools_surplus``: Mistral's, for a repeated last user message); the filter's output
+        keeps ``count_messages(out) + tools_cost(tools, out)`` within ``max_tokens``.
 
         >>> f = TokenBudgetFilter(1000, SimpleTokenCounter())
         >>> f.tools_cost([{"name": "f"}]), f.tools_cost([{"name": "f"}]), f.tools_cost(None)
@@ -612,10 +612,12 @@ class TokenBudgetFilter(_WindowFilter):
         """
         if not tools_schema:
             return 0
-        cost, vary = self._tools_entry(tools_schema)
-        if vary and messages:  # (vary: a ChatTemplateTokenCounter whose template repeats these tools)
-            return cost + int(self._counter._repeated_surplus(tools_schema, messages))
-        return cost
+        if messages and type(self._counter) is ChatTemplateTokenCounter:
+            # what they cost in that prompt, exactly (at most what the budget charges: the
+            # tools' cost without messages, plus the surplus of tools a template repeats;
+            # cached by the prompt's signature: see its count_tools)
+            return int(self._counter.count_tools(tools_schema, messages))
+        return self._tools_entry(tools_schema)[0]
 
     def _tools_entry(self, tools_schema: Sequence[dict[str, Any]]) -> tuple[int, bool]:
         """``(cost, vary)`` of non-empty tools: ``tools_cost``, and whether they may cost more in
