@@ -1094,9 +1094,10 @@ class ChatTemplateTokenCounter:
         Templates put tools in many places (a system block, the first or the last user message,
         Mistral's template even once per user message equal to the last one). Probes run the
         first time a tool list is counted with messages (``_tools_parts``) find what its cost
-        depends on; where it is only the prompt's first message, its first and last user
-        messages (each where the probes show it matters), how many user messages repeat the
-        last one and the last message's role, the cost is cached by those (a hot-loop turn
+        depends on; where it is only the prompt's first message, its system messages, the
+        first message after them and its first and last user messages (each of these three
+        where the probes show it matters), how many user messages repeat the last one and the
+        last message's role (``tools_signature``), the cost is cached by those (a hot-loop turn
         looks it up: no rendering); otherwise, and for a prompt not seen in that shape yet, the
         whole request is rendered with the tools.
         """
