@@ -941,35 +941,27 @@ def tools_signature(self, ms: list[Any], opening: bool, first_user: bool, last_u
 
 
 def same_json(a: Any, b: Any) -> bool:
-    """``a == b``, and of the same types throughout, dict keys in the same order: equal values
-    that print differently (``1``, ``1.0``, ``True``; keys reordered) as a template's ``tojson``
-    prints them are not the same. (Strings, the usual leaves, are compared in place.)"""
+    """``a == b``, and printed alike by a template's ``tojson``: of the same types throughout
+    (``1``, ``1.0`` and ``True`` are equal), dict keys in the same order, floats of the same
+    ``repr`` (``0.0`` and ``-0.0`` are equal; NaN is never the same)."""
     if type(a) is not type(b):
         return False
     if type(a) is dict:
         if len(a) != len(b):
             return False
         for (k, v), (k2, v2) in zip(a.items(), b.items()):
-            if k != k2 or type(v) is not type(v2):
-                return False
-            if type(v) is str:
-                if v != v2:
-                    return False
-            elif not same_json(v, v2):
+            if k != k2 or not same_json(v, v2):
                 return False
         return True
     if type(a) is list or type(a) is tuple:
         if len(a) != len(b):
             return False
         for v, v2 in zip(a, b):
-            if type(v) is not type(v2):
-                return False
-            if type(v) is str:
-                if v != v2:
-                    return False
-            elif not same_json(v, v2):
+            if not same_json(v, v2):
                 return False
         return True
+    if type(a) is float:
+        return a == b and repr(a) == repr(b)
     return bool(a == b)
 
 

@@ -300,6 +300,31 @@ def test_a_message_subclass_gets_the_entries_of_the_message_it_copies():
                 assert core.plain_entry(m, fields) is not None and core.call_entry(m) is None
 
 
+_json = st.recursive(st.none() | st.booleans() | st.integers(-3, 3) | st.floats(allow_nan=False) | st.text(max_size=3),
+                     lambda c: st.lists(c, max_size=3) | st.dictionaries(st.text(max_size=2), c, max_size=3), max_leaves=8)
+
+
+def _retyped(v):
+    """``v`` with ints as floats and dict keys reversed: equal (``==``), printed otherwise."""
+    if isinstance(v, dict):
+        return {k: _retyped(v[k]) for k in reversed(list(v))}
+    if isinstance(v, list):
+        return [_retyped(x) for x in v]
+    return float(v) if type(v) is int else v
+
+
+@settings(max_examples=500, deadline=None)
+@given(a=_json, how=st.sampled_from(["copy", "retyped", "other"]), other=_json)
+def test_same_json_is_printed_alike_by_tojson(a, how, other):
+    """``same_json`` (the tool list's cache check) on both builds: true exactly where the two
+    values print alike as JSON -- not for ``1`` against ``1.0`` or ``True``, reordered keys,
+    ``0.0`` against ``-0.0``."""
+    b = {"copy": lambda: json.loads(json.dumps(a)), "retyped": lambda: _retyped(a), "other": lambda: other}[how]()
+    want = json.dumps(a) == json.dumps(b)
+    assert twin.same_json(a, b) == compiled.same_json(a, b) == want
+    assert twin.same_json([a], [b]) == compiled.same_json({"t": a}, {"t": b}) == want
+
+
 _said = st.sampled_from(["continue", "go on", "continue ", ""])
 
 
