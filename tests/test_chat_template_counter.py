@@ -1034,3 +1034,16 @@ def test_tools_whose_cost_depends_on_more_than_the_signature_are_rendered_whole(
     qwen = ChatTemplateTokenCounter(model_dirs["qwen3"])
     key, tools = qwen._tools_entry(TOOLS)
     assert qwen._tools_parts(key, tools) == (False, False, False)  # (the real one: the system block)
+
+
+def test_clear_cache_forgets_costs_and_counts_the_same_after(families):
+    """``clear_cache`` drops what the counter learned (renderings, unit costs, the tools'
+    costs by prompt signature) and counts the same afterwards."""
+    c = families["llama3.1"].fresh()
+    ms = [Message(role="system", content="Be brief."), Message(role="user", content="Weather in Oslo?")]
+    before = (c.count_messages(ms), c.count_tools(TOOLS, ms), c.count_request(ms, TOOLS))
+    assert c._marginals and c._texts and c._tools_seen is not None
+    c.clear_cache()
+    assert not c._marginals and not c._texts and not c._units and c._tools_seen is None
+    assert (c.count_messages(ms), c.count_tools(TOOLS, ms), c.count_request(ms, TOOLS)) == before
+    assert before[0] + before[1] == before[2] == families["llama3.1"].reference(ms, TOOLS)

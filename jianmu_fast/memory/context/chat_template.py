@@ -1311,6 +1311,8 @@ class ChatTemplateTokenCounter:
             self._last = None
             self._last_ms = None
             self._plans.clear()  # (shared with the counters of this template: a cache all the same)
+            self._marginals.clear()  # (shared too)
+            self._tools_seen = None
 
     def _fixed_cost(self) -> int:
         """Tokens the template renders around an empty conversation. Templates that read
