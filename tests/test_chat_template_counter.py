@@ -1034,6 +1034,15 @@ def test_tools_whose_cost_depends_on_more_than_the_signature_are_rendered_whole(
     qwen = ChatTemplateTokenCounter(model_dirs["qwen3"])
     key, tools = qwen._tools_entry(TOOLS)
     assert qwen._tools_parts(key, tools) == (False, False, False)  # (the real one: the system block)
+    # a template that refuses the probes' conversations (all longer than two messages) proves
+    # nothing either: rendered whole
+    short = ("{%- if messages | length > 2 %}{{ raise_exception('two messages at most') }}{%- endif %}"
+             + template)
+    c = ChatTemplateTokenCounter(model_dirs["qwen3"], chat_template=short)
+    key, tools = c._tools_entry(TOOLS)
+    assert c._tools_parts(key, tools) is None
+    ms = [Message(role="system", content="s"), Message(role="user", content="u")]
+    assert c.count_tools(TOOLS, ms) == c.count_request(ms, TOOLS) - c.count_messages(ms) > 0
 
 
 def test_clear_cache_forgets_costs_and_counts_the_same_after(families):

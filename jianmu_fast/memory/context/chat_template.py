@@ -1225,7 +1225,8 @@ class ChatTemplateTokenCounter:
         user, a tool result); then whether it changes with the opening message's text (after
         a system message), the first user message's and the last one's (texts that differ at
         their edges: whitespace, newlines, markup, none). A conversation the template refuses
-        proves nothing and is skipped."""
+        proves nothing and is skipped; a template that accepts fewer than 16 of the first
+        checks' 64 is rendered whole."""
         from ._tools_count import iter_functions
 
         fn = iter_functions(tools)[0][1]["name"]
@@ -1251,8 +1252,12 @@ class ChatTemplateTokenCounter:
             except MessageValidationError:
                 return None
 
+        accepted = [0]
+
         def same(convs: list[list[Message]]) -> bool:
-            return len({marginal(c) for c in convs} - {None}) <= 1
+            got = [m for m in (marginal(c) for c in convs) if m is not None]
+            accepted[0] += len(got)
+            return len(set(got)) <= 1
 
         system = Message(role="system", content="You are a probe.")
         first, last = user("What is the weather?"), user("And tomorrow?")
@@ -1266,6 +1271,8 @@ class ChatTemplateTokenCounter:
             for ends in ([[]], tool_ends):
                 if not same([lead + [first] + mid + [last] + end for mid in middles for end in ends]):
                     return None
+        if accepted[0] < 16:  # (a template that refuses most probes: nothing is known)
+            return None
         opening = first_matters = last_matters = False
         for end in ([], tool_ends[0]):
             if not same([[system, said(t), first, said("Sure."), last] + end for t in ["Earlier.", *texts]]) or not same(
