@@ -424,9 +424,11 @@ def unit_starts(dicts: Sequence[Mapping[str, Any]]) -> list[int]:
     return out
 
 
-def count_list(self, messages: Sequence[Any]) -> list[int]:
+def count_list(self, messages: Sequence[Any], start: bool = True) -> list[int]:
     """``count_array(messages)`` as a list of ints (what ``TokenBudgetFilter`` takes for a
-    turn's new messages)."""
+    turn's new messages). ``start``: ``messages[0]`` is the conversation's first message (a
+    system message there is charged as the first, which it stays in any kept prompt); False
+    for a turn's new messages and any other slice, whose first message may follow any other."""
     ms = messages if isinstance(messages, (list, tuple)) else list(messages)
     out = [0] * len(ms)
     if not ms:
@@ -445,7 +447,7 @@ def count_list(self, messages: Sequence[Any]) -> list[int]:
             continue
         if a > 0:
             true_pred: Optional[str] = self._role_of(dicts[a - 1])
-        elif first_role == "system":
+        elif first_role == "system" and start:
             true_pred = "first"
         else:
             true_pred = None

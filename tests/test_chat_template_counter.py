@@ -482,6 +482,66 @@ def test_budget_filter_with_tools_keeps_budget_by_exact_rendering(families, ms, 
     assert c.count_request(kept, TOOLS) <= flt.max_tokens
 
 
+def test_a_system_message_opening_a_turn_is_not_charged_as_the_first(families):
+    """A turn that appends a system message and a user message: the filter counts the new
+    messages alone, and the system message opening them is not the conversation's first
+    (Llama 3.1 prints the first system message's text in its opening header, 5 tokens less
+    than a later one costs): every prompt kept in the hot loop fits, at every budget near the
+    boundary (before the fix, a 65-token budget got a 70-token prompt on Llama 3.1)."""
+    history = [Message(role="system", content="You are terse."), Message(role="user", content="hi"),
+               Message(role="assistant", content="hello there"), Message(role="user", content="more")]
+    turn = [Message(role="system", content="Note: be careful with the user's files."),
+            Message(role="user", content="and then?")]
+    for name, fam in families.items():
+        exact = fam.counter.count_messages(history + turn)
+        for budget in range(exact - 12, exact + 1):
+            counter = fam.fresh()
+            flt = TokenBudgetFilter(max_tokens=budget, counter=counter)
+            try:
+                flt.apply(history)
+            except ContextBudgetError:
+                pass
+            try:
+                kept = flt.apply(history + turn)
+            except ContextBudgetError:
+                continue
+            assert counter.count_request(kept) <= budget, (name, budget)
+            assert kept == TokenBudgetFilter(max_tokens=budget, counter=fam.fresh()).apply(history + turn)
+
+
+@settings(max_examples=60, deadline=None, suppress_health_check=list(HealthCheck))
+@given(ms=conversations(), budget=st.integers(30, 700), name=st.sampled_from(FAMILIES), data=st.data())
+def test_budget_filter_in_a_hot_loop_keeps_budget_and_answers_as_a_fresh_one(families, ms, budget, name, data):
+    """An agent loop: one filter and one counter see the conversation grow (cut anywhere, a
+    system message now and then among the new messages, the counter warmed by earlier
+    prompts); each prompt stays within the budget by exact rendering, and where every
+    message is charged its exact cost (the templates whose units do not depend on their
+    neighbours, no reasoning, no system message after the leading run) it is what a fresh
+    filter with a fresh counter keeps from the same messages. Elsewhere charges are upper
+    bounds, and a message counted in a turn of its own may be charged more than in a whole
+    conversation, whose neighbours are known (DeepSeek-V3: a unit's successor, one token)."""
+    fam = families[name]
+    opening = [i for i in range(1, len(ms)) if ms[i].role == "system" and ms[i - 1].role != "system"]
+    cuts = sorted(set(data.draw(st.lists(st.integers(1, len(ms)), min_size=1, max_size=4)) + opening + [len(ms)]))
+    counter = fam.fresh()
+    flt = TokenBudgetFilter(max_tokens=budget, counter=counter)
+    for cut in cuts:
+        prompt = ms[:cut]
+        if isinstance(fam.reference(prompt), Exception):
+            continue
+        try:
+            kept = flt.apply(prompt)
+        except ContextBudgetError:
+            with pytest.raises(ContextBudgetError):
+                TokenBudgetFilter(max_tokens=budget, counter=fam.fresh()).apply(prompt)
+            continue
+        assert counter.count_request(kept) <= budget
+        lead = next((i for i, m in enumerate(prompt) if m.role != "system"), len(prompt))
+        reasoning = any(m.extra for m in prompt) or _looks_ahead(fam.counter, prompt)
+        if name in LOCAL and not reasoning and all(m.role != "system" for m in prompt[lead:]):
+            assert kept == TokenBudgetFilter(max_tokens=budget, counter=fam.fresh()).apply(prompt)
+
+
 def test_mistral_repeating_the_last_user_message_stays_within_the_budget_with_tools(families):
     """Mistral's template prints the tools before every user message equal to the last one:
     a prompt repeating its last user message pays for them twice, and the budget filter trims

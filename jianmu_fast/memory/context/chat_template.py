@@ -72,9 +72,13 @@ kept or stripped, whichever costs more), so
 ``count_messages([]) + sum(count_array(kept))`` is never below the exact count of the kept
 prompt, and equal to it (but for the end cost above) for neighbour-independent units (every
 unit of the Qwen3, Hermes/Qwen2.5, Llama 3.1, Mistral and gpt-oss templates without
-reasoning). A slice that starts with a ``system`` message is taken to start the conversation
-(the pinned prefix); one that starts with a tool message gets the assistant message that made
-its call (remembered by call id) as neighbour, or a stand-in when the counter never saw it.
+reasoning). ``count_array(ms)`` takes a ``system`` message at ``ms[0]`` to start the
+conversation (the pinned prefix, first in every kept prompt); ``TokenBudgetFilter`` counts a
+turn's new messages, and any slice past the first message, as following others (a system
+message opening them is charged the most it costs after any neighbour: Llama 3.1 charges a
+later system message 5 tokens more than the first). A slice that starts with a tool message
+gets the assistant message that made its call (remembered by call id) as neighbour, or a
+stand-in when the counter never saw it.
 
 **Tools** go where the template puts them (a system block, the first or last user message):
 their marginal cost, ``count_tools(tools, messages)``, is the exact count of the request with

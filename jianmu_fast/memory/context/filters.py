@@ -137,7 +137,8 @@ def _list_counter(counter: Any) -> Any:
     ints in range (``ChatTemplateTokenCounter``: its own list of per-message costs, no array
     to check); None for other counters."""
     if type(counter) is ChatTemplateTokenCounter:
-        return counter._count_list
+        # (new messages follow others: the first of them is not the conversation's first)
+        return partial(counter._count_list, start=False)
     return partial(_backend.counts_of, counter) if type(counter) in _CACHED_COUNTERS else None
 
 
@@ -730,7 +731,9 @@ class TokenBudgetFilter(_WindowFilter):
 
     def _counts(self, messages, lo, hi):
         part = messages[lo:hi]
-        if self._count_array is not None:
+        if type(self.counter) is ChatTemplateTokenCounter:  # its costs of a slice (see count_list)
+            counts = self.counter._count_list(part, lo == 0)
+        elif self._count_array is not None:
             counts = self._count_array(part)
         else:
             counts = [self.counter.count_message(m) for m in part]
