@@ -16,8 +16,15 @@ has only seen the history before the round, as an agent process would). Peers, s
 - ``full_render``: the same work with our renderer (transformers' Jinja environment) and
   tokenizers: 0-40 % faster than transformers'.
 
+Three traces (``CASES``): the seeded conversation at 40 and 600 messages, and the two regimes
+of ``test_regimes.py`` -- customer-service eval traffic (a fixed ~1,250-token policy system
+prompt, JSON tool results of ~250 tokens; 24 messages, the median conversation) and a coding
+agent (a short system prompt, tool outputs up to several thousand tokens; 150 messages, ~30k
+tokens, trimmed hard to a 16,000-token budget) -- each cut into turns the same way.
+
 Every row is measured without and with the request's tools (``TOOLS``: the 7 function
-schemas the conversation calls); with them a turn trims with ``tools_schema=TOOLS`` and counts
+schemas the conversation calls; for the regimes, ``test_regimes.tool_schemas()``, 14 schemas
+of ~2k tokens); with them a turn trims with ``tools_schema=TOOLS`` and counts
 ``count_messages(kept) + tools_cost(TOOLS, kept)``, the request's exact count.
 
 Both counters take ``engine=`` ("tokenizers": HuggingFace ``tokenizers``; "fastokens": the
