@@ -633,9 +633,11 @@ def test_mistral_budget_with_repeated_user_messages_is_exact_and_maximal(familie
     prev = start - 1
     while prev > n_pinned and ms[prev].role == "tool":
         prev -= 1
-    if prev >= n_pinned:  # one more unit: over the budget
+    if prev >= n_pinned:  # one more unit: over the budget, as the filter charges it (the tools'
+        # cost without messages, an upper bound, and the surplus of tools printed again; not
+        # tools_cost(TOOLS, longer), exact: 0 where no user message is left to print them before)
         longer = ms[:n_pinned] + ms[prev:]
-        charged = int(c.count_array(longer).sum()) + c.count_messages([]) + flt.tools_cost(TOOLS, longer)
+        charged = int(c.count_array(longer).sum()) + c.count_messages([]) + tools + c.tools_surplus(TOOLS, longer)
         assert charged > budget
 
 
