@@ -513,19 +513,27 @@ def test_a_system_message_opening_a_turn_is_not_charged_as_the_first(families):
 @given(ms=conversations(), budget=st.integers(30, 700), name=st.sampled_from(FAMILIES), data=st.data())
 def test_budget_filter_in_a_hot_loop_keeps_budget_and_answers_as_a_fresh_one(families, ms, budget, name, data):
     """An agent loop: one filter and one counter see the conversation grow (cut anywhere, a
-    system message now and then among the new messages, the counter warmed by earlier
-    prompts); each prompt stays within the budget by exact rendering, and where every
+    system message now and then among the new messages, an old tool result cleared in place
+    now and then, the counter warmed by earlier prompts); each prompt stays within the budget by exact rendering, and where every
     message is charged its exact cost (the templates whose units do not depend on their
     neighbours, no reasoning, no system message after the leading run) it is what a fresh
     filter with a fresh counter keeps from the same messages. Elsewhere charges are upper
     bounds, and a message counted in a turn of its own may be charged more than in a whole
-    conversation, whose neighbours are known (DeepSeek-V3: a unit's successor, one token)."""
+    conversation, whose neighbours are known (DeepSeek-V3: a unit's successor, one token);
+    so may the results of a call that arrive over several turns (Qwen3 closes its block of
+    tool responses after the last: a prompt that ended after the first result paid for it)."""
     fam = families[name]
     opening = [i for i in range(1, len(ms)) if ms[i].role == "system" and ms[i - 1].role != "system"]
     cuts = sorted(set(data.draw(st.lists(st.integers(1, len(ms)), min_size=1, max_size=4)) + opening + [len(ms)]))
     counter = fam.fresh()
     flt = TokenBudgetFilter(max_tokens=budget, counter=counter)
+    ms = list(ms)
+    split = False  # an earlier prompt ended between a call's results
     for cut in cuts:
+        results = [i for i in range(cut) if ms[i].role == "tool"]
+        if results and data.draw(st.booleans()):  # an old result cleared in place (context editing)
+            i = data.draw(st.sampled_from(results))
+            ms[i] = ms[i].model_copy(update={"content": "[cleared]"})
         prompt = ms[:cut]
         if isinstance(fam.reference(prompt), Exception):
             continue
@@ -538,8 +546,9 @@ def test_budget_filter_in_a_hot_loop_keeps_budget_and_answers_as_a_fresh_one(fam
         assert counter.count_request(kept) <= budget
         lead = next((i for i, m in enumerate(prompt) if m.role != "system"), len(prompt))
         reasoning = any(m.extra for m in prompt) or _looks_ahead(fam.counter, prompt)
-        if name in LOCAL and not reasoning and all(m.role != "system" for m in prompt[lead:]):
+        if name in LOCAL and not reasoning and not split and all(m.role != "system" for m in prompt[lead:]):
             assert kept == TokenBudgetFilter(max_tokens=budget, counter=fam.fresh()).apply(prompt)
+        split = split or (cut < len(ms) and ms[cut].role == "tool")
 
 
 def test_mistral_repeating_the_last_user_message_stays_within_the_budget_with_tools(families):

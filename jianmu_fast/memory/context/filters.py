@@ -326,11 +326,24 @@ class _WindowFilter:
         clean = rec.sanitize(n_pinned, lo, hi) == 0 if sanitize else False
         return out, clean
 
+    @property
+    def _in_context(self) -> bool:
+        """Whether the counter charges a message by its neighbours (``ChatTemplateTokenCounter``:
+        a unit's rendering may depend on them): records are then counted in runs where they
+        stand in the prompt, never as a list of messages from different places."""
+        return type(getattr(self, "_counter", None)) is ChatTemplateTokenCounter
+
     def _fill_counts(self, rec: Any, msgs: list[Message], lo: int, hi: int) -> None:
         """Count the records of ``msgs[lo:hi]`` not counted yet."""
         need = np.flatnonzero(rec.counts[lo:hi] < 0)
         if len(need) == hi - lo:
             rec.set_counts(np.arange(lo, hi, dtype=np.int64), self._counts(msgs, lo, hi))
+        elif self._in_context:  # each run of them where it stands (see _in_context)
+            need += lo
+            breaks = np.flatnonzero(np.diff(need) != 1) + 1
+            for run in np.split(need, breaks):
+                a = int(run[0])
+                rec.set_counts(run, self._counts(msgs, a, a + len(run)))
         else:
             need += lo
             rec.set_counts(need, self._counts([msgs[i] for i in need.tolist()], 0, len(need)))
