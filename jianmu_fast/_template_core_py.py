@@ -907,7 +907,8 @@ def user_repeats(self, ms: list[Any]) -> list[int]:
     return [i for i in range(j) if dicts[i]["role"] == "user" and dicts[i] == last]
 
 
-def tools_signature(self, ms: list[Any], opening: bool, first_user: bool, last_user: bool) -> Optional[tuple[Any, ...]]:
+def tools_signature(self, ms: list[Any], opening: bool, first_user: bool, last_user: bool,
+                    no_user: bool = False) -> Optional[tuple[Any, ...]]:
     """What the marginal cost of a tool list may depend on in the prompt ``ms`` (non-empty),
     for a template whose probes (``ChatTemplateTokenCounter._tools_parts``) found it depends on
     nothing else: the first message's key and every system message's (DeepSeek-V3's template
@@ -916,8 +917,10 @@ def tools_signature(self, ms: list[Any], opening: bool, first_user: bool, last_u
     user message and of the last one, each only where the probes found it matters
     (``opening``, ``first_user``, ``last_user``); whether the first and last user messages are
     one message; how many earlier user messages equal the last one (Mistral's template prints
-    the tools before each); and the last message's role. None for a prompt without a user
-    message (the probes saw none: Mistral's template prints no tools there)."""
+    the tools before each); and the last message's role. A prompt without a user message (a
+    coding agent's trimmed prompt: tool rounds only) has a signature of its own (no user keys,
+    ``None`` where the others say whether the first and last are one) where ``no_user`` (the
+    probes found such prompts depend on nothing else either), None otherwise."""
     keys, dicts, _ = call_entries(self, ms)
     n = len(dicts)
     o = 0
@@ -931,7 +934,10 @@ def tools_signature(self, ms: list[Any], opening: bool, first_user: bool, last_u
         j -= 1
     head = keys[o] if opening and o < n else None
     if j < f:
-        return None
+        if not no_user:
+            return None
+        return (keys[0], tuple([keys[i] for i in range(n) if dicts[i]["role"] == "system"]), head, None, None, None,
+                0, dicts[n - 1]["role"])
     systems = tuple([keys[i] for i in range(n) if dicts[i]["role"] == "system"])
     last = dicts[j]
     repeats = 0

@@ -1085,6 +1085,43 @@ def test_tools_cost_by_prompt_signature_equals_transformers(families, ms, repeat
         assert c.count_messages(p) + flt.tools_cost(TOOLS, p) == ref, cut
 
 
+def test_tools_cost_of_prompts_without_a_user_message_is_looked_up_and_exact(families):
+    """A coding agent's prompt, trimmed, often keeps no user message (one request, then tool
+    rounds): the probes find its tools' cost depends on nothing but its signature on every
+    bundled template (``no_user``), so the windows sliding over the rounds are looked up, not
+    rendered (where the opening message is not in the signature: all but Llama 3.1), and
+    exact, with and without a system message first, ending on a result or an answer."""
+    rounds: list[Message] = []
+    for i in range(8):
+        args = json.dumps({"city": ["Oslo", "  Paris\n", "数据"][i % 3]})
+        rounds.append(Message(role="assistant", content=None, tool_calls=[
+            {"id": f"c{i}", "type": "function", "function": {"name": "get_weather", "arguments": args}}]))
+        rounds.append(Message(role="tool", content=["sunny", "\n\n{\"t\": 21}\n", ""][i % 3], tool_call_id=f"c{i}",
+                              name="get_weather"))
+        if i % 3 == 2:
+            rounds.append(Message(role="assistant", content=["Done.", "Next step."][i % 2]))
+    system = Message(role="system", content="You are a coding agent.")
+    for name, fam in families.items():
+        c = fam.fresh()
+        key, tools = c._tools_entry(TOOLS)
+        assert c._tools_parts(key, tools)[3], name
+        looked_up = 0
+        for lead in ([system], []):
+            for start in range(0, len(rounds) - 2):
+                if rounds[start].role == "tool":
+                    continue
+                p = lead + rounds[start:]
+                ref = fam.reference(p, TOOLS)
+                if isinstance(ref, Exception):
+                    continue
+                sig = c._tools_signature(p, *c._tools_parts(key, tools))
+                looked_up += sig is not None and (key, *sig) in c._marginals  # (no rendering)
+                assert c.count_messages(p) + c.count_tools(TOOLS, p) == ref, (name, start, bool(lead))
+                assert sig is not None and (key, *sig) in c._marginals
+        if name != "llama3.1":
+            assert looked_up >= 6, name
+
+
 def test_tools_whose_cost_depends_on_more_than_the_signature_are_rendered_whole(model_dirs):
     """A template printing the tools with something of every message (here a mark per
     message) fails the probes: its tools are never looked up by signature, and every count is
@@ -1104,7 +1141,7 @@ def test_tools_whose_cost_depends_on_more_than_the_signature_are_rendered_whole(
     assert costs[0] < costs[1] < costs[2]  # (what a signature lookup would have missed)
     qwen = ChatTemplateTokenCounter(model_dirs["qwen3"])
     key, tools = qwen._tools_entry(TOOLS)
-    assert qwen._tools_parts(key, tools) == (False, False, False)  # (the real one: the system block)
+    assert qwen._tools_parts(key, tools) == (False, False, False, True)  # (the real one: the system block)
     # a template that refuses the probes' conversations (all longer than two messages) proves
     # nothing either: rendered whole
     short = ("{%- if messages | length > 2 %}{{ raise_exception('two messages at most') }}{%- endif %}"

@@ -520,7 +520,7 @@ class ChatTemplateTokenCounter:
         self._tools_seen: Optional[tuple[Any, tuple[str, list[Any]], Any]] = None  # (and the list itself)
         # tools JSON -> the signature parts their cost depends on (None: rendered whole), and
         # (tools JSON, prompt signature) -> marginal cost: see count_tools
-        self._tools_parts_of: dict[str, Optional[tuple[bool, bool, bool]]] = {}
+        self._tools_parts_of: dict[str, Optional[tuple[bool, bool, bool, bool]]] = {}
         self._marginals: dict[tuple[Any, ...], int] = {}
         self._split = self._piecewise_splitter()
         # frames: conversations assembled around their messages' verbatim fields, not rendered
@@ -1205,11 +1205,13 @@ class ChatTemplateTokenCounter:
         self._tools_seen = (copy.deepcopy(tools_schema), entry, tools_schema)
         return entry
 
-    def _tools_parts(self, key: str, tools: list[Any]) -> Optional[tuple[bool, bool, bool]]:
+    def _tools_parts(self, key: str, tools: list[Any]) -> Optional[tuple[bool, bool, bool, bool]]:
         """Whether the marginal cost of ``tools`` depends on the prompt's first message that is
-        not a system message, on its first and on its last user message (``(opening,
-        first_user, last_user)``, what ``tools_signature`` then keys it by), or None where it
-        depends on more than ``tools_signature`` names (then ``count_tools`` renders whole).
+        not a system message, on its first and on its last user message, and whether a prompt
+        without a user message depends on nothing more than its signature (``(opening,
+        first_user, last_user, no_user)``, what ``tools_signature`` then keys it by), or None
+        where it depends on more than ``tools_signature`` names (then ``count_tools`` renders
+        whole).
         Probed once per tool list (``_probe_tools``)."""
         table = self._tools_parts_of
         if key in table:
@@ -1220,7 +1222,7 @@ class ChatTemplateTokenCounter:
         table[key] = got
         return got
 
-    def _probe_tools(self, key: str, tools: list[Any]) -> Optional[tuple[bool, bool, bool]]:
+    def _probe_tools(self, key: str, tools: list[Any]) -> Optional[tuple[bool, bool, bool, bool]]:
         """``_tools_parts`` by rendering small conversations with and without the tools: the
         marginal cost must not change with the messages between the first and the last user
         message, nor with what follows the last one (another tool round, results of other
@@ -1228,9 +1230,10 @@ class ChatTemplateTokenCounter:
         text or a tool round: a trimmed prompt may open with either) and either ending (the
         user, a tool result); then whether it changes with the opening message's text (after
         a system message), the first user message's and the last one's (texts that differ at
-        their edges: whitespace, newlines, markup, none). A conversation the template refuses
-        proves nothing and is skipped; a template that accepts fewer than 16 of the first
-        checks' 64 is rendered whole."""
+        their edges: whitespace, newlines, markup, none); then prompts without a user message,
+        each lead with other openings, bodies and endings (``no_user``: at least 16 of them
+        accepted, all alike). A conversation the template refuses proves nothing and is
+        skipped; a template that accepts fewer than 16 of the first checks' 64 is rendered whole."""
         from ._tools_count import iter_functions
 
         fn = iter_functions(tools)[0][1]["name"]
@@ -1291,7 +1294,24 @@ class ChatTemplateTokenCounter:
                 if not (first_matters or last_matters) and not same(
                         [lead + [user(t)] + end for t in [first.content, *texts]]):
                     first_matters = last_matters = True
-        return opening, first_matters, last_matters
+        # prompts without a user message (a coding agent's, trimmed: tool rounds only): their
+        # cost may depend on nothing but what their signature keeps (the first message, the
+        # system messages, the opening message where ``opening``, the last role)
+        no_user = True
+        seen = 0
+        openings = [[said("Earlier.")], call_round("old"), [said("\n\nx ")], call_round("", '{"city": "Oslo"}')]
+        bodies: list[list[Message]] = [[], [said("Sure.")], [*call_round("ok"), said("Done.")], call_round('{"t": 21}')]
+        for lead in leads[:2]:
+            for end in ([said("Fine.")], call_round("z"), call_round("\n\nresult\n") + call_round("b")):
+                if lead and not opening:  # the opening message is not in the signature: any
+                    groups = [[lead + op + body + end for op in openings for body in bodies]]
+                else:  # it is (the first message, or the opening where ``opening``)
+                    groups = [[lead + op + body + end for body in bodies] for op in openings]
+                for group in groups:
+                    got = [m for m in (marginal(c) for c in group) if m is not None]
+                    seen += len(got)
+                    no_user = no_user and len(set(got)) <= 1
+        return opening, first_matters, last_matters, no_user and seen >= 16
 
     def __getstate__(self) -> dict[str, Any]:
         """Pickles by model folder (workers reload it; vocabularies are never shipped)."""
