@@ -933,12 +933,11 @@ def tools_signature(self, ms: list[Any], opening: bool, first_user: bool, last_u
     while j >= f and dicts[j]["role"] != "user":
         j -= 1
     head = keys[o] if opening and o < n else None
-    if j < f:
-        if not no_user:
-            return None
-        return (keys[0], tuple([keys[i] for i in range(n) if dicts[i]["role"] == "system"]), head, None, None, None,
-                0, dicts[n - 1]["role"])
+    if j < f and not no_user:
+        return None
     systems = tuple([keys[i] for i in range(n) if dicts[i]["role"] == "system"])
+    if j < f:
+        return (keys[0], systems, head, None, None, None, 0, dicts[n - 1]["role"])
     last = dicts[j]
     repeats = 0
     for i in range(f, j):

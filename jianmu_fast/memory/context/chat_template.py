@@ -1298,7 +1298,7 @@ class ChatTemplateTokenCounter:
         # cost may depend on nothing but what their signature keeps (the first message, the
         # system messages, the opening message where ``opening``, the last role)
         no_user = True
-        seen = 0
+        seen = accepted[0]
         openings = [[said("Earlier.")], call_round("old"), [said("\n\nx ")], call_round("", '{"city": "Oslo"}')]
         bodies: list[list[Message]] = [[], [said("Sure.")], [*call_round("ok"), said("Done.")], call_round('{"t": 21}')]
         for lead in leads[:2]:
@@ -1308,10 +1308,8 @@ class ChatTemplateTokenCounter:
                 else:  # it is (the first message, or the opening where ``opening``)
                     groups = [[lead + op + body + end for body in bodies] for op in openings]
                 for group in groups:
-                    got = [m for m in (marginal(c) for c in group) if m is not None]
-                    seen += len(got)
-                    no_user = no_user and len(set(got)) <= 1
-        return opening, first_matters, last_matters, no_user and seen >= 16
+                    no_user = no_user and same(group)
+        return opening, first_matters, last_matters, no_user and accepted[0] - seen >= 16
 
     def __getstate__(self) -> dict[str, Any]:
         """Pickles by model folder (workers reload it; vocabularies are never shipped)."""
