@@ -451,9 +451,17 @@ def count_list(self, messages: Sequence[Any], start: bool = True) -> list[int]:
             true_pred = "first"
         else:
             true_pred = None
-        preds = self._preds(first_role, true_pred)
+        # the most the unit costs over every neighbour it may have in a kept prompt, whatever
+        # stands beside it here: the same charge in a turn's new messages as in a whole
+        # conversation (a filter in a hot loop keeps what a fresh one keeps)
+        if true_pred == "first":
+            preds = ["first"]
+        else:
+            preds = self._preds(first_role, None)
+            if first_role != "tool":
+                preds.append("call")  # (after a call left without results)
         true_succ = "end" if b == n else dicts[b]["role"]
-        succs = [true_succ] if b < n else ["user", "assistant", "system"]
+        succs = ["user", "assistant", "system"]
         exact_pred = true_pred if true_pred is not None else ("tool" if first_role == "tool" else "user")
         caller = None
         if first_role == "tool" and true_pred is None:

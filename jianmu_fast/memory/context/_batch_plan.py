@@ -69,6 +69,12 @@ def trim_many(flt: Any, prompts: Sequence[Any], tools_schema: Any, sanitize: boo
         limit = flt._limit(tools_schema)
     except JianmuError as exc:
         return [exc] * n, ([False] * n if sanitize else None)
+    if getattr(flt, "_in_context", False):
+        # a counter that charges a message by where it stands (a chat template's): one count
+        # per distinct message cannot serve every prompt that holds it; each prompt is trimmed
+        # as ``apply`` trims it (its records extend the previous prompt's where it continues it)
+        return _each(flt, prompts if interned is None else _lists(prompts, interned), range(n), tools_schema,
+                     sanitize)
     if interned is None:
         interned = _backend.intern_rows(prompts, Message)
     rows, off, distinct, bad = interned

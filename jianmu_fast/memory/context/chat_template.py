@@ -67,8 +67,9 @@ message), and is never below it.
 a unit whose rendering depends on its neighbours (probed once per role pattern with stand-in
 messages: DeepSeek closes a tool-output block in the next assistant turn, Llama 3.1 folds a
 leading system message into its header) is charged the most it costs over every neighbour it
-could have in a kept prompt (a unit with reasoning, or with text the template looks ahead for:
-kept or stripped, whichever costs more), so
+could have in a kept prompt, whatever stands beside it in the list counted (a unit with
+reasoning, or with text the template looks ahead for: kept or stripped, whichever costs more),
+so a unit is charged the same in a turn's new messages as in a whole conversation, and
 ``count_messages([]) + sum(count_array(kept))`` is never below the exact count of the kept
 prompt, and equal to it (but for the end cost above) for neighbour-independent units (every
 unit of the Qwen3, Hermes/Qwen2.5, Llama 3.1, Mistral and gpt-oss templates without
@@ -78,7 +79,9 @@ turn's new messages, and any slice past the first message, as following others (
 message opening them is charged the most it costs after any neighbour: Llama 3.1 charges a
 later system message 5 tokens more than the first). A slice that starts with a tool message
 gets the assistant message that made its call (remembered by call id) as neighbour, or a
-stand-in when the counter never saw it.
+stand-in when the counter never saw it; ``TokenBudgetFilter`` counts a slice from the start of
+the unit its first message is in (a result costs what it adds to its call and the results
+before it, as in the whole conversation).
 
 **Tools** go where the template puts them (a system block, the first or last user message):
 their marginal cost, ``count_tools(tools, messages)``, is the exact count of the request with

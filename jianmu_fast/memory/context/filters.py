@@ -136,9 +136,8 @@ def _list_counter(counter: Any) -> Any:
     compiled ``counts_of`` bound to the counter): a turn's new messages counted as a list of
     ints in range (``ChatTemplateTokenCounter``: its own list of per-message costs, no array
     to check); None for other counters."""
-    if type(counter) is ChatTemplateTokenCounter:
-        # (new messages follow others: the first of them is not the conversation's first)
-        return partial(counter._count_list, start=False)
+    if type(counter) is ChatTemplateTokenCounter:  # (the filter's own: _template_counts)
+        return None
     return partial(_backend.counts_of, counter) if type(counter) in _CACHED_COUNTERS else None
 
 
@@ -152,6 +151,8 @@ class _WindowFilter:
     _unit_name = "tokens"
     _pinned_free = False  # pinned messages cost nothing against the limit
     _rec: Any = None
+    #: the prompt of the call under way (``TokenBudgetFilter._template_counts`` reads it)
+    _turn_msgs: Optional[list[Any]] = None
     #: the planner's settings (pinned_mask, from_start, chunk, pinned_free); None after a change
     _cfg: Optional[tuple[int, bool, int, bool]] = None
     #: each instance makes its own; this one serves subclasses whose __init__ skips ours
@@ -222,7 +223,7 @@ class _WindowFilter:
 
     def __getstate__(self) -> dict[str, Any]:
         state = self.__dict__.copy()
-        for key in ("_rec", "_lock", "_cfg"):
+        for key in ("_rec", "_lock", "_cfg", "_turn_msgs"):
             state.pop(key, None)
         return state
 
@@ -260,6 +261,7 @@ class _WindowFilter:
                 msgs = messages if type(messages) is list else list(messages)
                 limit = self._limit(tools_schema)
                 rec = self._rec
+                self._turn_msgs = msgs
                 got = None
                 if rec is not None and limit >= 0:
                     # the agent loop: the prompt extends the last one; one compiled call records
@@ -529,7 +531,7 @@ class TokenBudgetFilter(_WindowFilter):
         self._count_array = getattr(counter, "count_array", None)
         self._trusted = type(counter) in _TRUSTED_COUNTERS
         # the library's cached counters: a turn's few new messages skip the array round trip
-        self._list_counts = _list_counter(counter)
+        self._list_counts = self._template_counts if type(counter) is ChatTemplateTokenCounter else _list_counter(counter)
         self._set_turn_counts()
         self._forget()
         self._tools_last: Optional[tuple[Any, tuple[int, bool]]] = None
@@ -547,7 +549,7 @@ class TokenBudgetFilter(_WindowFilter):
     def __setstate__(self, state: dict[str, Any]) -> None:
         super().__setstate__(state)
         counter = state.get("_counter")
-        self._list_counts = _list_counter(counter)
+        self._list_counts = self._template_counts if type(counter) is ChatTemplateTokenCounter else _list_counter(counter)
         self._set_turn_counts()
 
     def _trim_known(self, messages: Sequence[Any], tools_schema: Any, known: Any) -> tuple[list[Message], bool]:
@@ -563,6 +565,7 @@ class TokenBudgetFilter(_WindowFilter):
                 msgs = messages if type(messages) is list else list(messages)
                 limit = self._limit(tools_schema)
                 rec = self._rec
+                self._turn_msgs = msgs
                 got = None
                 if rec is not None and limit >= 0:
                     got = rec.window(msgs, self._turn_counts, limit, self._cfg or self._config(), True, None, known)
@@ -743,16 +746,41 @@ class TokenBudgetFilter(_WindowFilter):
         return self._counts(msgs, 0, len(msgs)) if len(msgs) <= 64 else None
 
     def _counts(self, messages, lo, hi):
-        part = messages[lo:hi]
         if type(self.counter) is ChatTemplateTokenCounter:  # its costs of a slice (see count_list)
-            counts = self.counter._count_list(part, lo == 0)
-        elif self._count_array is not None:
+            # from the start of the unit ``messages[lo]`` is in: a tool result costs what it adds
+            # to its call and the results before it, wherever a slice starts
+            a = lo
+            while a > 0 and messages[a].role == "tool":
+                a -= 1
+            counts = self.counter._count_list(messages[a:hi], a == 0)
+            if a < lo:
+                counts = counts[lo - a:]
+            return np.ascontiguousarray(counts, dtype=np.int64)
+        part = messages[lo:hi]
+        if self._count_array is not None:
             counts = self._count_array(part)
         else:
             counts = [self.counter.count_message(m) for m in part]
         if self._trusted:
             return np.ascontiguousarray(counts, dtype=np.int64)
         return self._checked(counts, lo)
+
+    def _template_counts(self, new: list[Message]) -> Optional[list[int]]:
+        """A turn's new messages counted by a ``ChatTemplateTokenCounter`` where they stand:
+        ``new`` is ``self._turn_msgs[k:]`` (``k`` records before them), the first a system
+        message charged as the conversation's first only at ``k == 0``, results that continue
+        the unit before them counted with it (see ``_counts``), so each message is charged what
+        a fresh filter charges it. None (counted later, where the plan needs them, by
+        ``_fill_counts``) for messages that are not that slice: records patched in place, or
+        items coerced to Messages."""
+        msgs, rec = self._turn_msgs, self._rec
+        k = rec.n if rec is not None else 0
+        if (msgs is None or not new or len(msgs) - k != len(new) or msgs[k] is not new[0]
+                or msgs[-1] is not new[-1]):
+            return None
+        if k and new[0].role == "tool":
+            return self._counts(rec.msgs + new, k, k + len(new)).tolist()
+        return self.counter._count_list(new, k == 0)  # type: ignore[no-any-return]
 
     def _checked(self, counts: Any, lo: int) -> np.ndarray:
         """A custom counter's counts as int64, each an int in ``[0, 2**53]`` (else TrimmingError)."""

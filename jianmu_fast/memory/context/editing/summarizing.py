@@ -296,6 +296,7 @@ class SummarizingBudgetFilter(TokenBudgetFilter):
                     limit = -1
                 if limit == budget and not f._vary:  # (tools that may cost more: each turn checked)
                     try:
+                        f._turn_msgs = messages  # (where a turn's new messages stand: _template_counts)
                         got = rec.window(messages, count, budget, cfg, sanitize, insert)
                     except Exception:  # the general path raises what it should
                         got = 0
