@@ -424,11 +424,18 @@ def unit_starts(dicts: Sequence[Mapping[str, Any]]) -> list[int]:
     return out
 
 
-def count_list(self, messages: Sequence[Any], start: bool = True) -> list[int]:
+def count_list(self, messages: Sequence[Any], start: bool = True, pred: Optional[str] = None) -> list[int]:
     """``count_array(messages)`` as a list of ints (what ``TokenBudgetFilter`` takes for a
     turn's new messages). ``start``: ``messages[0]`` is the conversation's first message (a
     system message there is charged as the first, which it stays in any kept prompt); False
-    for a turn's new messages and any other slice, whose first message may follow any other."""
+    for a turn's new messages and any other slice, whose first message may follow any other.
+    ``pred``: where ``messages[0]`` follows others, the role of the message before it
+    (``_role_of``'s: "call" for an assistant message with calls), when the caller knows it
+    (the budget filter does): the unit is then charged the most over that neighbour and those
+    a kept prompt may give it instead (none, the pinned system prompt), as a unit inside the
+    list is; None: over every neighbour. Every unit is charged the most over every successor
+    it may have, wherever it stands: a unit is charged the same in a turn's new messages as
+    in a whole conversation."""
     ms = messages if isinstance(messages, (list, tuple)) else list(messages)
     out = [0] * len(ms)
     if not ms:
@@ -449,17 +456,11 @@ def count_list(self, messages: Sequence[Any], start: bool = True) -> list[int]:
             true_pred: Optional[str] = self._role_of(dicts[a - 1])
         elif first_role == "system" and start:
             true_pred = "first"
+        elif first_role != "tool" and pred in ("system", "user", "assistant", "call", "tool"):
+            true_pred = pred
         else:
             true_pred = None
-        # the most the unit costs over every neighbour it may have in a kept prompt, whatever
-        # stands beside it here: the same charge in a turn's new messages as in a whole
-        # conversation (a filter in a hot loop keeps what a fresh one keeps)
-        if true_pred == "first":
-            preds = ["first"]
-        else:
-            preds = self._preds(first_role, None)
-            if first_role != "tool":
-                preds.append("call")  # (after a call left without results)
+        preds = self._preds(first_role, true_pred)
         true_succ = "end" if b == n else dicts[b]["role"]
         succs = ["user", "assistant", "system"]
         exact_pred = true_pred if true_pred is not None else ("tool" if first_role == "tool" else "user")

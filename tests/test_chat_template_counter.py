@@ -227,15 +227,11 @@ def test_a_system_message_later_is_charged_its_text_joined_to_the_first(families
     fam = families["deepseek-v3"]
     c = fam.fresh()
     assert fam.reference(ms) == c.count_messages(ms) == 16
-    # (was [1, 2, 1, 2, 2]: 15; the last unit is charged the most over every successor it may
-    # have wherever it stands -- the same charge in a turn of its own --, here a system message's)
-    assert c.count_array(ms).tolist() == [1, 2, 2, 2, 3] and c.count_messages([]) == 7
+    assert c.count_array(ms).tolist() == [1, 2, 2, 2, 2] and c.count_messages([]) == 7  # was [1, 2, 1, 2, 2]: 15
     fuzzed = [s("Paris"), s("0:0:0:0\x810ØØ"), u(""), s("Paris"), u(""), a("")]
     assert fam.reference(fuzzed) == 31
     kept = TokenBudgetFilter(max_tokens=30, counter=fam.fresh()).apply(fuzzed)
-    # (the answer is charged 3, the most after it -- a system message costs it one more token
-    # --, so the later system message does not fit beside it, though it would, 29 tokens)
-    assert kept == fuzzed[:2] + fuzzed[4:] and fam.reference(kept) == fam.counter.count_request(kept) == 27
+    assert kept == fuzzed[:2] + fuzzed[3:] and fam.reference(kept) == fam.counter.count_request(kept) == 29
     for f in families.values():
         for conv in (ms, fuzzed, [u("a"), s("Be brief."), u("b")], [s("A."), s("B"), u("c"), s("D"), u("e")]):
             ref = f.reference(conv)
@@ -571,12 +567,14 @@ def test_budget_filter_in_a_hot_loop_keeps_budget_and_answers_as_a_fresh_one(fam
     (a unit whose rendering depends on its neighbours, reasoning, a later system message) they
     are the same wherever the unit stands, in a turn of its own or in a whole conversation, and
     results of one call that arrive over several turns are charged what they add to the call
-    and the results before them."""
+    and the results before them. Also with user messages pinned (a kept unit may then follow
+    a pinned user message, whatever stood before it)."""
     fam = families[name]
     opening = [i for i in range(1, len(ms)) if ms[i].role == "system" and ms[i - 1].role != "system"]
     cuts = sorted(set(data.draw(st.lists(st.integers(1, len(ms)), min_size=1, max_size=4)) + opening + [len(ms)]))
     counter = fam.fresh()
-    flt = TokenBudgetFilter(max_tokens=budget, counter=counter)
+    pinned = data.draw(st.sampled_from([("system",), ("system",), ("system", "user")]))
+    flt = TokenBudgetFilter(max_tokens=budget, counter=counter, pinned_roles=pinned)
     ms = list(ms)
     prompts = []
     for cut in cuts:
@@ -587,7 +585,7 @@ def test_budget_filter_in_a_hot_loop_keeps_budget_and_answers_as_a_fresh_one(fam
         prompt = ms[:cut]
         if isinstance(fam.reference(prompt), Exception):
             continue
-        fresh = TokenBudgetFilter(max_tokens=budget, counter=fam.fresh())
+        fresh = TokenBudgetFilter(max_tokens=budget, counter=fam.fresh(), pinned_roles=pinned)
         try:
             kept = flt.apply(prompt)
         except ContextBudgetError:
@@ -600,8 +598,8 @@ def test_budget_filter_in_a_hot_loop_keeps_budget_and_answers_as_a_fresh_one(fam
     if prompts:  # the batch path: one filter, every prompt, the same outputs
         from jianmu_fast.memory.context._batch_plan import trim_many
 
-        outs, _ = trim_many(TokenBudgetFilter(max_tokens=budget, counter=fam.fresh()), [p for p, _ in prompts],
-                            None, False)
+        outs, _ = trim_many(TokenBudgetFilter(max_tokens=budget, counter=fam.fresh(), pinned_roles=pinned),
+                            [p for p, _ in prompts], None, False)
         assert outs == [k for _, k in prompts]
 
 

@@ -67,9 +67,11 @@ message), and is never below it.
 a unit whose rendering depends on its neighbours (probed once per role pattern with stand-in
 messages: DeepSeek closes a tool-output block in the next assistant turn, Llama 3.1 folds a
 leading system message into its header) is charged the most it costs over every neighbour it
-could have in a kept prompt, whatever stands beside it in the list counted (a unit with
-reasoning, or with text the template looks ahead for: kept or stripped, whichever costs more),
-so a unit is charged the same in a turn's new messages as in a whole conversation, and
+could have in a kept prompt -- after it, any successor; before it, the message before it or what
+trimming may put there instead (nothing, the pinned system prompt) -- (a unit with reasoning, or
+with text the template looks ahead for: kept or stripped, whichever costs more), so a unit is
+charged the same in a turn's new messages (counted knowing the message before them:
+``count_list``'s ``pred``) as in a whole conversation, and
 ``count_messages([]) + sum(count_array(kept))`` is never below the exact count of the kept
 prompt, and equal to it (but for the end cost above) for neighbour-independent units (every
 unit of the Qwen3, Hermes/Qwen2.5, Llama 3.1, Mistral and gpt-oss templates without

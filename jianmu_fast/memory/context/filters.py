@@ -69,6 +69,7 @@ Eviction = Literal["exact", "chunked"]
 _EMPTY = np.zeros(0, dtype=np.int64)
 MAX_VALUE = _backend.MAX_VALUE
 #: counters whose counts are always ints in range (never re-checked)
+_SYSTEM_ONLY = frozenset(("system",))
 _TRUSTED_COUNTERS = (SimpleTokenCounter, TiktokenTokenCounter, HFTokenCounter)
 _CACHED_COUNTERS = (TiktokenTokenCounter, HFTokenCounter)
 _ZERO = np.zeros(1, dtype=np.int64)
@@ -752,7 +753,7 @@ class TokenBudgetFilter(_WindowFilter):
             a = lo
             while a > 0 and messages[a].role == "tool":
                 a -= 1
-            counts = self.counter._count_list(messages[a:hi], a == 0)
+            counts = self.counter._count_list(messages[a:hi], a == 0, self._pred_of(messages, a))
             if a < lo:
                 counts = counts[lo - a:]
             return np.ascontiguousarray(counts, dtype=np.int64)
@@ -780,7 +781,19 @@ class TokenBudgetFilter(_WindowFilter):
             return None
         if k and new[0].role == "tool":
             return self._counts(rec.msgs + new, k, k + len(new)).tolist()
-        return self.counter._count_list(new, k == 0)  # type: ignore[no-any-return]
+        return self.counter._count_list(new, k == 0, self._pred_of(msgs, k))  # type: ignore[no-any-return]
+
+    def _pred_of(self, msgs: list[Any], a: int) -> Optional[str]:
+        """``count_list``'s ``pred`` for the slice ``msgs[a:]``: the role of ``msgs[a - 1]``
+        ("call" for an assistant message with calls); None (every neighbour) at ``a == 0``, or
+        when messages other than system ones are pinned (a unit may then follow the last of
+        them in a kept prompt, which ``count_list`` does not look for)."""
+        if a == 0 or not self.pinned_roles <= _SYSTEM_ONLY:
+            return None
+        m = msgs[a - 1]
+        if type(m) is not Message:
+            return None
+        return "call" if m.role == "assistant" and m.tool_calls else m.role
 
     def _checked(self, counts: Any, lo: int) -> np.ndarray:
         """A custom counter's counts as int64, each an int in ``[0, 2**53]`` (else TrimmingError)."""
