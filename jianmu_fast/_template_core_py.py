@@ -433,9 +433,10 @@ def count_list(self, messages: Sequence[Any], start: bool = True, pred: Optional
     (``_role_of``'s: "call" for an assistant message with calls), when the caller knows it
     (the budget filter does): the unit is then charged the most over that neighbour and those
     a kept prompt may give it instead (none, the pinned system prompt), as a unit inside the
-    list is; None: over every neighbour. Every unit is charged the most over every successor
-    it may have, wherever it stands: a unit is charged the same in a turn's new messages as
-    in a whole conversation."""
+    list is; None: over every neighbour; "any": every unit over every neighbour (a kept prompt
+    may put any unit after a pinned message of another role). Every unit is charged the most
+    over every successor it may have, wherever it stands: a unit is charged the same in a
+    turn's new messages as in a whole conversation."""
     ms = messages if isinstance(messages, (list, tuple)) else list(messages)
     out = [0] * len(ms)
     if not ms:
@@ -460,7 +461,7 @@ def count_list(self, messages: Sequence[Any], start: bool = True, pred: Optional
             true_pred = pred
         else:
             true_pred = None
-        preds = self._preds(first_role, true_pred)
+        preds = self._preds(first_role, None if pred == "any" and true_pred != "first" else true_pred)
         true_succ = "end" if b == n else dicts[b]["role"]
         succs = ["user", "assistant", "system"]
         exact_pred = true_pred if true_pred is not None else ("tool" if first_role == "tool" else "user")

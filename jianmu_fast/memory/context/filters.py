@@ -785,10 +785,12 @@ class TokenBudgetFilter(_WindowFilter):
 
     def _pred_of(self, msgs: list[Any], a: int) -> Optional[str]:
         """``count_list``'s ``pred`` for the slice ``msgs[a:]``: the role of ``msgs[a - 1]``
-        ("call" for an assistant message with calls); None (every neighbour) at ``a == 0``, or
-        when messages other than system ones are pinned (a unit may then follow the last of
-        them in a kept prompt, which ``count_list`` does not look for)."""
-        if a == 0 or not self.pinned_roles <= _SYSTEM_ONLY:
+        ("call" for an assistant message with calls); None (every neighbour) at ``a == 0``;
+        "any" (every unit, every neighbour) when messages other than system ones are pinned (a
+        kept prompt may put any unit after the last of them)."""
+        if not self.pinned_roles <= _SYSTEM_ONLY:
+            return "any"
+        if a == 0:
             return None
         m = msgs[a - 1]
         if type(m) is not Message:
