@@ -556,6 +556,54 @@ def test_a_hot_loop_keeps_what_a_fresh_filter_keeps_one_message_a_turn(families)
     assert checked > 100
 
 
+def test_results_arriving_later_recharge_their_unit_where_it_changes_kind(families):
+    """A template whose unit of a call and its results is charged otherwise once a second
+    result arrives (none of the bundled ones: simulated by a counter that charges a call 40
+    tokens more in a unit of two results or more): the hot loop's records of the call take the
+    longer unit's charge when the second result arrives in a turn of its own, so the filter
+    keeps what a fresh one keeps, and its records add up to the longer unit's charges."""
+    fam = families["qwen3"]
+    calls = [{"id": f"call_{k}", "type": "function", "function": {"name": "get_weather", "arguments": "{}"}}
+             for k in range(2)]
+    ms = [Message(role="system", content="s"), Message(role="user", content="Weather?")] + [
+        m for i in range(4) for m in (
+            Message(role="assistant", content="", tool_calls=calls),
+            Message(role="tool", content=f"r{i}a", tool_call_id="call_0", name="get_weather"),
+            Message(role="tool", content=f"r{i}b", tool_call_id="call_1", name="get_weather"),
+            Message(role="assistant", content=f"Step {i}."), Message(role="user", content="more"))]
+
+    def counter_of():
+        c = fam.fresh()
+        plain = c._count_list
+
+        def count_list(messages, start=True, pred=None):
+            out = list(plain(messages, start, pred))
+            for i, m in enumerate(messages):  # a call followed by two results or more
+                if m.tool_calls and sum(1 for x in messages[i + 1:i + 3] if x.role == "tool") == 2:
+                    out[i] += 40
+            return out
+
+        c._count_list = count_list
+        return c
+
+    exact = fam.counter.count_messages(ms)
+    counter, reference = counter_of(), counter_of()
+    for budget in range(exact // 2, exact + 60, 7):
+        flt = TokenBudgetFilter(max_tokens=budget, counter=counter)
+        for cut in range(2, len(ms) + 1):
+            prompt = ms[:cut]
+            if prompt[-1].role not in ("user", "tool"):
+                continue
+            try:
+                kept = flt.apply(prompt)
+            except ContextBudgetError:
+                continue
+            assert kept == TokenBudgetFilter(max_tokens=budget, counter=reference).apply(prompt), (budget, cut)
+            charges = reference._count_list(prompt)
+            # (records the plan did not need may be uncounted)
+            assert all(c in (-1, x) for c, x in zip(flt._rec.counts.tolist(), charges)), (budget, cut)
+
+
 @settings(max_examples=60, deadline=None, suppress_health_check=list(HealthCheck))
 @given(ms=conversations(), budget=st.integers(30, 700), name=st.sampled_from(FAMILIES), data=st.data())
 def test_budget_filter_in_a_hot_loop_keeps_budget_and_answers_as_a_fresh_one(families, ms, budget, name, data):

@@ -779,8 +779,18 @@ class TokenBudgetFilter(_WindowFilter):
         if (msgs is None or not new or len(msgs) - k != len(new) or msgs[k] is not new[0]
                 or msgs[-1] is not new[-1]):
             return None
-        if k and new[0].role == "tool":
-            return self._counts(rec.msgs + new, k, k + len(new)).tolist()
+        if k and new[0].role == "tool":  # results that continue the unit before them
+            before = rec.msgs
+            a = k - 1
+            while a > 0 and before[a].role == "tool":
+                a -= 1
+            counts = self.counter._count_list(before[a:] + new, a == 0, self._pred_of(before, a))
+            # (the unit's earlier messages cost the same as a prefix of the longer unit on the
+            # bundled templates; where a template's unit changes kind as it grows, their
+            # records take the longer unit's charges, as a fresh filter gives them)
+            if rec.counts[a:k].tolist() != counts[:k - a]:
+                rec.set_counts(np.arange(a, k, dtype=np.int64), counts[:k - a])
+            return counts[k - a:]  # type: ignore[no-any-return]
         return self.counter._count_list(new, k == 0, self._pred_of(msgs, k))  # type: ignore[no-any-return]
 
     def _pred_of(self, msgs: list[Any], a: int) -> Optional[str]:
