@@ -556,6 +556,47 @@ def test_a_hot_loop_keeps_what_a_fresh_filter_keeps_one_message_a_turn(families)
     assert checked > 100
 
 
+def test_the_batch_path_keeps_what_apply_keeps_where_messages_stand_after_different_ones(families):
+    """The batch path counts each distinct message once, where it first stands; a chat template
+    charges a message by where it stands, so when one message object stands after different
+    messages in different prompts (a result after its sibling in one prompt, right after the
+    call in another; a reused "continue" message) each prompt is trimmed as ``apply`` trims it.
+    Either way the outputs are ``apply``'s, at every budget near the prompts' counts."""
+    from jianmu_fast.memory.context._batch_plan import _one_context, trim_many
+    from jianmu_fast import _backend
+
+    calls = [{"id": f"call_{k}", "type": "function", "function": {"name": "get_weather", "arguments": "{}"}}
+             for k in range(2)]
+    s, u1, u2 = (Message(role="system", content="Be brief."), Message(role="user", content="Weather?"),
+                 Message(role="user", content="continue"))
+    call, call1 = Message(role="assistant", content="", tool_calls=calls), Message(
+        role="assistant", content="", tool_calls=calls[1:])
+    t0, t1 = (Message(role="tool", content=f'{{"temp": {20 + k}}}', tool_call_id=f"call_{k}", name="get_weather")
+              for k in range(2))
+    a = Message(role="assistant", content="It is 21 and 22.")
+    prefixes = [[s, u1, call, t0, t1], [s, u1, call, t0, t1, a, u2]]  # one conversation's prompts
+    mixed = prefixes + [[s, u2, call1, t1], [u2, a, u2]]  # t1 after call1, u2 after a and first
+    rows, off, distinct, _ = _backend.intern_rows(prefixes, Message)
+    assert _one_context(rows, off, len(distinct))
+    rows, off, distinct, _ = _backend.intern_rows(mixed, Message)
+    assert not _one_context(rows, off, len(distinct))
+    for name, fam in families.items():
+        if name == "llama3.1":  # (no parallel calls)
+            continue
+        batch_counter, reference = fam.fresh(), fam.fresh()
+        for prompts in (prefixes, mixed):
+            counts = [fam.counter.count_messages(p) for p in prompts]
+            for budget in range(max(1, min(counts) - 20), max(counts) + 1, 4):
+                outs, _ = trim_many(TokenBudgetFilter(max_tokens=budget, counter=batch_counter), prompts, None, False)
+                for p, out in zip(prompts, outs):
+                    try:
+                        want = TokenBudgetFilter(max_tokens=budget, counter=reference).apply(p)
+                    except ContextBudgetError:
+                        assert type(out) is ContextBudgetError, (name, budget)
+                        continue
+                    assert out == want, (name, budget)
+
+
 def test_results_arriving_later_recharge_their_unit_where_it_changes_kind(families):
     """A template whose unit of a call and its results is charged otherwise once a second
     result arrives (none of the bundled ones: simulated by a counter that charges a call 40

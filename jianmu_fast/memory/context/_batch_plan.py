@@ -69,20 +69,19 @@ def trim_many(flt: Any, prompts: Sequence[Any], tools_schema: Any, sanitize: boo
         limit = flt._limit(tools_schema)
     except JianmuError as exc:
         return [exc] * n, ([False] * n if sanitize else None)
-    if getattr(flt, "_in_context", False):
-        # a counter that charges a message by where it stands (a chat template's): one count
-        # per distinct message cannot serve every prompt that holds it; each prompt is trimmed
-        # as ``apply`` trims it (its records extend the previous prompt's where it continues it)
-        return _each(flt, prompts if interned is None else _lists(prompts, interned), range(n), tools_schema,
-                     sanitize)
     if interned is None:
         interned = _backend.intern_rows(prompts, Message)
     rows, off, distinct, bad = interned
-    if not distinct or limit < 0:
+    in_context = getattr(flt, "_in_context", False)
+    if not distinct or limit < 0 or (in_context and not _one_context(rows, off, len(distinct))):
+        # (a counter that charges a message by where it stands, a chat template's, and a
+        # message that stands after different ones in different prompts: no one count serves
+        # every prompt that holds it; each prompt is trimmed as ``apply`` trims it)
         return _each(flt, _lists(prompts, interned), range(n), tools_schema, sanitize)
     vary = getattr(flt, "_vary", False)  # (what _limit said of these tools)
     try:
-        outs, clean = _plan(flt, prompts, rows, off, distinct, bad, limit, tools_schema, sanitize)
+        outs, clean = _plan(flt, prompts, rows, off, distinct, bad, limit, tools_schema, sanitize,
+                            _ContextCounts(flt, rows, off, distinct) if in_context else None)
         if vary:
             _fit_tools(flt, prompts, interned, outs, clean, tools_schema, sanitize)
     except Exception:  # a counter failing on one message: each prompt gets its own outcome
@@ -132,10 +131,63 @@ def _each(flt: Any, prompts: Sequence[Any], which: Any, tools_schema: Any, sanit
     return outs, (clean if sanitize else None)
 
 
-def _plan(flt, prompts, rows, off, distinct, bad, limit, tools_schema, sanitize):
+def _one_context(rows: np.ndarray, off: np.ndarray, n_distinct: int) -> bool:
+    """Whether every distinct message stands after the same one (or first) in every prompt
+    that holds it: then, by induction, after the same messages, and a counter that charges a
+    message by where it stands charges it the same in all of them."""
+    if not len(rows):
+        return True
+    prev = np.empty_like(rows)
+    prev[1:] = rows[:-1]
+    starts = off[:-1][np.diff(off) > 0]
+    prev[starts] = -1
+    first = np.full(n_distinct, -2, dtype=prev.dtype)
+    first[rows[::-1]] = prev[::-1]  # (the last write of each: its first appearance's)
+    return bool(np.array_equal(first[rows], prev))
+
+
+class _ContextCounts:
+    """Counts of distinct messages for a counter that charges a message by where it stands
+    (``_one_context`` holds): each counted where it first appears, in runs, by the filter's
+    ``_counts`` over its prompt (which gives a run its unit's start and the message before)."""
+
+    def __init__(self, flt: Any, rows: np.ndarray, off: np.ndarray, distinct: list[Any]) -> None:
+        self.flt, self.rows, self.off, self.distinct = flt, rows, off, distinct
+        first = np.empty(len(distinct), dtype=np.int64)
+        first[rows[::-1]] = np.arange(len(rows) - 1, -1, -1)
+        self.first = first
+
+    def __call__(self, want: Any) -> np.ndarray:
+        want = np.asarray(want, dtype=np.int64)
+        out = np.empty(len(want), dtype=np.int64)
+        if not len(want):
+            return out
+        pos = self.first[want]
+        order = np.argsort(pos, kind="stable")
+        pos_sorted = pos[order]
+        prompt = np.searchsorted(self.off, pos_sorted, side="right") - 1
+        breaks = np.flatnonzero((np.diff(pos_sorted) != 1) | (np.diff(prompt) != 0)) + 1
+        rows, off, distinct, counts = self.rows, self.off, self.distinct, self.flt._counts
+        got = np.empty(len(want), dtype=np.int64)
+        msgs_of: dict[int, list[Any]] = {}
+        for a, b in zip([0, *breaks.tolist()], [*breaks.tolist(), len(pos_sorted)]):
+            p = int(prompt[a])
+            msgs = msgs_of.get(p)
+            if msgs is None:
+                msgs = msgs_of[p] = [distinct[r] for r in rows[off[p]:off[p + 1]].tolist()]
+            lo = int(pos_sorted[a]) - int(off[p])
+            got[a:b] = counts(msgs, lo, lo + (b - a))
+        out[order] = got
+        return out
+
+
+def _plan(flt, prompts, rows, off, distinct, bad, limit, tools_schema, sanitize, in_context=None):
     n = len(prompts)
     roles, call_off, call_ids, result_ids = _backend.table_records(distinct, _backend.ROLE_CODES)
-    eager = flt._eager_counts_many(distinct, len(rows) / max(1, n - len(bad)))
+    if in_context is not None:  # (see _ContextCounts)
+        eager = in_context(np.arange(len(distinct))) if len(rows) / max(1, n - len(bad)) <= EAGER_MEAN_LEN else None
+    else:
+        eager = flt._eager_counts_many(distinct, len(rows) / max(1, n - len(bad)))
     # a copy: the counter's array is not ours to write into
     counts = np.full(len(distinct), -1, dtype=np.int64) if eager is None else np.array(eager, dtype=np.int64)
     args = (flt._mask, limit, flt.trim_from_start, flt.chunk, flt._pinned_free)
@@ -146,7 +198,7 @@ def _plan(flt, prompts, rows, off, distinct, bad, limit, tools_schema, sanitize)
             if plans[:, 0].any():  # pragma: no cover - the planner asks only for missing counts
                 raise RuntimeError("plan_windows asked for counts it already has")
             break
-        counts[want] = counts_many(flt, [distinct[r] for r in want.tolist()])
+        counts[want] = in_context(want) if in_context is not None else counts_many(flt, [distinct[r] for r in want.tolist()])
     n_pinned, lo, hi = plans[:, 1], plans[:, 2], plans[:, 3]
     clean: Optional[list[bool]] = None
     if sanitize:
