@@ -748,15 +748,8 @@ class TokenBudgetFilter(_WindowFilter):
 
     def _counts(self, messages, lo, hi):
         if type(self.counter) is ChatTemplateTokenCounter:  # its costs of a slice (see count_list)
-            # from the start of the unit ``messages[lo]`` is in: a tool result costs what it adds
-            # to its call and the results before it, wherever a slice starts
-            a = lo
-            while a > 0 and messages[a].role == "tool":
-                a -= 1
-            counts = self.counter._count_list(messages[a:hi], a == 0, self._pred_of(messages, a))
-            if a < lo:
-                counts = counts[lo - a:]
-            return np.ascontiguousarray(counts, dtype=np.int64)
+            a, counts = self._unit_counts(messages, lo, hi)
+            return np.ascontiguousarray(counts[lo - a:], dtype=np.int64)
         part = messages[lo:hi]
         if self._count_array is not None:
             counts = self._count_array(part)
@@ -780,11 +773,7 @@ class TokenBudgetFilter(_WindowFilter):
                 or msgs[-1] is not new[-1]):
             return None
         if k and new[0].role == "tool":  # results that continue the unit before them
-            before = rec.msgs
-            a = k - 1
-            while a > 0 and before[a].role == "tool":
-                a -= 1
-            counts = self.counter._count_list(before[a:] + new, a == 0, self._pred_of(before, a))
+            a, counts = self._unit_counts(rec.msgs + new, k, k + len(new))
             # (the unit's earlier messages cost the same as a prefix of the longer unit on the
             # bundled templates; where a template's unit changes kind as it grows, their
             # records take the longer unit's charges, as a fresh filter gives them)
@@ -792,6 +781,15 @@ class TokenBudgetFilter(_WindowFilter):
                 rec.set_counts(np.arange(a, k, dtype=np.int64), counts[:k - a])
             return counts[k - a:]  # type: ignore[no-any-return]
         return self.counter._count_list(new, k == 0, self._pred_of(msgs, k))  # type: ignore[no-any-return]
+
+    def _unit_counts(self, msgs: list[Any], lo: int, hi: int) -> tuple[int, list[int]]:
+        """``(a, counts)``: a ``ChatTemplateTokenCounter``'s charges of ``msgs[a:hi]``, ``a`` the
+        start of the unit ``msgs[lo]`` is in (a tool result costs what it adds to its call and
+        the results before it, wherever a slice starts), after the message before it."""
+        a = lo
+        while a > 0 and msgs[a].role == "tool":
+            a -= 1
+        return a, self.counter._count_list(msgs[a:hi], a == 0, self._pred_of(msgs, a))
 
     def _pred_of(self, msgs: list[Any], a: int) -> Optional[str]:
         """``count_list``'s ``pred`` for the slice ``msgs[a:]``: the role of ``msgs[a - 1]``
