@@ -36,8 +36,11 @@ does); ``full_render_fastokens`` with fastokens (the rendering then dominates).
 
 Every family gets the same seeded conversation, as its template accepts it: Hermes requires a
 ``name`` on tool results (given the called function's), Llama 3.1 refuses parallel calls (each
-is sent as its own call and result). DeepSeek-V3's template fails the additivity self-check, so
-its counts are full renderings (the fallback; its ratio shows what that costs).
+is sent as its own call and result). DeepSeek-V3's template closes a tool-output block in the
+next assistant turn: its units are costed before a user stand-in whatever follows them
+(``_succ_blind``); gpt-oss shows a call's text only while no final answer follows: its units
+are costed knowing whether one does (``_final_rule``). Both count from segments (they rendered
+whole before session 17).
 
 ``test_ratios`` measures them interleaved, with each engine (each turn's best of 15 rounds, 3
 for full rendering, averaged over the round's turns) and prints chat_template/hf (target <= 2)

@@ -23,7 +23,7 @@ from .message import Message
 from .message.model import FrozenList, coerce_message
 
 __all__ = [
-    "any_lookahead", "args_text", "call_entries", "call_entry", "count_list", "count_messages", "encode_lengths", "end_cost",
+    "any_lookahead", "any_orphan", "any_system", "args_text", "call_entries", "call_entry", "count_list", "count_messages", "encode_lengths", "end_cost",
     "entries_stable",
     "entry", "frame_part", "head_groups", "is_local", "local_pattern", "message_to_template_dict", "message_key", "overlap",
     "ops_hold", "parse_key", "piece_counts", "plain_entry", "plain_frame", "plan", "plan_texts", "prefill_units",
@@ -1075,7 +1075,9 @@ def store_all(self, cache: dict, new: Mapping[Any, Any]) -> None:
 
 
 def any_lookahead(self, keys: Sequence[str], dicts: Sequence[Mapping[str, Any]]) -> bool:
-    """``any(self._lookahead(d) for d in dicts)``, cached per message key."""
+    """Whether a message of ``dicts`` is one ``count_messages`` renders whole for (reasoning,
+    a text feature in ``self._sensitive``: ``self._lookahead(d)`` but for call text counted
+    under ``_final_rule``), cached per message key."""
     looks: dict = self._looks
     for k, d in zip(keys, dicts):
         t = looks.get(k)
@@ -1087,7 +1089,7 @@ def any_lookahead(self, keys: Sequence[str], dicts: Sequence[Mapping[str, Any]])
 
 
 def trait(self, k: str, d: Mapping[str, Any]) -> tuple[bool, tuple[Any, ...]]:
-    """``(self._lookahead(d), d's element of self._pattern)``, cached per message key."""
+    """``(any_lookahead's answer for d, d's element of self._pattern)``, cached per message key."""
     looks: dict = self._looks
     t = looks.get(k)
     if t is None:
@@ -1152,12 +1154,19 @@ def count_messages(self, messages: Iterable[Any]) -> int:
     # the previous segmented call's messages had no lookahead: check only the others
     if ov is None:
         ov = overlap(self, keys)
+    # (and a system message after the first, where the template joins system texts, and a tool
+    # result outside its call's unit, where the template renders it by what came before)
+    later_system = "later_system" in self._sensitive
+    orphan_tool = "orphan_tool" in self._sensitive
     if ov is None:
-        if any_lookahead(self, keys, dicts):
+        if any_lookahead(self, keys, dicts) or (later_system and any_system(dicts, 1)) or (
+                orphan_tool and any_orphan(dicts, 0)):
             return self._full(keys, dicts)
     else:
         p, _, m = ov
         if (p and any_lookahead(self, keys[:p], dicts[:p])) or any_lookahead(self, keys[p + m:], dicts[p + m:]):
+            return self._full(keys, dicts)
+        if (later_system and any_system(dicts, max(p + m, 1))) or (orphan_tool and any_orphan(dicts, p + m)):
             return self._full(keys, dicts)
     try:
         return segments(self, ms, keys, dicts, ov)
@@ -1166,6 +1175,40 @@ def count_messages(self, messages: Iterable[Any]) -> int:
         # the last assistant message before it, which the whole conversation may still
         # satisfy): the whole rendering decides, and raises the template's own refusal
         return self._full(keys, dicts)
+
+
+def any_system(dicts: Sequence[Mapping[str, Any]], start: int) -> bool:
+    """Whether a system message stands in ``dicts[start:]``.
+
+    >>> any_system([{"role": "system"}, {"role": "user"}], 1)
+    False
+    """
+    for i in range(start, len(dicts)):
+        if dicts[i]["role"] == "system":
+            return True
+    return False
+
+
+def any_orphan(dicts: Sequence[Mapping[str, Any]], start: int) -> bool:
+    """Whether a tool message in ``dicts[start:]`` stands in a unit that does not open with an
+    assistant message making calls (the unit of ``dicts[start]`` is read from its start).
+
+    >>> call = {"role": "assistant", "tool_calls": [{}]}
+    >>> any_orphan([{"role": "user"}, call, {"role": "tool"}], 0), any_orphan([{"role": "user"}, {"role": "tool"}], 1)
+    (False, True)
+    """
+    a = start
+    while 0 < a < len(dicts) and dicts[a]["role"] == "tool":
+        a -= 1
+    in_call = False
+    for i in range(a, len(dicts)):
+        d = dicts[i]
+        if d["role"] == "tool":
+            if not in_call:
+                return True
+        else:
+            in_call = d["role"] == "assistant" and bool(d.get("tool_calls"))
+    return False
 
 
 def end_cost(self, role: str) -> Optional[int]:
@@ -1224,7 +1267,17 @@ def segments(self, ms: Sequence[Any], keys: list[str], dicts: list[dict[str, Any
     # (their sum from the previous call's total, less the units it does not reuse: the few
     # a moved cut dropped and its last; not a sum over the prompt's units per call)
     head, reused, tail, total = len(starts), [], len(starts), 0
-    if last is not None and ov is not None:
+    # where the last final answer stands, for a template that looks ahead for one (its units
+    # before it are costed with a final answer after them: one arriving among the new
+    # messages changes what the overlap's units cost, which are then not reused)
+    final = -1
+    if self._final_rule:
+        for i in range(n - 1, -1, -1):
+            d = dicts[i]
+            if d["role"] == "assistant" and "tool_calls" not in d:
+                final = i
+                break
+    if last is not None and ov is not None and not (final >= 0 and final >= ov[0] + ov[2]):
         p, q, m = ov
         lstarts, lcosts = last[1], last[2]
         uq = bisect.bisect_left(lstarts, q) + (0 if p == q else 1)
@@ -1238,12 +1291,12 @@ def segments(self, ms: Sequence[Any], keys: list[str], dicts: list[dict[str, Any
                 total -= lcosts[u]
     costs: list = []
     for u in range(head):
-        c = unit_total(self, keys, dicts, starts, u, n)
+        c = unit_total(self, keys, dicts, starts, u, n, final)
         costs.append(c)
         total += c
     costs += reused
     for u in range(tail, len(starts)):
-        c = unit_total(self, keys, dicts, starts, u, n)
+        c = unit_total(self, keys, dicts, starts, u, n, final)
         costs.append(c)
         total += c
     self._last = (keys, starts, costs, total)
@@ -1253,8 +1306,11 @@ def segments(self, ms: Sequence[Any], keys: list[str], dicts: list[dict[str, Any
     return end + total  # type: ignore[no-any-return]
 
 
-def unit_total(self, keys: list[str], dicts: list[dict[str, Any]], starts: list[int], u: int, n: int) -> int:
-    """What unit ``u`` (of ``starts``) costs in the conversation ``keys``."""
+def unit_total(self, keys: list[str], dicts: list[dict[str, Any]], starts: list[int], u: int, n: int,
+               final: int = -1) -> int:
+    """What unit ``u`` (of ``starts``) costs in the conversation ``keys``; ``final``: where the
+    conversation's last final answer stands, for a template that looks ahead for one
+    (``_final_rule``; -1: none, or not asked)."""
     a = starts[u]
     b = starts[u + 1] if u + 1 < len(starts) else n
     ukeys = tuple(keys[a:b])
@@ -1270,5 +1326,10 @@ def unit_total(self, keys: list[str], dicts: list[dict[str, Any]], starts: list[
     else:
         pred = "first" if a == 0 else self._role_of(dicts[a - 1])
         succ = "end" if b == n else dicts[b]["role"]
+        if self._final_rule and succ != "end":  # (after its last message no final answer follows)
+            if succ == "assistant" and "tool_calls" in dicts[b]:
+                succ = "call"
+            if final > a and succ != "assistant":
+                succ += "_final"
         unit = self._unit_cost(ukeys, pred, succ)
     return sum(unit)

@@ -247,11 +247,14 @@ def _looks_ahead(counter, ms):
 
 def test_text_the_template_looks_ahead_for_is_counted_exactly(families):
     """gpt-oss shows a tool call's text as analysis only while no final answer follows, and
-    Qwen3 reads ``</think>`` in an assistant text as reasoning: the self-check finds both, the
-    calls holding them are rendered whole (exact), per-message counts stay upper bounds."""
-    assert "call_text" in families["gpt-oss"].counter._sensitive
+    Qwen3 reads ``</think>`` in an assistant text as reasoning: the self-check finds both.
+    Qwen3's calls holding one are rendered whole; gpt-oss's are counted from segments, each
+    call costed with a final answer after it where the conversation has one (``_final_rule``,
+    found by more probes); both exact, per-message counts stay upper bounds."""
+    assert "call_text" not in families["gpt-oss"].counter._sensitive and families["gpt-oss"].counter._final_rule
     assert "think_text" in families["qwen3"].counter._sensitive
     assert not families["hermes"].counter._sensitive
+    assert not any(f.counter._final_rule for n, f in families.items() if n != "gpt-oss")
 
     def call(i, text):
         args = json.dumps({"city": f"c{i}"})
@@ -274,6 +277,37 @@ def test_text_the_template_looks_ahead_for_is_counted_exactly(families):
             assert c.count_messages(ms[:k]) == ref, (fam.name, k)
             if fam.counter.additive:
                 assert c.count_messages([]) + int(c.count_array(ms[:k]).sum()) >= ref, (fam.name, k)
+
+
+def test_call_text_and_final_answers_count_from_segments_exactly(families, monkeypatch):
+    """gpt-oss: a call's text is shown while no final answer follows it, so a final answer
+    arriving changes what every earlier call with text costs. A hot loop (calls with text,
+    a final answer every few turns, the cut moving) is counted exactly every turn and never
+    rendered whole; DeepSeek-V3 (costed before a user stand-in: it closes a tool-output
+    block in the next assistant turn) likewise, but for a later system message, which it
+    joins to the first one's text (rendered whole)."""
+    for name in ("gpt-oss", "deepseek-v3"):
+        fam = families[name]
+        c = fam.fresh()
+        wholes = []
+        full = c._full
+        monkeypatch.setattr(c, "_full", lambda *a, **k: wholes.append(len(a[0])) or full(*a, **k))
+        ms = [Message(role="system", content="You are a weather bot."), Message(role="user", content="Weather?")]
+        for i in range(14):
+            args = json.dumps({"city": f"Paris {i}"})
+            ms.append(Message(role="assistant", content=f"Checking {i}." if i % 2 else "", tool_calls=[
+                {"id": f"c{i}", "type": "function", "function": {"name": "get_weather", "arguments": args}}]))
+            ms.append(Message(role="tool", content=f"{20 + i} C", tool_call_id=f"c{i}", name="get_weather"))
+            if i % 4 == 3:
+                ms += [Message(role="assistant", content=f"It is {20 + i} C."), Message(role="user", content="More?")]
+            kept = ms if i < 8 else ms[:1] + ms[2 * (i - 7):]  # the cut moves from the 9th turn on
+            if kept[1].role == "tool":
+                kept = kept[:1] + kept[2:]
+            assert c.count_messages(kept) == fam.reference(kept), (name, i)
+        assert wholes == [], name
+        later = ms + [Message(role="system", content="Be brief"), Message(role="user", content="Now?")]
+        assert c.count_messages(later) == fam.reference(later)
+        assert wholes == ([len(later)] if name == "deepseek-v3" else []), name
 
 
 def test_hot_loop_counts_incrementally_and_exactly(family):

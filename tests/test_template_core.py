@@ -39,7 +39,7 @@ METHODS = {"count_messages": "count_messages", "count_list": "_count_list", "pre
 
 
 #: the core's own helpers (called from the methods above, each of the same build)
-HELPERS = {"encode_lengths", "end_cost", "head_groups", "is_local", "local_pattern", "ops_hold", "plain_frame", "same_json",
+HELPERS = {"any_orphan", "any_system", "encode_lengths", "end_cost", "head_groups", "is_local", "local_pattern", "ops_hold", "plain_frame", "same_json",
            "unit_starts"}
 
 
@@ -169,6 +169,14 @@ def test_compiled_message_helpers_equal_the_twin(ms):
     frames = Frames(lambda ds: "")
     dicts = [twin.message_to_template_dict(m) for m in ms]
     assert compiled.unit_starts(dicts) == twin.unit_starts(dicts)
+    for start in range(len(dicts) + 1):
+        assert compiled.any_system(dicts, start) == twin.any_system(dicts, start) \
+            == any(d["role"] == "system" for d in dicts[start:])
+        assert compiled.any_orphan(dicts, start) == twin.any_orphan(dicts, start)
+    tools = [i for i, d in enumerate(dicts) if d["role"] == "tool"]
+    orphan = any(not (dicts[u]["role"] == "assistant" and dicts[u].get("tool_calls"))
+                 for u in (max(j for j in twin.unit_starts(dicts) if j <= i) for i in tools))
+    assert twin.any_orphan(dicts, 0) == orphan
     for d in dicts:
         part = twin.plain_frame(fields, d)
         assert compiled.plain_frame(fields, d) == part

@@ -45,16 +45,31 @@ context, shared by every place it appears. The cost of a unit is spread over its
 prefixes (message ``j`` costs ``tokens(unit[:j+1]) - tokens(unit[:j])``), so counts of earlier
 messages never change when tool results are appended.
 
+A template that closes a block in the *next* message's rendering (DeepSeek-V3 prints the end of
+a tool-output block in the assistant turn after the results, and nothing before a user
+message) fails that self-check: each unit, costed before its real successor, would carry the
+closing text, and so would the successor. Such a template is checked again with every unit
+costed before a user stand-in whatever follows it (``_succ_blind``): the closing text then
+falls on the successor alone, costed after its real predecessor. A template that renders a
+unit by whether a *final answer* (a plain assistant message) follows it anywhere later
+(gpt-oss shows a tool call's text as analysis only while none follows) is checked with each
+unit costed before stand-ins of its successor and, where the conversation has a final answer
+after it, of one (``_final_rule``; a final answer arriving in a turn changes what the
+earlier calls with text cost, so that turn costs its units again instead of reusing them).
+
 **When it falls back to full rendering** (``count_messages``, decided per call): when the
 template failed the additivity self-check run at construction (a few probe conversations whose
-segment sums must equal their full rendering), when a message carries reasoning
-(``reasoning_content``/``thinking``/``reasoning``: Qwen3 strips it before the last user query),
-when a message carries text the template was found (by more probes at construction) to render
-by what follows it -- gpt-oss shows the text of a tool-call message as analysis only while no
-final answer follows; Qwen3 reads ``</think>`` in an assistant text as reasoning --, or when the
-conversation does not end on a user or tool message (Qwen3 renders a final assistant message
-differently). Everything else -- the agent-loop calls, which end on a user or tool message -- is
-counted from cached segments, exactly.
+segment sums must equal their full rendering; in both forms above), when a message carries
+reasoning (``reasoning_content``/``thinking``/``reasoning``: Qwen3 strips it before the last
+user query), when a message carries text the template was found (by more probes at
+construction) to render by what follows it -- Qwen3 reads ``</think>`` in an assistant text
+as reasoning --, when a system message follows the first and the probes found the template
+to join their texts (DeepSeek-V3: a later system message's first tokens depend on where the
+text before it ends), when a tool result follows a message other than its call's unit (hostile
+order) and the probes found the template to render it by what came before (DeepSeek-V3,
+gpt-oss), or when the conversation does not end on a user or tool message (Qwen3
+renders a final assistant message differently). Everything else -- the agent-loop calls,
+which end on a user or tool message -- is counted from cached segments, exactly.
 
 ``count_messages([])`` is the largest fixed cost a request can have (the template's text around
 the messages and its generation prompt, and what it adds at the end: Qwen3 gives a final
@@ -65,7 +80,7 @@ message), and is never below it.
 
 **Per-message counts** (``count_message``, ``count_array``; what ``TokenBudgetFilter`` sums):
 a unit whose rendering depends on its neighbours (probed once per role pattern with stand-in
-messages: DeepSeek closes a tool-output block in the next assistant turn, Llama 3.1 folds a
+messages: DeepSeek's assistant turn after tool results closes their block, Llama 3.1 folds a
 leading system message into its header) is charged the most it costs over every neighbour it
 could have in a kept prompt -- after it, any successor; before it, the message before it or what
 trimming may put there instead (nothing, the pinned system prompt) -- (a unit with reasoning, or
@@ -75,7 +90,7 @@ charged the same in a turn's new messages (counted knowing the message before th
 ``count_messages([]) + sum(count_array(kept))`` is never below the exact count of the kept
 prompt, and equal to it (but for the end cost above) for neighbour-independent units (every
 unit of the Qwen3, Hermes/Qwen2.5, Llama 3.1, Mistral and gpt-oss templates without
-reasoning). ``count_array(ms)`` takes a ``system`` message at ``ms[0]`` to start the
+reasoning, and without text beside a gpt-oss call: charged as shown). ``count_array(ms)`` takes a ``system`` message at ``ms[0]`` to start the
 conversation (the pinned prefix, first in every kept prompt); ``TokenBudgetFilter`` counts a
 turn's new messages, and any slice past the first message, as following others (a system
 message opening them is charged the most it costs after any neighbour: Llama 3.1 charges a
@@ -170,6 +185,12 @@ _POST: dict[str, list[dict[str, Any]]] = {
     "user": [_S_USER2],
     "assistant": [_S_ASST2, _S_USER3],
     "system": [_S_SYS2, _S_USER3],
+    # a template that looks ahead for a later final answer (see ChatTemplateTokenCounter._final_rule):
+    # the successor, then whether a plain assistant message follows somewhere
+    "user_final": [_S_USER2, _S_ASST2, _S_USER3],
+    "system_final": [_S_SYS2, _S_ASST2, _S_USER3],
+    "call": [_S_CALL, _S_TOOL, _S_USER3],
+    "call_final": [_S_CALL, _S_TOOL, _S_ASST2, _S_USER3],
 }
 
 _PRE_KEYS = {k: tuple(json.dumps(d) for d in v) for k, v in _PRE.items()}
@@ -211,6 +232,32 @@ _FEATURE_PROBES: dict[str, list[list[tuple[Any, ...]]]] = {
         [("system", "s"), ("user", "go"), ("call", _CALL1, "Checking."), ("tool", "p1", "r")],
         [("user", "a"), ("call", _CALL1, "Checking."), ("tool", "p1", "r"), ("call", _CALL1, "Again."),
          ("tool", "p1", "r2")],
+    ],
+    # a system message after the first (DeepSeek-V3 joins every system message's text into its
+    # header: a later one's first tokens depend on where the text before it ends)
+    "later_system": [
+        [("system", "Paris"), ("system", "Paris"), ("user", "x")],
+        [("system", "A"), ("user", "a"), ("system", "B."), ("user", "b"), ("assistant", "c"), ("system", "D"),
+         ("user", "e")],
+        [("user", "a"), ("system", "Now"), ("user", "b")],
+    ],
+    # a tool result whose unit does not open with the call (hostile order): DeepSeek-V3 prints a
+    # result as the block's first by whether any result stood since the last call, gpt-oss names
+    # it after the last call made, however far back
+    "orphan_tool": [
+        [("user", "go"), ("call", _CALL1), ("tool", "p1", "r"), ("assistant", "ok"), ("user", "more"),
+         ("tool", "p1", "r2"), ("user", "q")],
+        [("user", "go"), ("call", _CALL1), ("tool", "p1", "r"), ("user", "more"), ("tool", "p1", "r2")],
+    ],
+    # (a final answer later in the conversation, after a user message, a call, or none)
+    "call_final": [
+        [("user", "go"), ("call", _CALL1, "Let me check."), ("tool", "p1", "r"), ("call", _CALL1, "Then."),
+         ("tool", "p1", "r2"), ("assistant", "done"), ("user", "more"), ("call", _CALL1, "Again."),
+         ("tool", "p1", "r3")],
+        [("system", "s"), ("user", "go"), ("call", _CALL1, "Checking."), ("tool", "p1", "r"), ("system", "t"),
+         ("assistant", "done"), ("user", "q"), ("call", _CALL1, "Now."), ("tool", "p1", "r2"), ("user", "u")],
+        [("user", "a"), ("call", _CALL1, "Checking."), ("tool", "p1", "r"), ("user", "b"), ("call", _CALL1),
+         ("tool", "p1", "r2"), ("assistant", "ok"), ("user", "c")],
     ],
     "think_text": [
         [("user", "a"), ("assistant", "<think>\nhm\n</think>\n\nok"), ("user", "b")],
@@ -575,15 +622,24 @@ class ChatTemplateTokenCounter:
         # the last count_messages call's messages (a copy; immutable Messages only), keys and dicts:
         # call_entries matches the next call's messages to them by identity (see there)
         self._last_ms: Optional[tuple[list[Any], list[str], list[dict[str, Any]]]] = None
+        #: units costed before a user stand-in whatever follows them (see _blind_check)
+        self._succ_blind = False
+        #: a unit costs what it costs before a stand-in of its successor, followed by a final
+        #: answer (a plain assistant message) where the conversation has one after it (gpt-oss
+        #: shows a call's text only while no final answer follows); see _final_check
+        self._final_rule = False
         self._ends: dict[str, Optional[int]] = {}
         ends = [e for e in (self._end_cost(r) for r in ("user", "tool", "assistant")) if e is not None]
         self._empty = max(ends) if ends else self._fixed_cost()
         #: text features whose cost depends on what follows them in the conversation (probed
         #: here; a call with such a message is rendered whole, like one with reasoning)
         self._sensitive: frozenset[str] = frozenset()
-        self.additive: bool = self._self_check()
+        self.additive: bool = self._self_check() or self._blind_check()
         if self.additive:
-            self._sensitive = frozenset(f for f, probes in _FEATURE_PROBES.items() if not self._probes_add_up(probes))
+            self._sensitive = frozenset(f for f, probes in _FEATURE_PROBES.items()
+                                        if f != "call_final" and not self._probes_add_up(probes))
+            if "call_text" in self._sensitive:
+                self._final_check()
         self._local_units = {}
         self._looks = {}
         for n_calls in range(1, 4):  # probe the usual unit patterns once, not in the hot loop
@@ -846,14 +902,14 @@ class ChatTemplateTokenCounter:
         The unit is always followed by at least one stand-in ending on a user message (``succ``
         "end" is counted as "user"), so nothing a template does to a conversation's last message
         falls on it; that end effect is ``_end_cost``'s."""
-        if succ == "end":
+        if succ == "end" or (self._succ_blind and succ != "open"):
             succ = "user"
         ck = (keys, pred, succ, caller)
         costs = self._units.get(ck)
         if costs is not None:
             return costs
         pre, post = self._context(pred, succ, caller)
-        if pred == "first" and succ == "system" and caller is None:
+        if pred == "first" and succ in ("system", "system_final") and caller is None:
             first = self._first_before_system(keys, post)
             if first is not None:
                 self._store_all(self._units, {ck: first})
@@ -934,8 +990,12 @@ class ChatTemplateTokenCounter:
 
     def _lookahead(self, d: Mapping[str, Any]) -> bool:
         """Whether what message ``d`` costs may depend on messages after its unit: reasoning,
-        or a text feature the self-check found the template to look ahead for."""
+        or a text feature the self-check found the template to look ahead for (rendered whole
+        by ``count_messages``), or a call's text under ``_final_rule`` (counted from segments,
+        charged the most it costs by ``count_array``)."""
         if _has_reasoning(d):
+            return True
+        if self._final_rule and _text_features(d)[0]:
             return True
         if self._sensitive:
             call_text, think_text = _text_features(d)
@@ -959,8 +1019,9 @@ class ChatTemplateTokenCounter:
                 d: dict[str, Any] = {"role": role, "content": f"x{n}"}
                 if think_text:
                     d["content"] = f"<think>\nt\n</think>\n\nx{n}"
-                if calls and not call_text:
-                    d["content"] = ""
+                if calls:
+                    if not call_text:
+                        d["content"] = ""
                     d["tool_calls"] = [
                         {"id": f"c{n}_{k}", "type": "function", "function": {"name": "g", "arguments": {"a": k}}}
                         for k in range(calls)
@@ -975,7 +1036,7 @@ class ChatTemplateTokenCounter:
             seen = set()
             for pred in self._preds(pat[0][0], None):
                 pre = tuple(json.dumps(d) for d in _PRE[pred])
-                for succ in ("user", "assistant", "system"):
+                for succ in ("user",) if self._succ_blind else ("user", "assistant", "system"):
                     if pred == "first" and succ == "system":  # the stand-in would open the chat
                         continue
                     post = tuple(json.dumps(d) for d in _POST[succ])
@@ -1374,6 +1435,39 @@ class ChatTemplateTokenCounter:
         """Do segment sums equal full renderings on a few probe conversations? A template that
         refuses a probe is not judged on it; one that refuses every probe is not additive."""
         return self._probes_add_up(_PROBES, need_one=True)
+
+    def _final_check(self) -> None:
+        """Does a call's text add up when each unit is costed before stand-ins of its successor
+        and, where the conversation has one after it, of a final answer? Then call text is no
+        longer rendered whole (``_final_rule``; ``segments`` finds the last final answer)."""
+        self._final_rule = True
+        self._sensitive = self._sensitive - {"call_text"}
+        self._looks, self._last = {}, None
+        if not self._probes_add_up(_FEATURE_PROBES["call_text"] + _FEATURE_PROBES["call_final"]):
+            self._final_rule = False
+            self._sensitive = self._sensitive | {"call_text"}
+        self._looks, self._last = {}, None
+
+    def _blind_check(self) -> bool:
+        """Do segment sums add up when every unit is costed before a user stand-in, whatever
+        follows it? A template that closes a block in the *next* message's rendering
+        (DeepSeek-V3 prints ``<｜tool▁outputs▁end｜>`` in the assistant turn after tool
+        results, and nothing before a user message) charges that text to both units when each
+        is costed before its real successor; costed before a user stand-in (no closing text),
+        the text falls on the successor only, which is costed after its real predecessor. On
+        success the counter stays in this mode (``_succ_blind``); else it is left as it was."""
+        saved = (self._ends, self._empty, self._local)
+        self._succ_blind = True
+        self._ends, self._local, self._last = {}, {}, None
+        ends = [e for e in (self._end_cost(r) for r in ("user", "tool", "assistant")) if e is not None]
+        self._empty = max(ends) if ends else self._fixed_cost()
+        self._looks = {}
+        if self._self_check():
+            return True
+        self._succ_blind = False
+        self._ends, self._empty, self._local = saved
+        self._looks, self._last = {}, None
+        return False
 
     def _probes_add_up(self, probes: Sequence[Sequence[tuple[Any, ...]]], need_one: bool = False) -> bool:
         judged = 0
