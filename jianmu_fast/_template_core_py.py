@@ -26,7 +26,7 @@ __all__ = [
     "any_lookahead", "any_orphan", "any_system", "args_text", "call_entries", "call_entry", "count_list", "count_messages", "encode_lengths", "end_cost",
     "entries_stable",
     "entry", "frame_part", "head_groups", "is_local", "local_pattern", "message_to_template_dict", "message_key", "overlap",
-    "ops_hold", "parse_key", "piece_counts", "plain_entry", "plain_frame", "plan", "plan_texts", "prefill_units",
+    "ops_hold", "parse_key", "piece_counts", "plain_entry", "plain_frame", "plan", "plan_texts", "planned_cost", "prefill_units",
     "same_json", "segments", "store_all", "tools_signature", "trait", "unit_starts", "unit_total", "user_repeats",
 ]
 
@@ -564,9 +564,10 @@ def prefill_units(self, keys: Sequence[str], dicts: Sequence[dict[str, Any]], st
     store_all(self, local_units, found_local)
 
 
-def plan(self, pred: str, shapes: tuple[Any, ...]) -> Any:
-    """How to cost a neighbour-independent unit whose messages have these frame shapes
-    (``Frames.frame_of``), after the stand-in ``pred``, from its field values alone.
+def plan(self, pred: str, shapes: tuple[Any, ...], succ: str = "user") -> Any:
+    """How to cost a unit whose messages have these frame shapes (``Frames.frame_of``),
+    between the stand-ins ``pred`` and ``succ`` (a neighbour-independent unit: its canonical
+    ``pred`` and "user"), from its field values alone.
 
     The canonical renderings of its prefixes (``pre + unit[:j] + post``) are frames: text
     pieces around the field values. Split at the tokenizer's added tokens (what
@@ -583,12 +584,12 @@ def plan(self, pred: str, shapes: tuple[Any, ...]) -> Any:
     ``_split_is_prefix_free``), and the costs are exactly those of the renderings.
 
     None: no plan (a frame that renders); ``NOT_YET``: a frame not learned yet."""
-    key = (pred, shapes)
+    key = (pred, shapes) if succ == "user" else (pred, succ, shapes)
     plans: dict = self._plans
     plan = plans.get(key, NOT_YET)
     if plan is not NOT_YET:
         return plan
-    pre, post = self._context(pred, "user")
+    pre, post = self._context(pred, succ)
     table = self._frames._frames
     frames = []
     for j in range(1, len(shapes) + 1):
@@ -604,6 +605,43 @@ def plan(self, pred: str, shapes: tuple[Any, ...]) -> Any:
         _evict(self, plans)
     plans[key] = plan
     return plan
+
+
+def planned_cost(self, keys: tuple, pred: str, succ: str) -> Optional[list[int]]:
+    """The per-message costs of the unit ``keys`` between the stand-ins ``pred`` and ``succ``
+    from its plan (see ``plan``): no rendering, its value runs counted (cached pieces); None
+    where there is no plan (yet), or the unit does not follow it."""
+    if not (self._RENDER_FREE and self._plan_ok):
+        return None
+    parts_of: dict = self._frame_parts
+    by_key: dict = self._by_key
+    parts: list = []
+    for k in keys:
+        part = parts_of.get(k)
+        if part is None:
+            part = frame_part(self, k, by_key.get(k) or parse_key(k))
+        parts.append(part)
+    if not parts[0][1]:
+        return None
+    try:
+        unit_plan = plan(self, pred, tuple([p[0] for p in parts]), succ)
+    except TypeError:  # a field value that cannot be a key (as Frames.render)
+        return None
+    if unit_plan is None or unit_plan is NOT_YET:
+        return None
+    run_texts = plan_texts(self, unit_plan, [v for p in parts for v in p[1]])
+    if run_texts is None:
+        return None
+    got = piece_counts(self, run_texts)
+    costs: list = []
+    for base, plus, minus in unit_plan[2]:  # base + the runs added - the runs removed
+        cost = base
+        for i in plus:
+            cost += got[i]
+        for i in minus:
+            cost -= got[i]
+        costs.append(cost)
+    return costs
 
 
 def plan_texts(self, plan: Any, values: Sequence[str]) -> Optional[list[str]]:
@@ -1156,8 +1194,9 @@ def count_messages(self, messages: Iterable[Any]) -> int:
         ov = overlap(self, keys)
     # (and a system message after the first, where the template joins system texts, and a tool
     # result outside its call's unit, where the template renders it by what came before)
-    later_system = "later_system" in self._sensitive
-    orphan_tool = "orphan_tool" in self._sensitive
+    sensitive: frozenset = self._sensitive
+    later_system = "later_system" in sensitive
+    orphan_tool = "orphan_tool" in sensitive
     if ov is None:
         if any_lookahead(self, keys, dicts) or (later_system and any_system(dicts, 1)) or (
                 orphan_tool and any_orphan(dicts, 0)):
@@ -1168,6 +1207,7 @@ def count_messages(self, messages: Iterable[Any]) -> int:
             return self._full(keys, dicts)
         if (later_system and any_system(dicts, max(p + m, 1))) or (orphan_tool and any_orphan(dicts, p + m)):
             return self._full(keys, dicts)
+
     try:
         return segments(self, ms, keys, dicts, ov)
     except Refused:
@@ -1314,11 +1354,15 @@ def unit_total(self, keys: list[str], dicts: list[dict[str, Any]], starts: list[
     a = starts[u]
     b = starts[u + 1] if u + 1 < len(starts) else n
     ukeys = tuple(keys[a:b])
+    # after a system message, where the template prints their texts with nothing between: the
+    # real system message stands before the unit (whose first tokens may merge with its text)
+    after_system = self._real_system_pred and a > 0 and dicts[a - 1]["role"] == "system"
     local_units: dict = self._local_units
-    known = local_units.get(ukeys)
-    if known is not None:
-        return sum(known)
-    if local_pattern(self, ukeys, dicts[a:b]):  # any neighbours will do: share the cache entry
+    if not after_system:
+        known = local_units.get(ukeys)
+        if known is not None:
+            return sum(known)
+    if not after_system and local_pattern(self, ukeys, dicts[a:b]):  # any neighbours will do: share the cache entry
         pred, succ = self._canonical(dicts[a]["role"]), "user"
         unit = self._unit_cost(ukeys, pred, succ)
         if dicts[a]["role"] != "tool":
@@ -1331,5 +1375,5 @@ def unit_total(self, keys: list[str], dicts: list[dict[str, Any]], starts: list[
                 succ = "call"
             if final > a and succ != "assistant":
                 succ += "_final"
-        unit = self._unit_cost(ukeys, pred, succ)
+        unit = self._unit_cost(ukeys, pred, succ, keys[a - 1] if after_system else None)
     return sum(unit)

@@ -31,7 +31,7 @@ _spec.loader.exec_module(mk)  # type: ignore[union-attr]
 FAMILIES = ["qwen3", "hermes", "llama3.1", "mistral", "gpt-oss", "deepseek-v3"]
 #: the core's functions that are ChatTemplateTokenCounter's methods (attribute names)
 METHODS = {"count_messages": "count_messages", "count_list": "_count_list", "prefill_units": "_prefill_units",
-           "plan": "_plan", "plan_texts": "_plan_texts", "piece_counts": "_piece_counts", "frame_part": "_frame_part",
+           "plan": "_plan", "plan_texts": "_plan_texts", "planned_cost": "_planned_cost", "piece_counts": "_piece_counts", "frame_part": "_frame_part",
            "entries_stable": "_entries_stable", "call_entries": "_call_entries", "entry": "_entry",
            "any_lookahead": "_any_lookahead", "trait": "_trait", "overlap": "_overlap", "segments": "_segments",
            "unit_total": "_unit_total", "store_all": "_store_all", "user_repeats": "_user_repeats",

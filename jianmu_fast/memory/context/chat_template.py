@@ -56,6 +56,11 @@ unit by whether a *final answer* (a plain assistant message) follows it anywhere
 unit costed before stand-ins of its successor and, where the conversation has a final answer
 after it, of one (``_final_rule``; a final answer arriving in a turn changes what the
 earlier calls with text cost, so that turn costs its units again instead of reusing them).
+A template that prints an assistant message's text right after the system prompt's, with
+nothing between (DeepSeek-V3: a trimmed prompt whose cut falls before an answer or a call;
+the two texts may merge into one token where the system prompt ends in whitespace), is
+checked with the real system message standing before a unit that follows one
+(``_real_system_pred``).
 
 **When it falls back to full rendering** (``count_messages``, decided per call): when the
 template failed the additivity self-check run at construction (a few probe conversations whose
@@ -240,6 +245,19 @@ _FEATURE_PROBES: dict[str, list[list[tuple[Any, ...]]]] = {
         [("system", "A"), ("user", "a"), ("system", "B."), ("user", "b"), ("assistant", "c"), ("system", "D"),
          ("user", "e")],
         [("user", "a"), ("system", "Now"), ("user", "b")],
+    ],
+    # an assistant message right after a system message (a trimmed prompt's cut before an answer
+    # or a call): DeepSeek-V3 prints both texts with no token between, so they may merge
+    "after_system": [
+        [("system", "  padded  "), ("assistant", "Paris"), ("user", "x")],
+        [("user", "a"), ("system", "Be brief"), ("assistant", "ok"), ("user", "b")],
+        [("system", "  padded  "), ("assistant", ""), ("user", "x")],
+    ],
+    # (and a call, with text or without)
+    "call_after_system": [
+        [("system", "Be brief"), ("call", _CALL1, "Let me check."), ("tool", "p1", "r"), ("user", "x")],
+        [("system", "  padded\n"), ("call", _CALL1, "Let me check."), ("tool", "p1", "r"), ("user", "x")],
+        [("system", "  padded  "), ("call", _CALL1), ("tool", "p1", "r"), ("user", "x")],
     ],
     # a tool result whose unit does not open with the call (hostile order): DeepSeek-V3 prints a
     # result as the block's first by whether any result stood since the last call, gpt-oss names
@@ -628,6 +646,9 @@ class ChatTemplateTokenCounter:
         #: answer (a plain assistant message) where the conversation has one after it (gpt-oss
         #: shows a call's text only while no final answer follows); see _final_check
         self._final_rule = False
+        #: a unit right after a system message is costed after that message itself, not a
+        #: stand-in (see _system_pred_check)
+        self._real_system_pred = False
         self._ends: dict[str, Optional[int]] = {}
         ends = [e for e in (self._end_cost(r) for r in ("user", "tool", "assistant")) if e is not None]
         self._empty = max(ends) if ends else self._fixed_cost()
@@ -640,6 +661,10 @@ class ChatTemplateTokenCounter:
                                         if f != "call_final" and not self._probes_add_up(probes))
             if "call_text" in self._sensitive:
                 self._final_check()
+            if self._sensitive & {"after_system", "call_after_system"}:
+                self._system_pred_check()
+            if self._sensitive & {"after_system", "call_after_system"}:  # (no fallback per call for it)
+                self.additive = False
         self._local_units = {}
         self._looks = {}
         for n_calls in range(1, 4):  # probe the usual unit patterns once, not in the hot loop
@@ -657,6 +682,7 @@ class ChatTemplateTokenCounter:
     _prefill_units = _tc.prefill_units
     _plan = _tc.plan
     _plan_texts = _tc.plan_texts
+    _planned_cost = _tc.planned_cost
     _piece_counts = _tc.piece_counts
     _frame_part = _tc.frame_part
     _entries_stable = _tc.entries_stable
@@ -914,6 +940,11 @@ class ChatTemplateTokenCounter:
             if first is not None:
                 self._store_all(self._units, {ck: first})
                 return first
+        if not prefilled and caller is None:  # from its plan, where the unit follows one: no rendering
+            planned = self._planned_cost(keys, pred, succ)
+            if planned is not None:
+                self._store_all(self._units, {ck: planned})
+                return planned
         if not prefilled:  # (``_prefill_units`` has rendered and counted them in its batch)
             self._prefill([pre + post] + [pre + keys[:j] + post for j in range(1, len(keys) + 1)])
         prev = self._tokens(pre + post)
@@ -956,7 +987,9 @@ class ChatTemplateTokenCounter:
         if succ == "end":
             succ = "user"
         pre = _PRE_KEYS[pred]
-        if caller is not None:  # the real assistant message that made the calls stands before
+        if caller is not None and pred == "system":  # the real system message stands before
+            pre = (caller,)
+        elif caller is not None:  # the real assistant message that made the calls stands before
             pre = pre[:2] + (caller,) + pre[3:]
         return pre, () if succ == "open" else _POST_KEYS[succ]
 
@@ -1446,6 +1479,19 @@ class ChatTemplateTokenCounter:
         if not self._probes_add_up(_FEATURE_PROBES["call_text"] + _FEATURE_PROBES["call_final"]):
             self._final_rule = False
             self._sensitive = self._sensitive | {"call_text"}
+        self._looks, self._last = {}, None
+
+    def _system_pred_check(self) -> None:
+        """Do assistant messages right after a system message add up when each is costed
+        after that system message itself (its text may merge with theirs)? Then they are
+        counted from segments so (``_real_system_pred``)."""
+        features = ("after_system", "call_after_system")
+        self._real_system_pred = True
+        self._looks, self._last = {}, None
+        if self._probes_add_up([p for f in features for p in _FEATURE_PROBES[f]]):
+            self._sensitive = self._sensitive - set(features)
+        else:
+            self._real_system_pred = False
         self._looks, self._last = {}, None
 
     def _blind_check(self) -> bool:
