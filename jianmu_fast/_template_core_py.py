@@ -736,25 +736,37 @@ def ops_hold(ops: Sequence[tuple[Any, ...]], values: Sequence[str]) -> bool:
     return True
 
 
-#: a value run longer than this is encoded without the piece cache (a turn's new text: hashing
-#: it costs more than the cache saves; its unit's costs are cached)
+#: a value run longer than this is kept out of the piece cache (a turn's new text: its unit's
+#: costs are cached), in a small one of the most recent instead (``_LONG_RUNS`` of them: a
+#: unit costed next to several neighbours repeats its runs)
 _UNCACHED_RUN = 256
+_LONG_RUNS = 32
 
 
 def piece_counts(self, pieces: list[str]) -> list[int]:
     """Tokens of each piece (text without added tokens; the counts in the pieces' order),
     cached; the new ones encoded in one batch (a piece longer than ``_UNCACHED_RUN``
-    characters is neither looked up nor kept, nor hashed)."""
+    characters is kept only among the last ``_LONG_RUNS`` such pieces: a unit costed next to
+    several neighbours, whose long value runs repeat, counts them once)."""
     cache: dict = self._pieces
+    longs: dict = self._long_pieces
     out: list = []
-    texts: list = []  # what to encode: each new short piece once, every long one
+    texts: list = []  # what to encode: each new piece once
     new: dict = {}  # new short piece -> its index in texts
+    new_long: dict = {}  # new long piece -> its index in texts
     pending: list = []  # indexes of out that hold an index in texts
     for piece in pieces:
         if len(piece) > _UNCACHED_RUN:
-            pending.append(len(out))
-            out.append(len(texts))
-            texts.append(piece)
+            n = longs.get(piece)
+            if n is None:
+                j = new_long.get(piece)
+                if j is None:
+                    j = new_long[piece] = len(texts)
+                    texts.append(piece)
+                pending.append(len(out))
+                out.append(j)
+            else:
+                out.append(n)
             continue
         n = cache.get(piece)
         if n is None:
@@ -772,6 +784,11 @@ def piece_counts(self, pieces: list[str]) -> list[int]:
             out[i] = got[out[i]]
         if new:
             store_all(self, cache, {piece: got[j] for piece, j in new.items()})
+        keep = min(_LONG_RUNS, self.cache_size)
+        for piece, j in new_long.items():
+            while longs and len(longs) >= keep:
+                del longs[next(iter(longs))]  # (the oldest)
+            longs[piece] = got[j]
     return out
 
 

@@ -405,5 +405,5 @@ def test_a_tiny_cache_evicts_and_counts_the_same(model_dirs, family, size, ms):
                 pass
             caches = {name: getattr(c, name) for name in (
                 "_memo", "_by_key", "_looks", "_frame_parts", "_calls", "_texts", "_units",
-                "_local_units", "_local", "_pieces")}
+                "_local_units", "_local", "_pieces", "_long_pieces")}
             assert {name: len(v) for name, v in caches.items() if len(v) > size} == {}

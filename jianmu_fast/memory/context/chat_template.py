@@ -583,6 +583,7 @@ class ChatTemplateTokenCounter:
         self._template = _compile(template)
         self._lock = threading.Lock()
         self._pieces: dict[str, int] = {}  # text between added tokens -> tokens
+        self._long_pieces: dict[str, int] = {}  # the same, for the last long ones (see _tc.piece_counts)
         # tools (their JSON) -> whether the template prints them again for a repeated user
         # message (tools_surplus); a function of the template and the tools only
         self._tools_repeat: dict[str, bool] = {}
