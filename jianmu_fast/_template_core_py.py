@@ -756,23 +756,13 @@ def piece_counts(self, pieces: list[str]) -> list[int]:
     new_long: dict = {}  # new long piece -> its index in texts
     pending: list = []  # indexes of out that hold an index in texts
     for piece in pieces:
-        if len(piece) > _UNCACHED_RUN:
-            n = longs.get(piece)
-            if n is None:
-                j = new_long.get(piece)
-                if j is None:
-                    j = new_long[piece] = len(texts)
-                    texts.append(piece)
-                pending.append(len(out))
-                out.append(j)
-            else:
-                out.append(n)
-            continue
-        n = cache.get(piece)
+        long = len(piece) > _UNCACHED_RUN
+        n = (longs if long else cache).get(piece)
         if n is None:
-            j = new.get(piece)
+            fresh: dict = new_long if long else new
+            j = fresh.get(piece)
             if j is None:
-                j = new[piece] = len(texts)
+                j = fresh[piece] = len(texts)
                 texts.append(piece)
             pending.append(len(out))
             out.append(j)
