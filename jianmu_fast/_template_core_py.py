@@ -27,7 +27,7 @@ __all__ = [
     "entries_stable",
     "entry", "frame_part", "head_groups", "is_local", "local_pattern", "message_to_template_dict", "message_key", "overlap",
     "ops_hold", "parse_key", "piece_counts", "plain_entry", "plain_frame", "plan", "plan_texts", "planned_cost", "prefill_units",
-    "same_json", "segments", "store_all", "tools_signature", "trait", "unit_starts", "unit_total", "user_repeats",
+    "same_json", "segments", "step_costs", "store_all", "tools_signature", "trait", "unit_starts", "unit_total", "user_repeats",
 ]
 
 _REASONING_FIELDS = ("reasoning_content", "thinking", "reasoning")
@@ -534,16 +534,8 @@ def prefill_units(self, keys: Sequence[str], dicts: Sequence[dict[str, Any]], st
         counts_of = piece_counts(self, [t for p in planned for t in p[3]])
         at_run = 0
         for uck, not_tool_first, steps, run_texts in planned:
-            got = counts_of[at_run:at_run + len(run_texts)]
+            costs = step_costs(steps, counts_of[at_run:at_run + len(run_texts)])
             at_run += len(run_texts)
-            costs: list = []
-            for base, plus, minus in steps:  # base + the runs added - the runs removed
-                cost = base
-                for i in plus:
-                    cost += got[i]
-                for i in minus:
-                    cost -= got[i]
-                costs.append(cost)
             found[uck] = costs
             if not_tool_first:
                 found_local[uck[0]] = costs
@@ -632,9 +624,18 @@ def planned_cost(self, keys: tuple, pred: str, succ: str) -> Optional[list[int]]
     run_texts = plan_texts(self, unit_plan, [v for p in parts for v in p[1]])
     if run_texts is None:
         return None
-    got = piece_counts(self, run_texts)
+    return step_costs(unit_plan[2], piece_counts(self, run_texts))
+
+
+def step_costs(steps: Sequence[tuple[int, Sequence[int], Sequence[int]]], got: Sequence[int]) -> list[int]:
+    """Per-message costs from a plan's steps and its value runs' counts ``got``: each
+    message's constant, plus the runs its prefix adds, minus those it removes.
+
+    >>> step_costs([(3, [0], []), (2, [1], [0])], [5, 7])
+    [8, 4]
+    """
     costs: list = []
-    for base, plus, minus in unit_plan[2]:  # base + the runs added - the runs removed
+    for base, plus, minus in steps:
         cost = base
         for i in plus:
             cost += got[i]

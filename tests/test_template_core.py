@@ -39,8 +39,8 @@ METHODS = {"count_messages": "count_messages", "count_list": "_count_list", "pre
 
 
 #: the core's own helpers (called from the methods above, each of the same build)
-HELPERS = {"any_orphan", "any_system", "encode_lengths", "end_cost", "head_groups", "is_local", "local_pattern", "ops_hold", "plain_frame", "same_json",
-           "unit_starts"}
+HELPERS = {"any_orphan", "any_system", "encode_lengths", "end_cost", "head_groups", "is_local",
+           "local_pattern", "ops_hold", "plain_frame", "same_json", "step_costs", "unit_starts"}
 
 
 def _bound(core):
