@@ -1215,7 +1215,6 @@ def count_messages(self, messages: Iterable[Any]) -> int:
             return self._full(keys, dicts)
         if (later_system and any_system(dicts, max(p + m, 1))) or (orphan_tool and any_orphan(dicts, p + m)):
             return self._full(keys, dicts)
-
     try:
         return segments(self, ms, keys, dicts, ov)
     except Refused:

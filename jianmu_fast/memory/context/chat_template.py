@@ -267,16 +267,6 @@ _FEATURE_PROBES: dict[str, list[list[tuple[Any, ...]]]] = {
          ("tool", "p1", "r2"), ("user", "q")],
         [("user", "go"), ("call", _CALL1), ("tool", "p1", "r"), ("user", "more"), ("tool", "p1", "r2")],
     ],
-    # (a final answer later in the conversation, after a user message, a call, or none)
-    "call_final": [
-        [("user", "go"), ("call", _CALL1, "Let me check."), ("tool", "p1", "r"), ("call", _CALL1, "Then."),
-         ("tool", "p1", "r2"), ("assistant", "done"), ("user", "more"), ("call", _CALL1, "Again."),
-         ("tool", "p1", "r3")],
-        [("system", "s"), ("user", "go"), ("call", _CALL1, "Checking."), ("tool", "p1", "r"), ("system", "t"),
-         ("assistant", "done"), ("user", "q"), ("call", _CALL1, "Now."), ("tool", "p1", "r2"), ("user", "u")],
-        [("user", "a"), ("call", _CALL1, "Checking."), ("tool", "p1", "r"), ("user", "b"), ("call", _CALL1),
-         ("tool", "p1", "r2"), ("assistant", "ok"), ("user", "c")],
-    ],
     "think_text": [
         [("user", "a"), ("assistant", "<think>\nhm\n</think>\n\nok"), ("user", "b")],
         [("user", "a"), ("assistant", "<think>\nhm\n</think>\n\nsure"), ("call", _CALL1), ("tool", "p1", "r")],
@@ -284,14 +274,17 @@ _FEATURE_PROBES: dict[str, list[list[tuple[Any, ...]]]] = {
     ],
 }
 
-
-
-
-
-
-
-
-
+#: probes for call text under the final-answer rule (a final answer later in the conversation,
+#: after a user message, a call, or none; see ChatTemplateTokenCounter._final_check)
+_FINAL_PROBES: list[list[tuple[Any, ...]]] = [
+    [("user", "go"), ("call", _CALL1, "Let me check."), ("tool", "p1", "r"), ("call", _CALL1, "Then."),
+     ("tool", "p1", "r2"), ("assistant", "done"), ("user", "more"), ("call", _CALL1, "Again."),
+     ("tool", "p1", "r3")],
+    [("system", "s"), ("user", "go"), ("call", _CALL1, "Checking."), ("tool", "p1", "r"), ("system", "t"),
+     ("assistant", "done"), ("user", "q"), ("call", _CALL1, "Now."), ("tool", "p1", "r2"), ("user", "u")],
+    [("user", "a"), ("call", _CALL1, "Checking."), ("tool", "p1", "r"), ("user", "b"), ("call", _CALL1),
+     ("tool", "p1", "r2"), ("assistant", "ok"), ("user", "c")],
+]
 
 
 def _compile(template: str) -> Any:
@@ -658,8 +651,7 @@ class ChatTemplateTokenCounter:
         self._sensitive: frozenset[str] = frozenset()
         self.additive: bool = self._self_check() or self._blind_check()
         if self.additive:
-            self._sensitive = frozenset(f for f, probes in _FEATURE_PROBES.items()
-                                        if f != "call_final" and not self._probes_add_up(probes))
+            self._sensitive = frozenset(f for f, probes in _FEATURE_PROBES.items() if not self._probes_add_up(probes))
             if "call_text" in self._sensitive:
                 self._final_check()
             if self._sensitive & {"after_system", "call_after_system"}:
@@ -1477,7 +1469,7 @@ class ChatTemplateTokenCounter:
         self._final_rule = True
         self._sensitive = self._sensitive - {"call_text"}
         self._looks, self._last = {}, None
-        if not self._probes_add_up(_FEATURE_PROBES["call_text"] + _FEATURE_PROBES["call_final"]):
+        if not self._probes_add_up(_FEATURE_PROBES["call_text"] + _FINAL_PROBES):
             self._final_rule = False
             self._sensitive = self._sensitive | {"call_text"}
         self._looks, self._last = {}, None
