@@ -26,8 +26,9 @@ __all__ = [
     "any_lookahead", "any_orphan", "any_system", "args_text", "call_entries", "call_entry", "count_list", "count_messages", "encode_lengths", "end_cost",
     "entries_stable",
     "entry", "frame_part", "head_groups", "is_local", "local_pattern", "message_to_template_dict", "message_key", "overlap",
-    "ops_hold", "parse_key", "piece_counts", "plain_entry", "plain_frame", "plan", "plan_texts", "planned_cost", "prefill_units",
-    "same_json", "segments", "step_costs", "store_all", "tools_signature", "trait", "unit_starts", "unit_total", "user_repeats",
+    "ops_hold", "parse_key", "piece_counts", "plain_entry", "plain_frame", "plan", "plan_groups", "plan_texts", "planned_cost", "planned_costs",
+    "prefill_planned", "prefill_units", "run_text",
+    "same_json", "segments", "step_costs", "store_all", "tools_signature", "trait", "unit_parts", "unit_starts", "unit_total", "upper_costs", "user_repeats",
 ]
 
 _REASONING_FIELDS = ("reasoning_content", "thinking", "reasoning")
@@ -470,7 +471,7 @@ def count_list(self, messages: Sequence[Any], start: bool = True, pred: Optional
             # a slice that starts inside a unit: stand the assistant that made the call before it
             exact_pred = "call"
             caller = self._calls.get(dicts[a].get("tool_call_id") or "")
-        costs = self._upper_costs(tuple(keys[a:b]), dicts[a:b], preds, succs, (exact_pred, true_succ), caller)
+        costs = upper_costs(self, tuple(keys[a:b]), dicts[a:b], preds, succs, (exact_pred, true_succ), caller)
         out[a:b] = costs
     return out
 
@@ -603,17 +604,8 @@ def planned_cost(self, keys: tuple, pred: str, succ: str) -> Optional[list[int]]
     """The per-message costs of the unit ``keys`` between the stand-ins ``pred`` and ``succ``
     from its plan (see ``plan``): no rendering, its value runs counted (cached pieces); None
     where there is no plan (yet), or the unit does not follow it."""
-    if not (self._RENDER_FREE and self._plan_ok):
-        return None
-    parts_of: dict = self._frame_parts
-    by_key: dict = self._by_key
-    parts: list = []
-    for k in keys:
-        part = parts_of.get(k)
-        if part is None:
-            part = frame_part(self, k, by_key.get(k) or parse_key(k))
-        parts.append(part)
-    if not parts[0][1]:
+    parts = unit_parts(self, keys)
+    if parts is None:
         return None
     try:
         unit_plan = plan(self, pred, tuple([p[0] for p in parts]), succ)
@@ -625,6 +617,172 @@ def planned_cost(self, keys: tuple, pred: str, succ: str) -> Optional[list[int]]
     if run_texts is None:
         return None
     return step_costs(unit_plan[2], piece_counts(self, run_texts))
+
+
+def unit_parts(self, keys: tuple) -> Optional[list]:
+    """The frame parts of the unit ``keys`` (``frame_part``'s), or None where the counter has
+    no plans or the unit's first message is no frame (no field value)."""
+    if not (self._RENDER_FREE and self._plan_ok):
+        return None
+    parts_of: dict = self._frame_parts
+    by_key: dict = self._by_key
+    parts: list = []
+    for k in keys:
+        part = parts_of.get(k)
+        if part is None:
+            part = frame_part(self, k, by_key.get(k) or parse_key(k))
+        parts.append(part)
+    return parts if parts[0][1] else None
+
+
+def planned_costs(self, keys: tuple, pairs: tuple) -> list:
+    """``[planned_cost(self, keys, pred, succ) for pred, succ in pairs]``, each value run's
+    text built and counted once: the plans of most neighbours differ in their constants only
+    (the same predicates and value runs: ``plan_groups``), and those that differ mostly share
+    runs."""
+    out: list = [None] * len(pairs)
+    parts = unit_parts(self, keys)
+    if parts is None:
+        return out
+    try:
+        groups = plan_groups(self, tuple([p[0] for p in parts]), pairs)
+    except TypeError:  # a field value that cannot be a key (as Frames.render)
+        return out
+    values = [v for p in parts for v in p[1]]
+    texts: list = []
+    at: dict = {}  # value run -> its index in texts, -1 where the unit does not follow it
+    work: list = []  # (the group's run indexes in texts, its members)
+    for ops, runs, members in groups:
+        if ops and not ops_hold(ops, values):
+            continue
+        idx: Optional[list] = []
+        for run in runs:
+            j = at.get(run)
+            if j is None:
+                text = run_text(self, run, values)
+                if text is None:
+                    j = -1
+                else:
+                    j = len(texts)
+                    texts.append(text)
+                at[run] = j
+            if j < 0:
+                idx = None
+                break
+            idx.append(j)  # type: ignore[union-attr]
+        if idx is not None:
+            work.append((idx, members))
+    if not work:
+        return out
+    counts = piece_counts(self, texts)
+    for idx, members in work:
+        got = [counts[j] for j in idx]
+        for i, steps in members:
+            out[i] = step_costs(steps, got)
+    return out
+
+
+def plan_groups(self, shapes: tuple, pairs: tuple) -> tuple:
+    """The plans of a unit with these frame shapes between each ``(pred, succ)`` of ``pairs``,
+    grouped by their predicates and value runs: ``((ops, runs, ((pair index, steps), ...)),
+    ...)``; a pair without a plan (or whose frames are not learned yet) is in no group.
+    Cached (in ``self._plans``); where a pair's frames were not learned, only until the
+    frame table grows."""
+    key = ("groups", pairs, shapes)
+    plans: dict = self._plans
+    table: dict = self._frames._frames
+    got = plans.get(key)
+    if got is not None and (got[1] or got[2] == len(table)):
+        return got[0]  # type: ignore[no-any-return]
+    by: dict = {}
+    learned = True
+    for i, (pred, succ) in enumerate(pairs):
+        p = plan(self, pred, shapes, succ)
+        if p is NOT_YET:
+            learned = False
+        elif p is not None:
+            by.setdefault((p[0], p[1]), []).append((i, p[2]))
+    groups = tuple([(k[0], k[1], tuple(v)) for k, v in by.items()])
+    if got is None and len(plans) >= self.cache_size:
+        _evict(self, plans)
+    plans[key] = (groups, learned, len(table))
+    return groups
+
+
+def prefill_planned(self, keys: tuple, pairs: Sequence[tuple[str, str]]) -> None:
+    """Cost the unit ``keys`` from its plans between every ``(pred, succ)`` of ``pairs`` that
+    ``self._units`` lacks, in one ``planned_costs`` call, into ``self._units`` (what
+    ``_unit_cost`` would store for each: ``succ`` normalized as there; the pairs it costs
+    otherwise, a unit opening the conversation before a system message, left to it; those
+    without a plan, left to it too)."""
+    if not (self._RENDER_FREE and self._plan_ok):
+        return
+    units: dict = self._units
+    blind = self._succ_blind
+    todo: dict = {}
+    for pred, succ in pairs:
+        if succ == "end" or (blind and succ != "open"):
+            succ = "user"
+        if pred == "first" and (succ == "system" or succ == "system_final"):
+            continue
+        ck = (keys, pred, succ, None)
+        if ck not in units:
+            todo[ck] = (pred, succ)
+    if not todo:
+        return
+    got = planned_costs(self, keys, tuple(todo.values()))
+    store_all(self, units, {ck: c for ck, c in zip(todo, got) if c is not None})
+
+
+#: the successors of a unit that ``unit_total`` asks for under ``_final_rule`` and the charges
+#: (``upper_costs``) do not: costed with the charges' (their plans mostly shared)
+_AHEAD = ("call", "call_final", "user_final")
+
+
+def upper_costs(self, keys: tuple, dicts: Sequence[dict[str, Any]], preds: list, succs: list,
+                exact: tuple, caller: Optional[str] = None) -> list[int]:
+    """The most each message of a unit costs over the neighbours ``preds`` x ``succs``;
+    the ``exact`` pair must render (a refusal there is the conversation's own). Each pair
+    is the real unit's own cost (from its plans where it has them, all in one
+    ``prefill_planned`` call; else rendered by ``_unit_cost``): a stand-in unit's dependence
+    on its neighbours is not the real one's (DeepSeek-V3 prints indentation before an
+    assistant's text after some neighbours only, which merges with the text's first token
+    or not)."""
+    reasoning = any_lookahead(self, keys, dicts)
+    local = not reasoning and local_pattern(self, keys, dicts)
+    if reasoning:  # kept after the last user query (nothing closes the unit), or stripped
+        succs = list(succs) + ["open"]
+    elif local:
+        exact = (self._canonical(dicts[0]["role"]), "user")
+    others: list = []
+    if not local:
+        for pred in preds:
+            for succ in succs:
+                if (pred, succ) != exact and not (pred == "first" and succ == "system"):
+                    others.append((pred, succ))
+        if caller is None:
+            # (under _final_rule, the successors an exact count of the grown prompt asks for)
+            prefill_planned(self, keys, [exact] + others + ([(exact[0], s) for s in _AHEAD] if self._final_rule else []))
+    try:
+        best = list(self._unit_cost(keys, exact[0], exact[1], caller=caller))
+    except Refused as exc:
+        raise MessageValidationError(f"the chat template refused the conversation: {exc}") from None
+    if local:
+        if caller is None and dicts[0]["role"] != "tool":
+            self._remember_local(keys, best)
+        return best
+    units: dict = self._units
+    blind = self._succ_blind
+    for pred, succ in others:
+        s = "user" if succ == "end" or (blind and succ != "open") else succ
+        c = units.get((keys, pred, s, caller))
+        if c is None:
+            try:
+                c = self._unit_cost(keys, pred, succ, caller=caller)
+            except Refused:
+                continue
+        best = [max(a, b) for a, b in zip(best, c)]
+    return best
 
 
 def step_costs(steps: Sequence[tuple[int, Sequence[int], Sequence[int]]], got: Sequence[int]) -> list[int]:
@@ -651,47 +809,57 @@ def plan_texts(self, plan: Any, values: Sequence[str]) -> Optional[list[str]]:
     ops, runs, _ = plan
     if ops and not ops_hold(ops, values):
         return None
-    search = self._search
-    enc = _ENC_STR
-    firsts: str = self._token_firsts
-    groups = self._token_head_groups
     texts: list = []
-    for items, next_token in runs:
-        pieces: list = []
-        for x in items:
-            if type(x) is str:
-                pieces.append(x)
-            elif x >= 0:
-                pieces.append(values[x])
-            else:  # a tojson slot: json_inside(v), its encoder called here for a str
-                v = values[-1 - x]
-                pieces.append(enc(v)[1:-1] if type(v) is str else json_inside(v))
-        text = "".join(pieces)
-        # no added token starts in text (none of their heads in it, and its last character
-        # starts none): nothing to search for. A head is looked for only where its first
-        # character occurs (one character: a memchr scan; JSON and prose rarely hold "<")
-        clean = not text or text[-1] not in firsts
-        if clean:
-            if groups is None:
-                clean = False
-            else:
-                for c, hs in groups:
-                    if c in text:
-                        for h in hs:
-                            if h in text:
-                                clean = False
-                                break
-                        if not clean:
-                            break
-        if not clean:
-            if next_token:
-                m = search(text + next_token)
-                if m.start() != len(text):  # (it finds next_token at least)
-                    return None
-            elif search(text) is not None:
-                return None
+    for run in runs:
+        text = run_text(self, run, values)
+        if text is None:
+            return None
         texts.append(text)
     return texts
+
+
+def run_text(self, run: tuple, values: Sequence[str]) -> Optional[str]:
+    """The text of a plan's value run ``(items, next added token)`` for a unit's field
+    ``values``; None where it holds an added token (or runs into one) other than its next."""
+    items, next_token = run
+    enc = _ENC_STR
+    pieces: list = []
+    for x in items:
+        if type(x) is str:
+            pieces.append(x)
+        elif x >= 0:
+            pieces.append(values[x])
+        else:  # a tojson slot: json_inside(v), its encoder called here for a str
+            v = values[-1 - x]
+            pieces.append(enc(v)[1:-1] if type(v) is str else json_inside(v))
+    text = "".join(pieces)
+    # no added token starts in text (none of their heads in it, and its last character
+    # starts none): nothing to search for. A head is looked for only where its first
+    # character occurs (one character: a memchr scan; JSON and prose rarely hold "<")
+    firsts: str = self._token_firsts
+    clean = not text or text[-1] not in firsts
+    if clean:
+        groups = self._token_head_groups
+        if groups is None:
+            clean = False
+        else:
+            for c, hs in groups:
+                if c in text:
+                    for h in hs:
+                        if h in text:
+                            clean = False
+                            break
+                    if not clean:
+                        break
+    if not clean:
+        search = self._search
+        if next_token:
+            m = search(text + next_token)
+            if m.start() != len(text):  # (it finds next_token at least)
+                return None
+        elif search(text) is not None:
+            return None
+    return text
 
 
 def head_groups(heads: tuple) -> Optional[tuple]:

@@ -31,7 +31,7 @@ _spec.loader.exec_module(mk)  # type: ignore[union-attr]
 FAMILIES = ["qwen3", "hermes", "llama3.1", "mistral", "gpt-oss", "deepseek-v3"]
 #: the core's functions that are ChatTemplateTokenCounter's methods (attribute names)
 METHODS = {"count_messages": "count_messages", "count_list": "_count_list", "prefill_units": "_prefill_units",
-           "plan": "_plan", "plan_texts": "_plan_texts", "planned_cost": "_planned_cost", "piece_counts": "_piece_counts", "frame_part": "_frame_part",
+           "plan": "_plan", "plan_texts": "_plan_texts", "planned_cost": "_planned_cost", "upper_costs": "_upper_costs", "piece_counts": "_piece_counts", "frame_part": "_frame_part",
            "entries_stable": "_entries_stable", "call_entries": "_call_entries", "entry": "_entry",
            "any_lookahead": "_any_lookahead", "trait": "_trait", "overlap": "_overlap", "segments": "_segments",
            "unit_total": "_unit_total", "store_all": "_store_all", "user_repeats": "_user_repeats",
@@ -39,7 +39,8 @@ METHODS = {"count_messages": "count_messages", "count_list": "_count_list", "pre
 
 
 #: the core's own helpers (called from the methods above, each of the same build)
-HELPERS = {"any_orphan", "any_system", "encode_lengths", "end_cost", "head_groups", "is_local",
+HELPERS = {"any_orphan", "any_system", "encode_lengths", "end_cost", "head_groups", "is_local", "plan_groups",
+           "planned_costs", "prefill_planned", "run_text", "unit_parts",
            "local_pattern", "ops_hold", "plain_frame", "same_json", "step_costs", "unit_starts"}
 
 

@@ -26,8 +26,8 @@ _spec = importlib.util.spec_from_file_location("_ct_data_plans", os.path.join(_H
 mk = importlib.util.module_from_spec(_spec)
 _spec.loader.exec_module(mk)  # type: ignore[union-attr]
 
-#: the families whose units are costed by plans (DeepSeek-V3 fails the additivity self-check)
-FAMILIES = ["qwen3", "hermes", "llama3.1", "mistral", "gpt-oss"]
+#: the families whose units are costed by plans (every bundled template)
+FAMILIES = ["qwen3", "hermes", "llama3.1", "mistral", "gpt-oss", "deepseek-v3"]
 
 
 @pytest.fixture(scope="module")
@@ -197,3 +197,41 @@ def test_call_entry_is_the_general_path(pairs, m):
     assert json.dumps(got[0]) == json.dumps(d)  # key order inside the calls too
     assert got[1] == _message_key(d)
     assert got[2] == ref._frames.frame_of(d)
+
+
+#: every neighbour pair a unit is costed between (the final-answer contexts are gpt-oss's)
+_PAIRS = tuple((p, s) for p in ("first", "system", "user", "assistant", "tool", "call")
+               for s in ("user", "assistant", "system", "call", "user_final", "call_final", "system_final"))
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+@settings(max_examples=40, deadline=None, suppress_health_check=list(HealthCheck))
+@given(data=st.data())
+def test_planned_costs_equal_each_pairs_planned_cost(pairs, family, data):
+    """``planned_costs`` (a unit's plans between many neighbours at once, value runs shared)
+    gives each pair what ``planned_cost`` gives it alone, on both builds; and what rendering
+    the unit there gives, where it has a plan."""
+    from jianmu_fast import _template_core, _template_core_py
+
+    path, ref = pairs[family]
+    c = ChatTemplateTokenCounter(path, engine="tokenizers")
+    ms = data.draw(_turns(_fragments(c)))
+    try:
+        c.count_array(ms)  # (frames learned where the hot loop renders)
+        c.count_messages(ms)
+    except Exception:  # the template refuses (Llama 3.1: parallel calls)
+        return
+    keys, dicts, _ = c._entries_stable(ms)
+    starts = [i for i, d in enumerate(dicts) if i == 0 or d["role"] != "tool"] + [len(ms)]
+    for a, b in zip(starts, starts[1:]):
+        ukeys = tuple(keys[a:b])
+        want = [c._planned_cost(ukeys, p, s) for p, s in _PAIRS]
+        for core in (_template_core, _template_core_py):
+            assert core.planned_costs(c, ukeys, _PAIRS) == want
+        blind, ref._succ_blind = ref._succ_blind, False  # (rendered between these very stand-ins)
+        try:
+            for (p, s), got in zip(_PAIRS, want):
+                if got is not None and not (p == "first" and s.startswith("system")):  # (costed otherwise)
+                    assert got == ref._unit_cost(ukeys, p, s), (p, s)
+        finally:
+            ref._succ_blind = blind

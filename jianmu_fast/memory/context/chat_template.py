@@ -676,6 +676,7 @@ class ChatTemplateTokenCounter:
     _plan = _tc.plan
     _plan_texts = _tc.plan_texts
     _planned_cost = _tc.planned_cost
+    _upper_costs = _tc.upper_costs
     _piece_counts = _tc.piece_counts
     _frame_part = _tc.frame_part
     _entries_stable = _tc.entries_stable
@@ -1097,39 +1098,6 @@ class ChatTemplateTokenCounter:
 
     def _remember_local(self, keys: tuple[str, ...], costs: list[int]) -> None:
         self._store_all(self._local_units, {keys: costs})
-
-    def _upper_costs(self, keys: tuple[str, ...], dicts: Sequence[dict[str, Any]], preds: list[str],
-                     succs: list[str], exact: tuple[str, str], caller: Optional[str] = None) -> list[int]:
-        """The most each message of a unit costs over the neighbours ``preds`` x ``succs``;
-        the ``exact`` pair must render (a refusal there is the conversation's own). Each pair
-        is the real unit's own rendering (mostly assembled from frames, not rendered): a
-        stand-in unit's dependence on its neighbours is not the real one's (DeepSeek-V3 prints
-        indentation before an assistant's text after some neighbours only, which merges with
-        the text's first token or not)."""
-        reasoning = self._any_lookahead(keys, dicts)
-        local = self._is_local(dicts, keys)
-        if reasoning:  # kept after the last user query (nothing closes the unit), or stripped
-            succs = list(succs) + ["open"]
-        elif local:
-            exact = (self._canonical(dicts[0]["role"]), "user")
-        try:
-            best = list(self._unit_cost(keys, *exact, caller=caller))
-        except _Refused as exc:
-            raise MessageValidationError(f"the chat template refused the conversation: {exc}") from None
-        if not reasoning and local:
-            if caller is None and dicts[0]["role"] != "tool":
-                self._remember_local(keys, best)
-            return best
-        for pred in preds:
-            for succ in succs:
-                if (pred, succ) == exact or (pred == "first" and succ == "system"):
-                    continue
-                try:
-                    c = self._unit_cost(keys, pred, succ, caller=caller)
-                except _Refused:
-                    continue
-                best = [max(a, b) for a, b in zip(best, c)]
-        return best
 
     # -- the public API ---------------------------------------------------------------------------
 
