@@ -27,7 +27,7 @@ __all__ = [
     "entries_stable",
     "entry", "frame_part", "head_groups", "is_local", "local_pattern", "message_to_template_dict", "message_key", "overlap",
     "ops_hold", "parse_key", "piece_counts", "plain_entry", "plain_frame", "plan", "plan_groups", "plan_texts", "planned_cost", "planned_costs",
-    "prefill_planned", "prefill_units", "run_text",
+    "prefill_planned", "prefill_units", "run_text", "run_text_of",
     "same_json", "segments", "step_costs", "store_all", "tools_signature", "trait", "unit_parts", "unit_starts", "unit_total", "upper_costs", "user_repeats",
 ]
 
@@ -820,8 +820,38 @@ def plan_texts(self, plan: Any, values: Sequence[str]) -> Optional[list[str]]:
 
 def run_text(self, run: tuple, values: Sequence[str]) -> Optional[str]:
     """The text of a plan's value run ``(items, next added token)`` for a unit's field
-    ``values``; None where it holds an added token (or runs into one) other than its next."""
+    ``values``; None where it holds an added token (or runs into one) other than its next.
+    A run holding a long string value (past ``_UNCACHED_RUN`` characters: a tool output) is
+    kept among the last ``_LONG_RUNS`` such (``self._run_texts``): a unit costed between
+    several neighbours, or again by the exact count, escapes, joins and scans it once, and
+    counts the same string (its hash kept)."""
     items, next_token = run
+    key: Any = None
+    for x in items:
+        if type(x) is not str:
+            v = values[x] if x >= 0 else values[-1 - x]
+            if type(v) is not str:
+                key = None
+                break
+            if len(v) > _UNCACHED_RUN:
+                key = True
+    if key is not None:
+        key = (run, tuple([values[x] if x >= 0 else values[-1 - x] for x in items if type(x) is not str]))
+        memo: dict = self._run_texts
+        got = memo.get(key, NOT_YET)
+        if got is not NOT_YET:
+            return got  # type: ignore[no-any-return]
+        text = run_text_of(self, items, next_token, values)
+        keep = min(_LONG_RUNS, self.cache_size)
+        while memo and len(memo) >= keep:
+            del memo[next(iter(memo))]  # (the oldest)
+        memo[key] = text
+        return text
+    return run_text_of(self, items, next_token, values)
+
+
+def run_text_of(self, items: tuple, next_token: str, values: Sequence[str]) -> Optional[str]:
+    """``run_text``'s text, built and checked."""
     enc = _ENC_STR
     pieces: list = []
     for x in items:

@@ -40,7 +40,7 @@ METHODS = {"count_messages": "count_messages", "count_list": "_count_list", "pre
 
 #: the core's own helpers (called from the methods above, each of the same build)
 HELPERS = {"any_orphan", "any_system", "encode_lengths", "end_cost", "head_groups", "is_local", "plan_groups",
-           "planned_costs", "prefill_planned", "run_text", "unit_parts",
+           "planned_costs", "prefill_planned", "run_text", "run_text_of", "unit_parts",
            "local_pattern", "ops_hold", "plain_frame", "same_json", "step_costs", "unit_starts"}
 
 
@@ -406,5 +406,5 @@ def test_a_tiny_cache_evicts_and_counts_the_same(model_dirs, family, size, ms):
                 pass
             caches = {name: getattr(c, name) for name in (
                 "_memo", "_by_key", "_looks", "_frame_parts", "_calls", "_texts", "_units",
-                "_local_units", "_local", "_pieces", "_long_pieces")}
+                "_local_units", "_local", "_pieces", "_long_pieces", "_run_texts")}
             assert {name: len(v) for name, v in caches.items() if len(v) > size} == {}

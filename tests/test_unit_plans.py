@@ -235,3 +235,32 @@ def test_planned_costs_equal_each_pairs_planned_cost(pairs, family, data):
                     assert got == ref._unit_cost(ukeys, p, s), (p, s)
         finally:
             ref._succ_blind = blind
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_long_values_count_as_rendered_each_time_they_are_costed(pairs, family):
+    """Value runs holding a long value (a tool output, past ``_UNCACHED_RUN``) are kept built
+    and checked (``_run_texts``); a unit costed between many neighbours, and again by the
+    exact count, counts what rendering it gives, also where the value holds an added token or
+    half of one (off the plan, remembered as such)."""
+    path, ref = pairs[family]
+    c = ChatTemplateTokenCounter(path, engine="tokenizers")
+    frags = _fragments(c)
+    outputs = [json.dumps({"rows": list(range(120))}), "x" * 300 + frags[0] + "y" * 40,
+               "数据 " * 90 + frags[-1], "Oslo: -3°C, snow. " * 20 + frags[len(frags) // 2]]
+    ms = [Message(role="system", content="s"), Message(role="user", content="u")]
+    for i, out in enumerate(outputs * 2):
+        calls = [{"id": f"c{i}", "type": "function", "function": {"name": "f", "arguments": json.dumps({"q": out[:30]})}}]
+        ms += [Message(role="assistant", content=None, tool_calls=calls),
+               Message(role="tool", content=out, tool_call_id=f"c{i}", name="f"),
+               Message(role="assistant", content=out[-280:]), Message(role="user", content=out)]
+    for _ in range(2):  # the second time with the frames and plans of the first
+        c = ChatTemplateTokenCounter(path, engine="tokenizers")
+        flt = TokenBudgetFilter(10**6, counter=c)
+        history: list[Message] = []
+        for m in ms:
+            history.append(m)
+            if m.role in ("user", "tool"):
+                assert c.count_messages(flt.apply(history)) == ref.count_request(history)
+        assert c.count_array(ms).tolist() == ref.count_array(ms).tolist()
+    assert c._run_texts
