@@ -940,6 +940,12 @@ class ChatTemplateTokenCounter:
             if planned is not None:
                 self._store_all(self._units, {ck: planned})
                 return planned
+        elif not prefilled and pred == "system":  # after the real system message (``pre`` is it):
+            # the plan of the two as a conversation's first messages, less the system message's
+            planned = self._planned_cost((caller,) + keys, "first", succ)
+            if planned is not None:
+                self._store_all(self._units, {ck: planned[1:]})
+                return planned[1:]
         if not prefilled:  # (``_prefill_units`` has rendered and counted them in its batch)
             self._prefill([pre + post] + [pre + keys[:j] + post for j in range(1, len(keys) + 1)])
         prev = self._tokens(pre + post)
