@@ -25,7 +25,7 @@ from .message.model import FrozenList, coerce_message
 __all__ = [
     "any_lookahead", "any_orphan", "any_system", "args_text", "call_entries", "call_entry", "count_list", "count_messages", "encode_lengths", "end_cost",
     "entries_stable",
-    "entry", "frame_part", "head_groups", "is_local", "local_pattern", "message_to_template_dict", "message_key", "overlap",
+    "entry", "frame_part", "head_groups", "is_local", "last_final", "local_pattern", "message_to_template_dict", "message_key", "overlap",
     "ops_hold", "parse_key", "piece_counts", "plain_entry", "plain_frame", "plan", "plan_groups", "plan_texts", "planned_cost", "planned_costs",
     "prefill_planned", "prefill_units", "run_text", "run_text_of",
     "same_json", "segments", "step_costs", "store_all", "tools_signature", "trait", "unit_parts", "unit_starts", "unit_total", "upper_costs", "user_repeats",
@@ -1515,13 +1515,16 @@ def segments(self, ms: Sequence[Any], keys: list[str], dicts: list[dict[str, Any
     # where the last final answer stands, for a template that looks ahead for one (its units
     # before it are costed with a final answer after them: one arriving among the new
     # messages changes what the overlap's units cost, which are then not reused)
+    # (from the previous call's where the prompt holds its messages: only the others scanned)
     final = -1
     if self._final_rule:
-        for i in range(n - 1, -1, -1):
-            d = dicts[i]
-            if d["role"] == "assistant" and "tool_calls" not in d:
-                final = i
-                break
+        if last is not None and ov is not None:
+            p, q, m = ov
+            final = last_final(dicts, p + m, n)
+            if final < 0:
+                final = last[4] - q + p if last[4] >= q else last_final(dicts, 0, p)
+        else:
+            final = last_final(dicts, 0, n)
     if last is not None and ov is not None and not (final >= 0 and final >= ov[0] + ov[2]):
         p, q, m = ov
         lstarts, lcosts = last[1], last[2]
@@ -1544,11 +1547,25 @@ def segments(self, ms: Sequence[Any], keys: list[str], dicts: list[dict[str, Any
         c = unit_total(self, keys, dicts, starts, u, n, final)
         costs.append(c)
         total += c
-    self._last = (keys, starts, costs, total)
+    self._last = (keys, starts, costs, total, final)
     end = end_cost(self, dicts[-1]["role"])
     if end is None:
         raise Refused("no end cost")
     return end + total  # type: ignore[no-any-return]
+
+
+def last_final(dicts: Sequence[Mapping[str, Any]], lo: int, hi: int) -> int:
+    """The index of the last final answer (an assistant message without calls) in
+    ``dicts[lo:hi]``; -1 where there is none.
+
+    >>> last_final([{"role": "assistant"}, {"role": "assistant", "tool_calls": [{}]}], 0, 2)
+    0
+    """
+    for i in range(hi - 1, lo - 1, -1):
+        d = dicts[i]
+        if d["role"] == "assistant" and "tool_calls" not in d:
+            return i
+    return -1
 
 
 def unit_total(self, keys: list[str], dicts: list[dict[str, Any]], starts: list[int], u: int, n: int,

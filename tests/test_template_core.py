@@ -39,7 +39,7 @@ METHODS = {"count_messages": "count_messages", "count_list": "_count_list", "pre
 
 
 #: the core's own helpers (called from the methods above, each of the same build)
-HELPERS = {"any_orphan", "any_system", "encode_lengths", "end_cost", "head_groups", "is_local", "plan_groups",
+HELPERS = {"any_orphan", "any_system", "encode_lengths", "end_cost", "head_groups", "is_local", "last_final", "plan_groups",
            "planned_costs", "prefill_planned", "run_text", "run_text_of", "unit_parts",
            "local_pattern", "ops_hold", "plain_frame", "same_json", "step_costs", "unit_starts"}
 
@@ -174,6 +174,9 @@ def test_compiled_message_helpers_equal_the_twin(ms):
         assert compiled.any_system(dicts, start) == twin.any_system(dicts, start) \
             == any(d["role"] == "system" for d in dicts[start:])
         assert compiled.any_orphan(dicts, start) == twin.any_orphan(dicts, start)
+        finals = [i for i, d in enumerate(dicts[start:], start) if d["role"] == "assistant" and "tool_calls" not in d]
+        assert compiled.last_final(dicts, start, len(dicts)) == twin.last_final(dicts, start, len(dicts)) \
+            == (finals[-1] if finals else -1)
     tools = [i for i, d in enumerate(dicts) if d["role"] == "tool"]
     orphan = any(not (dicts[u]["role"] == "assistant" and dicts[u].get("tool_calls"))
                  for u in (max(j for j in twin.unit_starts(dicts) if j <= i) for i in tools))

@@ -630,8 +630,9 @@ class ChatTemplateTokenCounter:
         # message key -> (_lookahead, its element of _pattern), once _sensitive is known
         self._looks: dict[str, tuple[bool, tuple[Any, ...]]] = {}
         self._calls: dict[str, str] = {}  # tool-call id -> key of the assistant message that made it
-        # the last segmented count_messages call: its keys, unit starts, unit costs and their total
-        self._last: Optional[tuple[list[Any], list[int], list[int], int]] = None
+        # the last segmented count_messages call: its keys, unit starts, unit costs, their total
+        # and where its last final answer stands (-1: none, or not under _final_rule)
+        self._last: Optional[tuple[list[Any], list[int], list[int], int, int]] = None
         # the last count_messages call's messages (a copy; immutable Messages only), keys and dicts:
         # call_entries matches the next call's messages to them by identity (see there)
         self._last_ms: Optional[tuple[list[Any], list[str], list[dict[str, Any]]]] = None
