@@ -25,10 +25,10 @@ from .message.model import FrozenList, coerce_message
 __all__ = [
     "any_lookahead", "any_orphan", "any_system", "args_text", "call_entries", "call_entry", "count_list", "count_messages", "encode_lengths", "end_cost",
     "entries_stable",
-    "entry", "frame_part", "head_groups", "is_local", "last_final", "local_pattern", "message_to_template_dict", "message_key", "overlap",
+    "entry", "frame_part", "head_groups", "is_local", "keep_last", "last_final", "local_pattern", "message_to_template_dict", "message_key", "overlap",
     "ops_hold", "parse_key", "piece_counts", "plain_entry", "plain_frame", "plan", "plan_groups", "plan_texts", "planned_cost", "planned_costs",
     "prefill_planned", "prefill_units", "run_text", "run_text_of",
-    "same_json", "segments", "step_costs", "store_all", "tools_signature", "trait", "unit_parts", "unit_starts", "unit_total", "upper_costs", "user_repeats",
+    "same_json", "segments", "step_costs", "store_all", "tools_signature", "trait", "unit_parts", "unit_starts", "unit_succ", "unit_total", "upper_costs", "user_repeats",
 ]
 
 _REASONING_FIELDS = ("reasoning_content", "thinking", "reasoning")
@@ -718,11 +718,9 @@ def prefill_planned(self, keys: tuple, pairs: Sequence[tuple[str, str]]) -> None
     if not (self._RENDER_FREE and self._plan_ok):
         return
     units: dict = self._units
-    blind = self._succ_blind
     todo: dict = {}
     for pred, succ in pairs:
-        if succ == "end" or (blind and succ != "open"):
-            succ = "user"
+        succ = unit_succ(self, succ)
         if pred == "first" and (succ == "system" or succ == "system_final"):
             continue
         ck = (keys, pred, succ, None)
@@ -732,6 +730,15 @@ def prefill_planned(self, keys: tuple, pairs: Sequence[tuple[str, str]]) -> None
         return
     got = planned_costs(self, keys, tuple(todo.values()))
     store_all(self, units, {ck: c for ck, c in zip(todo, got) if c is not None})
+
+
+def unit_succ(self, succ: str) -> str:
+    """The successor a unit is costed before (``_unit_cost``'s cache keys hold it): "end" is
+    costed as "user"; so is every successor but "open" where units are costed before a user
+    stand-in whatever follows them (``_succ_blind``)."""
+    if succ == "end" or (self._succ_blind and succ != "open"):
+        return "user"
+    return succ
 
 
 #: the successors of a unit that ``unit_total`` asks for under ``_final_rule`` and the charges
@@ -772,10 +779,8 @@ def upper_costs(self, keys: tuple, dicts: Sequence[dict[str, Any]], preds: list,
             self._remember_local(keys, best)
         return best
     units: dict = self._units
-    blind = self._succ_blind
     for pred, succ in others:
-        s = "user" if succ == "end" or (blind and succ != "open") else succ
-        c = units.get((keys, pred, s, caller))
+        c = units.get((keys, pred, unit_succ(self, succ), caller))
         if c is None:
             try:
                 c = self._unit_cost(keys, pred, succ, caller=caller)
@@ -826,28 +831,23 @@ def run_text(self, run: tuple, values: Sequence[str]) -> Optional[str]:
     several neighbours, or again by the exact count, escapes, joins and scans it once, and
     counts the same string (its hash kept)."""
     items, next_token = run
-    key: Any = None
+    long = False  # (a long value, and every value a str: a key)
     for x in items:
         if type(x) is not str:
             v = values[x] if x >= 0 else values[-1 - x]
             if type(v) is not str:
-                key = None
+                long = False
                 break
-            if len(v) > _UNCACHED_RUN:
-                key = True
-    if key is not None:
-        key = (run, tuple([values[x] if x >= 0 else values[-1 - x] for x in items if type(x) is not str]))
-        memo: dict = self._run_texts
-        got = memo.get(key, NOT_YET)
-        if got is not NOT_YET:
-            return got  # type: ignore[no-any-return]
-        text = run_text_of(self, items, next_token, values)
-        keep = min(_LONG_RUNS, self.cache_size)
-        while memo and len(memo) >= keep:
-            del memo[next(iter(memo))]  # (the oldest)
-        memo[key] = text
-        return text
-    return run_text_of(self, items, next_token, values)
+            long = long or len(v) > _UNCACHED_RUN
+    if not long:
+        return run_text_of(self, items, next_token, values)
+    key = (run, tuple([values[x] if x >= 0 else values[-1 - x] for x in items if type(x) is not str]))
+    memo: dict = self._run_texts
+    got = memo.get(key, NOT_YET)
+    if got is NOT_YET:
+        got = run_text_of(self, items, next_token, values)
+        keep_last(self, memo, key, got)
+    return got  # type: ignore[no-any-return]
 
 
 def run_text_of(self, items: tuple, next_token: str, values: Sequence[str]) -> Optional[str]:
@@ -973,12 +973,18 @@ def piece_counts(self, pieces: list[str]) -> list[int]:
             out[i] = got[out[i]]
         if new:
             store_all(self, cache, {piece: got[j] for piece, j in new.items()})
-        keep = min(_LONG_RUNS, self.cache_size)
         for piece, j in new_long.items():
-            while longs and len(longs) >= keep:
-                del longs[next(iter(longs))]  # (the oldest)
-            longs[piece] = got[j]
+            keep_last(self, longs, piece, got[j])
     return out
+
+
+def keep_last(self, cache: dict, key: Any, value: Any) -> None:
+    """``cache[key] = value``, ``cache`` kept to its last ``_LONG_RUNS`` keys (at most
+    ``self.cache_size``): the oldest dropped."""
+    keep = min(_LONG_RUNS, self.cache_size)
+    while cache and len(cache) >= keep:
+        del cache[next(iter(cache))]  # (the oldest)
+    cache[key] = value
 
 
 def encode_lengths(self, texts: list[str]) -> list[int]:

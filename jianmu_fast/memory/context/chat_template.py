@@ -924,8 +924,7 @@ class ChatTemplateTokenCounter:
         The unit is always followed by at least one stand-in ending on a user message (``succ``
         "end" is counted as "user"), so nothing a template does to a conversation's last message
         falls on it; that end effect is ``_end_cost``'s."""
-        if succ == "end" or (self._succ_blind and succ != "open"):
-            succ = "user"
+        succ = _tc.unit_succ(self, succ)
         ck = (keys, pred, succ, caller)
         costs = self._units.get(ck)
         if costs is not None:
