@@ -1520,7 +1520,8 @@ def segments(self, ms: Sequence[Any], keys: list[str], dicts: list[dict[str, Any
     head, reused, tail, total = len(starts), [], len(starts), 0
     # where the last final answer stands, for a template that looks ahead for one (its units
     # before it are costed with a final answer after them: one arriving among the new
-    # messages changes what the overlap's units cost, which are then not reused)
+    # messages changes what the overlap's units after the previous one cost, which are then
+    # not reused)
     # (from the previous call's where the prompt holds its messages: only the others scanned)
     final = -1
     if self._final_rule:
@@ -1531,17 +1532,26 @@ def segments(self, ms: Sequence[Any], keys: list[str], dicts: list[dict[str, Any
                 final = last[4] - q + p if last[4] >= q else last_final(dicts, 0, p)
         else:
             final = last_final(dicts, 0, n)
-    if last is not None and ov is not None and not (final >= 0 and final >= ov[0] + ov[2]):
+    if last is not None and ov is not None:
         p, q, m = ov
         lstarts, lcosts = last[1], last[2]
         uq = bisect.bisect_left(lstarts, q) + (0 if p == q else 1)
         ul = len(lstarts) - 1
+        if final >= p + m:
+            # a final answer among the new messages: the overlap's units from the previous
+            # one on (all, where there was none) now have one after them; those before it
+            # already had, and keep their costs
+            lf = bisect.bisect_left(lstarts, last[4])
+            if lf < ul:
+                ul = lf
         if uq < ul:
             head = bisect.bisect_left(starts, lstarts[uq] - q + p)
             reused = lcosts[uq:ul]
             tail = head + len(reused)
-            total = last[3] - lcosts[ul]
+            total = last[3]
             for u in range(uq):
+                total -= lcosts[u]
+            for u in range(ul, len(lstarts)):
                 total -= lcosts[u]
     costs: list = []
     for u in range(head):

@@ -315,6 +315,41 @@ def test_call_text_and_final_answers_count_from_segments_exactly(families, monke
         assert wholes == expected + ([len(later)] if name == "deepseek-v3" else []), name
 
 
+def test_a_new_final_answer_recosts_only_the_units_after_the_previous_one(families, monkeypatch):
+    """gpt-oss: when a final answer arrives, the calls with text since the previous final
+    answer cost less (their text is no longer shown); the units before the previous one
+    already had a final answer after them and keep their costs. Every turn is counted exactly
+    (every call has text: reusing one unit too many is off), and the turn that brings a final
+    answer costs no unit of the prompt up to the previous final answer again."""
+    fam = families["gpt-oss"]
+    c = fam.fresh()
+    asked: list = []
+    unit_cost = c._unit_cost
+    monkeypatch.setattr(c, "_unit_cost", lambda keys, *a, **k: asked.append(keys) or unit_cost(keys, *a, **k))
+    ms = [Message(role="system", content="You are a weather bot."), Message(role="user", content="Weather?")]
+    finals = 0
+    for i in range(16):
+        ms.append(Message(role="assistant", content=f"Checking {i} now.", tool_calls=[
+            {"id": f"c{i}", "type": "function",
+             "function": {"name": "get_weather", "arguments": json.dumps({"city": f"Paris {i}"})}}]))
+        ms.append(Message(role="tool", content=f"{20 + i} C", tool_call_id=f"c{i}", name="get_weather"))
+        kept = ms if i < 9 else ms[:1] + ms[2 * (i - 8):]  # the cut moves from the 10th turn on
+        if kept[1].role == "tool":
+            kept = kept[:1] + kept[2:]
+        assert c.count_messages(kept) == fam.reference(kept), i
+        if i % 3 == 2:
+            previous = max(j for j, m in enumerate(kept) if m.role == "assistant" and not m.tool_calls) \
+                if finals else 0
+            before = {c._entry(m, j)[0] for j, m in enumerate(kept[1:previous], 1)}
+            ms += [Message(role="assistant", content=f"It is {20 + i} C."), Message(role="user", content="More?")]
+            kept = kept + ms[-2:]
+            asked.clear()
+            assert c.count_messages(kept) == fam.reference(kept), i
+            assert asked and not {k for keys in asked for k in keys} & before, i
+            finals += 1
+    assert finals == 5
+
+
 def test_hot_loop_counts_incrementally_and_exactly(family):
     """A growing agent loop: each turn is counted exactly, and the cached units are reused."""
     c = family.fresh()
