@@ -709,27 +709,39 @@ def plan_groups(self, shapes: tuple, pairs: tuple) -> tuple:
     return groups
 
 
-def prefill_planned(self, keys: tuple, pairs: Sequence[tuple[str, str]]) -> None:
-    """Cost the unit ``keys`` from its plans between every ``(pred, succ)`` of ``pairs`` that
-    ``self._units`` lacks, in one ``planned_costs`` call, into ``self._units`` (what
-    ``_unit_cost`` would store for each: ``succ`` normalized as there; the pairs it costs
-    otherwise, a unit opening the conversation before a system message, left to it; those
-    without a plan, left to it too)."""
+def prefill_planned(self, keys: tuple, pairs: Sequence[tuple[str, str]], keep: Optional[str] = None) -> dict:
+    """Cost the unit ``keys`` from its plans between every ``(pred, succ)`` of ``pairs`` in one
+    ``planned_costs`` call: ``{(pred, succ): costs}`` (``succ`` normalized as ``_unit_cost``
+    does; the pairs it costs otherwise, a unit opening the conversation before a system
+    message, left to it; those without a plan, left to it too). Those with the predecessor
+    ``keep`` (all: None) are stored into ``self._units`` as ``_unit_cost`` would (those
+    already there are not costed again): what a later exact count asks for (a unit's
+    successor changes as the conversation grows; its predecessor, only where the cut moves to
+    it); the others only bound its charges."""
     if not (self._RENDER_FREE and self._plan_ok):
-        return
+        return {}
     units: dict = self._units
     todo: dict = {}
     for pred, succ in pairs:
         succ = unit_succ(self, succ)
         if pred == "first" and (succ == "system" or succ == "system_final"):
             continue
-        ck = (keys, pred, succ, None)
-        if ck not in units:
-            todo[ck] = (pred, succ)
+        if (keep is None or pred == keep) and (keys, pred, succ, None) in units:
+            continue
+        todo[(pred, succ)] = None
     if not todo:
-        return
-    got = planned_costs(self, keys, tuple(todo.values()))
-    store_all(self, units, {ck: c for ck, c in zip(todo, got) if c is not None})
+        return {}
+    got = planned_costs(self, keys, tuple(todo))
+    out: dict = {}
+    new: dict = {}
+    for pair, c in zip(todo, got):
+        if c is not None:
+            out[pair] = c
+            if keep is None or pair[0] == keep:
+                new[(keys, pair[0], pair[1], None)] = c
+    if new:
+        store_all(self, units, new)
+    return out
 
 
 def unit_succ(self, succ: str) -> str:
@@ -751,7 +763,8 @@ def upper_costs(self, keys: tuple, dicts: Sequence[dict[str, Any]], preds: list,
     """The most each message of a unit costs over the neighbours ``preds`` x ``succs``;
     the ``exact`` pair must render (a refusal there is the conversation's own). Each pair
     is the real unit's own cost (from its plans where it has them, all in one
-    ``prefill_planned`` call; else rendered by ``_unit_cost``): a stand-in unit's dependence
+    ``prefill_planned`` call, which keeps those with the exact predecessor; else rendered by
+    ``_unit_cost``): a stand-in unit's dependence
     on its neighbours is not the real one's (DeepSeek-V3 prints indentation before an
     assistant's text after some neighbours only, which merges with the text's first token
     or not)."""
@@ -762,6 +775,7 @@ def upper_costs(self, keys: tuple, dicts: Sequence[dict[str, Any]], preds: list,
     elif local:
         exact = (self._canonical(dicts[0]["role"]), "user")
     others: list = []
+    planned: dict = {}
     if not local:
         for pred in preds:
             for succ in succs:
@@ -769,7 +783,8 @@ def upper_costs(self, keys: tuple, dicts: Sequence[dict[str, Any]], preds: list,
                     others.append((pred, succ))
         if caller is None:
             # (under _final_rule, the successors an exact count of the grown prompt asks for)
-            prefill_planned(self, keys, [exact] + others + ([(exact[0], s) for s in _AHEAD] if self._final_rule else []))
+            planned = prefill_planned(self, keys, [exact] + others + (
+                [(exact[0], s) for s in _AHEAD] if self._final_rule else []), exact[0])
     try:
         best = list(self._unit_cost(keys, exact[0], exact[1], caller=caller))
     except Refused as exc:
@@ -780,12 +795,15 @@ def upper_costs(self, keys: tuple, dicts: Sequence[dict[str, Any]], preds: list,
         return best
     units: dict = self._units
     for pred, succ in others:
-        c = units.get((keys, pred, unit_succ(self, succ), caller))
+        norm = unit_succ(self, succ)
+        c = planned.get((pred, norm))
         if c is None:
-            try:
-                c = self._unit_cost(keys, pred, succ, caller=caller)
-            except Refused:
-                continue
+            c = units.get((keys, pred, norm, caller))
+            if c is None:
+                try:
+                    c = self._unit_cost(keys, pred, succ, caller=caller)
+                except Refused:
+                    continue
         best = [max(a, b) for a, b in zip(best, c)]
     return best
 
@@ -827,7 +845,7 @@ def run_text(self, run: tuple, values: Sequence[str]) -> Optional[str]:
     """The text of a plan's value run ``(items, next added token)`` for a unit's field
     ``values``; None where it holds an added token (or runs into one) other than its next.
     A run holding a long string value (past ``_UNCACHED_RUN`` characters: a tool output) is
-    kept among the last ``_LONG_RUNS`` such (``self._run_texts``): a unit costed between
+    kept among the ``_LONG_RUNS`` such used last (``self._run_texts``): a unit costed between
     several neighbours, or again by the exact count, escapes, joins and scans it once, and
     counts the same string (its hash kept)."""
     items, next_token = run
@@ -843,10 +861,12 @@ def run_text(self, run: tuple, values: Sequence[str]) -> Optional[str]:
         return run_text_of(self, items, next_token, values)
     key = (run, tuple([values[x] if x >= 0 else values[-1 - x] for x in items if type(x) is not str]))
     memo: dict = self._run_texts
-    got = memo.get(key, NOT_YET)
+    got = memo.pop(key, NOT_YET)
     if got is NOT_YET:
         got = run_text_of(self, items, next_token, values)
         keep_last(self, memo, key, got)
+    else:
+        memo[key] = got  # (used last: kept longest)
     return got  # type: ignore[no-any-return]
 
 
@@ -936,17 +956,19 @@ def ops_hold(ops: Sequence[tuple[Any, ...]], values: Sequence[str]) -> bool:
 
 
 #: a value run longer than this is kept out of the piece cache (a turn's new text: its unit's
-#: costs are cached), in a small one of the most recent instead (``_LONG_RUNS`` of them: a
-#: unit costed next to several neighbours repeats its runs)
+#: costs are cached), in a smaller one of the most recently used instead (``_LONG_RUNS`` of
+#: them: a unit costed next to several neighbours repeats its runs, the unit a moving cut
+#: leaves after the system prompt is costed there again, its runs counted a window ago; the
+#: system prompt's own run, used every turn, stays)
 _UNCACHED_RUN = 256
-_LONG_RUNS = 32
+_LONG_RUNS = 256
 
 
 def piece_counts(self, pieces: list[str]) -> list[int]:
     """Tokens of each piece (text without added tokens; the counts in the pieces' order),
     cached; the new ones encoded in one batch (a piece longer than ``_UNCACHED_RUN``
-    characters is kept only among the last ``_LONG_RUNS`` such pieces: a unit costed next to
-    several neighbours, whose long value runs repeat, counts them once)."""
+    characters is kept only among the ``_LONG_RUNS`` such pieces used last: a unit costed next
+    to several neighbours, whose long value runs repeat, counts them once)."""
     cache: dict = self._pieces
     longs: dict = self._long_pieces
     out: list = []
@@ -956,7 +978,12 @@ def piece_counts(self, pieces: list[str]) -> list[int]:
     pending: list = []  # indexes of out that hold an index in texts
     for piece in pieces:
         long = len(piece) > _UNCACHED_RUN
-        n = (longs if long else cache).get(piece)
+        if long:
+            n = longs.pop(piece, None)
+            if n is not None:
+                longs[piece] = n  # (used last: kept longest)
+        else:
+            n = cache.get(piece)
         if n is None:
             fresh: dict = new_long if long else new
             j = fresh.get(piece)
@@ -980,7 +1007,8 @@ def piece_counts(self, pieces: list[str]) -> list[int]:
 
 def keep_last(self, cache: dict, key: Any, value: Any) -> None:
     """``cache[key] = value``, ``cache`` kept to its last ``_LONG_RUNS`` keys (at most
-    ``self.cache_size``): the oldest dropped."""
+    ``self.cache_size``): the oldest dropped (a key used again is put back last: the least
+    recently used dropped)."""
     keep = min(_LONG_RUNS, self.cache_size)
     while cache and len(cache) >= keep:
         del cache[next(iter(cache))]  # (the oldest)
