@@ -709,39 +709,27 @@ def plan_groups(self, shapes: tuple, pairs: tuple) -> tuple:
     return groups
 
 
-def prefill_planned(self, keys: tuple, pairs: Sequence[tuple[str, str]], keep: Optional[str] = None) -> dict:
-    """Cost the unit ``keys`` from its plans between every ``(pred, succ)`` of ``pairs`` in one
-    ``planned_costs`` call: ``{(pred, succ): costs}`` (``succ`` normalized as ``_unit_cost``
-    does; the pairs it costs otherwise, a unit opening the conversation before a system
-    message, left to it; those without a plan, left to it too). Those with the predecessor
-    ``keep`` (all: None) are stored into ``self._units`` as ``_unit_cost`` would (those
-    already there are not costed again): what a later exact count asks for (a unit's
-    successor changes as the conversation grows; its predecessor, only where the cut moves to
-    it); the others only bound its charges."""
+def prefill_planned(self, keys: tuple, pairs: Sequence[tuple[str, str]]) -> None:
+    """Cost the unit ``keys`` from its plans between every ``(pred, succ)`` of ``pairs`` that
+    ``self._units`` lacks, in one ``planned_costs`` call, into ``self._units`` (what
+    ``_unit_cost`` would store for each: ``succ`` normalized as there; the pairs it costs
+    otherwise, a unit opening the conversation before a system message, left to it; those
+    without a plan, left to it too)."""
     if not (self._RENDER_FREE and self._plan_ok):
-        return {}
+        return
     units: dict = self._units
     todo: dict = {}
     for pred, succ in pairs:
         succ = unit_succ(self, succ)
         if pred == "first" and (succ == "system" or succ == "system_final"):
             continue
-        if (keep is None or pred == keep) and (keys, pred, succ, None) in units:
-            continue
-        todo[(pred, succ)] = None
+        ck = (keys, pred, succ, None)
+        if ck not in units:
+            todo[ck] = (pred, succ)
     if not todo:
-        return {}
-    got = planned_costs(self, keys, tuple(todo))
-    out: dict = {}
-    new: dict = {}
-    for pair, c in zip(todo, got):
-        if c is not None:
-            out[pair] = c
-            if keep is None or pair[0] == keep:
-                new[(keys, pair[0], pair[1], None)] = c
-    if new:
-        store_all(self, units, new)
-    return out
+        return
+    got = planned_costs(self, keys, tuple(todo.values()))
+    store_all(self, units, {ck: c for ck, c in zip(todo, got) if c is not None})
 
 
 def unit_succ(self, succ: str) -> str:
@@ -763,8 +751,7 @@ def upper_costs(self, keys: tuple, dicts: Sequence[dict[str, Any]], preds: list,
     """The most each message of a unit costs over the neighbours ``preds`` x ``succs``;
     the ``exact`` pair must render (a refusal there is the conversation's own). Each pair
     is the real unit's own cost (from its plans where it has them, all in one
-    ``prefill_planned`` call, which keeps those with the exact predecessor; else rendered by
-    ``_unit_cost``): a stand-in unit's dependence
+    ``prefill_planned`` call; else rendered by ``_unit_cost``): a stand-in unit's dependence
     on its neighbours is not the real one's (DeepSeek-V3 prints indentation before an
     assistant's text after some neighbours only, which merges with the text's first token
     or not)."""
@@ -775,7 +762,6 @@ def upper_costs(self, keys: tuple, dicts: Sequence[dict[str, Any]], preds: list,
     elif local:
         exact = (self._canonical(dicts[0]["role"]), "user")
     others: list = []
-    planned: dict = {}
     if not local:
         for pred in preds:
             for succ in succs:
@@ -783,8 +769,7 @@ def upper_costs(self, keys: tuple, dicts: Sequence[dict[str, Any]], preds: list,
                     others.append((pred, succ))
         if caller is None:
             # (under _final_rule, the successors an exact count of the grown prompt asks for)
-            planned = prefill_planned(self, keys, [exact] + others + (
-                [(exact[0], s) for s in _AHEAD] if self._final_rule else []), exact[0])
+            prefill_planned(self, keys, [exact] + others + ([(exact[0], s) for s in _AHEAD] if self._final_rule else []))
     try:
         best = list(self._unit_cost(keys, exact[0], exact[1], caller=caller))
     except Refused as exc:
@@ -795,15 +780,12 @@ def upper_costs(self, keys: tuple, dicts: Sequence[dict[str, Any]], preds: list,
         return best
     units: dict = self._units
     for pred, succ in others:
-        norm = unit_succ(self, succ)
-        c = planned.get((pred, norm))
+        c = units.get((keys, pred, unit_succ(self, succ), caller))
         if c is None:
-            c = units.get((keys, pred, norm, caller))
-            if c is None:
-                try:
-                    c = self._unit_cost(keys, pred, succ, caller=caller)
-                except Refused:
-                    continue
+            try:
+                c = self._unit_cost(keys, pred, succ, caller=caller)
+            except Refused:
+                continue
         best = [max(a, b) for a, b in zip(best, c)]
     return best
 
@@ -1544,7 +1526,8 @@ def segments(self, ms: Sequence[Any], keys: list[str], dicts: list[dict[str, Any
     # _overlap) but its last unit (what follows it may have changed) and, after a moved cut,
     # its first (what precedes it changed)
     # (their sum from the previous call's total, less the units it does not reuse: the few
-    # a moved cut dropped and its last; not a sum over the prompt's units per call)
+    # a moved cut dropped, its last, and those a new final answer changes (below); not a sum
+    # over the prompt's units per call)
     head, reused, tail, total = len(starts), [], len(starts), 0
     # where the last final answer stands, for a template that looks ahead for one (its units
     # before it are costed with a final answer after them: one arriving among the new
