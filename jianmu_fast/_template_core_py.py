@@ -425,7 +425,8 @@ def unit_starts(dicts: Sequence[Mapping[str, Any]]) -> list[int]:
     return out
 
 
-def count_list(self, messages: Sequence[Any], start: bool = True, pred: Optional[str] = None) -> list[int]:
+def count_list(self, messages: Sequence[Any], start: bool = True, pred: Optional[str] = None,
+               opened: bool = False) -> list[int]:
     """``count_array(messages)`` as a list of ints (what ``TokenBudgetFilter`` takes for a
     turn's new messages). ``start``: ``messages[0]`` is the conversation's first message (a
     system message there is charged as the first, which it stays in any kept prompt); False
@@ -437,7 +438,10 @@ def count_list(self, messages: Sequence[Any], start: bool = True, pred: Optional
     list is; None: over every neighbour; "any": every unit over every neighbour (a kept prompt
     may put any unit after a pinned message of another role). Every unit is charged the most
     over every successor it may have, wherever it stands: a unit is charged the same in a
-    turn's new messages as in a whole conversation."""
+    turn's new messages as in a whole conversation. ``opened``: the conversation opens with a
+    system message that every kept prompt keeps (the budget filter pins it), so no unit of
+    ``messages`` (but that message itself, at ``start``) stands first in one: none is charged
+    as a conversation's first."""
     ms = messages if isinstance(messages, (list, tuple)) else list(messages)
     out = [0] * len(ms)
     if not ms:
@@ -462,7 +466,7 @@ def count_list(self, messages: Sequence[Any], start: bool = True, pred: Optional
             true_pred = pred
         else:
             true_pred = None
-        preds = self._preds(first_role, None if pred == "any" and true_pred != "first" else true_pred)
+        preds = self._preds(first_role, None if pred == "any" and true_pred != "first" else true_pred, opened)
         true_succ = "end" if b == n else dicts[b]["role"]
         succs = ["user", "assistant", "system"]
         exact_pred = true_pred if true_pred is not None else ("tool" if first_role == "tool" else "user")

@@ -552,11 +552,14 @@ def test_charges_bound_every_cut_after_a_system_prompt(families):
     it right after the system prompt's) opens with whitespace, digits, punctuation or CJK --
     the two texts may merge into other tokens than the stand-ins' (every cut checked against
     transformers). A unit charged only what it costs where it stands, not the most over the
-    neighbours a kept prompt may give it, fails here (gpt-oss's calls with text)."""
+    neighbours a kept prompt may give it, fails here (gpt-oss's calls with text). The budget
+    filter's own charges too, turn by turn: with the system prompt pinned, no unit is charged
+    as a conversation's first (none stands first in a kept prompt); with nothing pinned, each
+    is (the system prompt may go)."""
     for name, fam in families.items():
         checked = 0
         for s in _SYSTEM_ENDS:
-            c = fam.fresh()
+            c, pinned, loose = fam.fresh(), fam.fresh(), fam.fresh()
             ms = [Message(role="system", content=s), Message(role="user", content="Hi")]
             for i, o in enumerate(_OPENINGS):
                 if i % 3 == 0:
@@ -566,7 +569,19 @@ def test_charges_bound_every_cut_after_a_system_prompt(families):
                         "id": f"c{i}", "type": "function", "function": {"name": "f", "arguments": json.dumps({"q": i})}}]))
                     ms.append(Message(role="tool", content=f"r{i}", tool_call_id=f"c{i}", name="f"))
             ms.append(Message(role="user", content="end"))
-            charges = c.count_array(ms).tolist()
+            charges = {"count_array": c.count_array(ms).tolist()}
+            for label, counter, roles in (("pinned", pinned, ("system",)), ("loose", loose, ())):
+                opened: list = []
+                preds = counter._preds
+                counter._preds = lambda *a, preds=preds, opened=opened: (opened.append(a[2]) if len(a) > 2 else None) or preds(*a)
+                flt = TokenBudgetFilter(10**6, counter=counter, pinned_roles=roles)
+                for j in range(2, len(ms) + 1):
+                    if ms[j - 1].role in ("user", "tool"):
+                        assert flt.apply(ms[:j]) == ms[:j]
+                charges[label] = flt._rec.counts.tolist()
+                # (asked for the units whose cost depends on their neighbours)
+                assert set(opened) <= {label == "pinned"}, (name, label)
+                assert opened or name not in ("gpt-oss", "deepseek-v3"), (name, label)
             fixed = c.count_messages([])
             for lo in range(1, len(ms)):
                 if ms[lo].role == "tool":
@@ -576,7 +591,8 @@ def test_charges_bound_every_cut_after_a_system_prompt(families):
                 if isinstance(exact, Exception):
                     continue
                 assert c.count_messages(kept) == exact, (name, s, lo)
-                assert exact <= fixed + charges[0] + sum(charges[lo:]), (name, s, lo)
+                for label, got in charges.items():
+                    assert exact <= fixed + got[0] + sum(got[lo:]), (name, s, lo, label)
                 checked += 1
         assert checked > 200, name
 
@@ -736,8 +752,8 @@ def test_results_arriving_later_recharge_their_unit_where_it_changes_kind(famili
         c = fam.fresh()
         plain = c._count_list
 
-        def count_list(messages, start=True, pred=None):
-            out = list(plain(messages, start, pred))
+        def count_list(messages, start=True, pred=None, opened=False):
+            out = list(plain(messages, start, pred, opened))
             for i, m in enumerate(messages):  # a call followed by two results or more
                 if m.tool_calls and sum(1 for x in messages[i + 1:i + 3] if x.role == "tool") == 2:
                     out[i] += 40

@@ -1083,8 +1083,9 @@ class ChatTemplateTokenCounter:
         return local
 
     @staticmethod
-    def _preds(first_role: str, true_pred: Optional[str]) -> list[str]:
-        """The neighbours a unit may have before it in a kept prompt."""
+    def _preds(first_role: str, true_pred: Optional[str], opened: bool = False) -> list[str]:
+        """The neighbours a unit may have before it in a kept prompt; ``opened``: the
+        conversation opens with a system message every kept prompt keeps (none stands first)."""
         if first_role == "tool":  # an orphan tool message, or a slice that starts inside a unit
             base = ["call", "tool"]
         else:
@@ -1092,7 +1093,7 @@ class ChatTemplateTokenCounter:
         if true_pred == "first":  # the conversation's first message stays first in a kept prompt
             return ["first"]
         if true_pred is not None:
-            base = list(dict.fromkeys([true_pred, "first", "system"]))
+            base = list(dict.fromkeys([true_pred, "system"] if opened else [true_pred, "first", "system"]))
         if first_role == "system":  # its text may join an earlier system message's
             base.append("system_text")
         return base

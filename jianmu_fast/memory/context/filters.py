@@ -780,7 +780,7 @@ class TokenBudgetFilter(_WindowFilter):
             if rec.counts[a:k].tolist() != counts[:k - a]:
                 rec.set_counts(np.arange(a, k, dtype=np.int64), counts[:k - a])
             return counts[k - a:]  # type: ignore[no-any-return]
-        return self.counter._count_list(new, k == 0, self._pred_of(msgs, k))  # type: ignore[no-any-return]
+        return self.counter._count_list(new, k == 0, self._pred_of(msgs, k), self._opened(msgs))  # type: ignore[no-any-return]
 
     def _unit_counts(self, msgs: list[Any], lo: int, hi: int) -> tuple[int, list[int]]:
         """``(a, counts)``: a ``ChatTemplateTokenCounter``'s charges of ``msgs[a:hi]``, ``a`` the
@@ -789,7 +789,12 @@ class TokenBudgetFilter(_WindowFilter):
         a = lo
         while a > 0 and msgs[a].role == "tool":
             a -= 1
-        return a, self.counter._count_list(msgs[a:hi], a == 0, self._pred_of(msgs, a))
+        return a, self.counter._count_list(msgs[a:hi], a == 0, self._pred_of(msgs, a), self._opened(msgs))
+
+    def _opened(self, msgs: list[Any]) -> bool:
+        """``count_list``'s ``opened``: ``msgs`` opens with a system message, and only system
+        messages are pinned (so every kept prompt keeps it: no other message stands first)."""
+        return bool(msgs) and self.pinned_roles == _SYSTEM_ONLY and type(msgs[0]) is Message and msgs[0].role == "system"
 
     def _pred_of(self, msgs: list[Any], a: int) -> Optional[str]:
         """``count_list``'s ``pred`` for the slice ``msgs[a:]``: the role of ``msgs[a - 1]``
