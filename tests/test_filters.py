@@ -88,6 +88,20 @@ def test_pinned_roles_are_configurable(core):
     assert [m.content for m in out] == ["s", "pinned user", "a2"]
 
 
+def test_pinned_roles_set_later_are_checked_and_used(core):
+    msgs = [system("s"), human("pinned user"), ai("a1"), human("u2"), ai("a2")]
+    flt = MaxMessagesFilter(1)
+    assert [m.content for m in flt.apply(msgs)] == ["s", "a2"]
+    flt.pinned_roles = ["system", "user"]  # (any collection, as the constructor takes)
+    assert flt.pinned_roles == frozenset({"system", "user"})
+    assert [m.content for m in flt.apply(msgs)] == ["s", "pinned user", "a2"]
+    with pytest.raises(ValueError, match=r"pinned_roles has unknown roles \['robot'\]"):
+        flt.pinned_roles = ["robot"]
+    with pytest.raises(TypeError, match="not a string"):
+        flt.pinned_roles = "system"
+    assert flt.pinned_roles == frozenset({"system", "user"})
+
+
 @pytest.mark.parametrize(
     "make,message",
     [

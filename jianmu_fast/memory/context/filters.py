@@ -165,9 +165,10 @@ class _WindowFilter:
         return self._pinned_roles
 
     @pinned_roles.setter
-    def pinned_roles(self, roles: frozenset[str]) -> None:
-        self._pinned_roles = roles
+    def pinned_roles(self, roles: Iterable[str]) -> None:
+        self._pinned_roles = _check_roles(roles)
         self._cfg = None
+        self._rec = None  # (a ChatTemplateTokenCounter's charges depend on what stays pinned)
 
     @property
     def trim_from_start(self) -> bool:
