@@ -27,7 +27,7 @@ __all__ = [
     "entries_stable",
     "entry", "frame_part", "head_groups", "is_local", "keep_last", "last_final", "local_pattern", "message_to_template_dict", "message_key", "overlap",
     "ops_hold", "parse_key", "piece_counts", "plain_entry", "plain_frame", "plan", "plan_groups", "plan_texts", "planned_cost", "planned_costs",
-    "prefill_planned", "prefill_units", "run_text", "run_text_of",
+    "prefill_planned", "prefill_units", "recall", "run_text", "run_text_of",
     "same_json", "segments", "step_costs", "store_all", "tools_signature", "trait", "unit_parts", "unit_starts", "unit_succ", "unit_total", "upper_costs", "user_repeats",
 ]
 
@@ -847,12 +847,10 @@ def run_text(self, run: tuple, values: Sequence[str]) -> Optional[str]:
         return run_text_of(self, items, next_token, values)
     key = (run, tuple([values[x] if x >= 0 else values[-1 - x] for x in items if type(x) is not str]))
     memo: dict = self._run_texts
-    got = memo.pop(key, NOT_YET)
+    got = recall(memo, key, NOT_YET)
     if got is NOT_YET:
         got = run_text_of(self, items, next_token, values)
         keep_last(self, memo, key, got)
-    else:
-        memo[key] = got  # (used last: kept longest)
     return got  # type: ignore[no-any-return]
 
 
@@ -964,12 +962,7 @@ def piece_counts(self, pieces: list[str]) -> list[int]:
     pending: list = []  # indexes of out that hold an index in texts
     for piece in pieces:
         long = len(piece) > _UNCACHED_RUN
-        if long:
-            n = longs.pop(piece, None)
-            if n is not None:
-                longs[piece] = n  # (used last: kept longest)
-        else:
-            n = cache.get(piece)
+        n = recall(longs, piece, None) if long else cache.get(piece)
         if n is None:
             fresh: dict = new_long if long else new
             j = fresh.get(piece)
@@ -989,6 +982,21 @@ def piece_counts(self, pieces: list[str]) -> list[int]:
         for piece, j in new_long.items():
             keep_last(self, longs, piece, got[j])
     return out
+
+
+def recall(cache: dict, key: Any, default: Any) -> Any:
+    """``cache.get(key, default)`` for a cache ``keep_last`` keeps: a key found is put back
+    last (used last: kept longest).
+
+    >>> c = {"a": 1, "b": 2}
+    >>> recall(c, "a", None), list(c), recall(c, "z", 0)
+    (1, ['b', 'a'], 0)
+    """
+    got = cache.pop(key, NOT_YET)
+    if got is NOT_YET:
+        return default
+    cache[key] = got
+    return got
 
 
 def keep_last(self, cache: dict, key: Any, value: Any) -> None:

@@ -40,7 +40,7 @@ METHODS = {"count_messages": "count_messages", "count_list": "_count_list", "pre
 
 #: the core's own helpers (called from the methods above, each of the same build)
 HELPERS = {"any_orphan", "any_system", "encode_lengths", "end_cost", "head_groups", "is_local", "keep_last", "last_final", "plan_groups",
-           "planned_costs", "prefill_planned", "run_text", "run_text_of", "unit_parts", "unit_succ",
+           "planned_costs", "prefill_planned", "recall", "run_text", "run_text_of", "unit_parts", "unit_succ",
            "local_pattern", "ops_hold", "plain_frame", "same_json", "step_costs", "unit_starts"}
 
 
@@ -161,6 +161,37 @@ def test_the_core_counts_a_piece_without_added_tokens_as_the_tokenizer_does(mode
         assert core.encode_lengths(c, [texts]) == [want]
         assert core.encode_lengths(c, [texts, texts + "x"]) == [want, len(c._tok.encode(texts + "x", add_special_tokens=False))] \
             or c._search(texts + "x") is not None
+
+
+@settings(max_examples=200, deadline=None)
+@given(ops=st.lists(st.tuples(st.integers(0, 6), st.one_of(st.none(), st.integers(0, 9))), max_size=40),
+       size=st.integers(1, 4))
+def test_long_run_caches_drop_the_least_recently_used_on_both_builds(ops, size):
+    """``recall`` (a lookup that puts the key back last) and ``keep_last`` (a store that drops
+    the oldest past ``min(_LONG_RUNS, cache_size)``) keep an LRU cache: the same one on both
+    builds as an ``OrderedDict`` model's (None in ``ops``, or a key held: look it up; else
+    store it, as ``run_text`` and ``piece_counts`` store only what they missed)."""
+    import collections
+    import types
+
+    owner = types.SimpleNamespace(cache_size=size)
+    caches = {core: {} for core in (twin, compiled)}
+    model: collections.OrderedDict = collections.OrderedDict()
+    for key, value in ops:
+        if value is None or key in model:
+            want = model.get(key, -1)
+            if key in model:
+                model.move_to_end(key)
+            for core, cache in caches.items():
+                assert core.recall(cache, key, -1) == want
+        else:
+            if len(model) >= size:
+                model.popitem(last=False)
+            model[key] = value
+            for core, cache in caches.items():
+                core.keep_last(owner, cache, key, value)
+        for cache in caches.values():
+            assert list(cache.items()) == list(model.items())
 
 
 @settings(max_examples=300, deadline=None, suppress_health_check=list(HealthCheck))
