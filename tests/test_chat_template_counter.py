@@ -1446,3 +1446,109 @@ def test_clear_cache_forgets_costs_and_counts_the_same_after(families):
     assert not c._marginals and not c._texts and not c._units and c._tools_seen is None
     assert (c.count_messages(ms), c.count_tools(TOOLS, ms), c.count_request(ms, TOOLS)) == before
     assert before[0] + before[1] == before[2] == families["llama3.1"].reference(ms, TOOLS)
+
+
+# -- named templates: a "tool_use" template beside the default (Hermes 2 Pro, Command R) -----
+
+
+@pytest.fixture(scope="module", params=["config", "files"])
+def named(request, tmp_path_factory):
+    """A model folder naming a "tool_use" template beside its default, in either layout
+    transformers reads (a list in tokenizer_config.json; additional_chat_templates/), with
+    transformers' tokenizer of it."""
+    path = mk.named_model_dir(str(tmp_path_factory.mktemp("named")), request.param)
+    return path, transformers.AutoTokenizer.from_pretrained(path)
+
+
+def _named_reference(hf, ms, tools):
+    try:
+        return len(hf.apply_chat_template([message_to_template_dict(m) for m in ms], tools=tools,
+                                          add_generation_prompt=True, tokenize=True, return_dict=False))
+    except Exception as exc:  # the template refused
+        return exc
+
+
+@settings(max_examples=60, deadline=None, suppress_health_check=list(HealthCheck))
+@given(ms=conversations(), tools=st.sampled_from([None, TOOLS, TOOLS[:1], []]))
+def test_a_request_with_tools_counts_by_the_tool_use_template(named, ms, tools):
+    """transformers renders a request with tools (an empty list too) by the "tool_use"
+    template and one without by the default: ``count_messages + count_tools`` and
+    ``count_request`` equal its counts either way, and ``render`` its text."""
+    path, hf = named
+    c = ChatTemplateTokenCounter(path)
+    assert c._tool_use_template is not None and c.chat_template == mk.CHATML
+    ref = _named_reference(hf, ms, tools)
+    if isinstance(ref, Exception):
+        with pytest.raises(MessageValidationError, match="chat template refused"):
+            c.count_messages(ms) + c.count_tools(tools, ms)
+        return
+    assert c.count_messages(ms) + c.count_tools(tools, ms) == ref
+    assert c.count_request(ms, tools) == ref
+    if tools:
+        text = hf.apply_chat_template([message_to_template_dict(m) for m in ms], tools=tools,
+                                      add_generation_prompt=True, tokenize=False)
+        assert c.render(ms, tools) == text
+
+
+@settings(max_examples=60, deadline=None, suppress_health_check=list(HealthCheck))
+@given(ms=conversations(), budget=st.integers(150, 900), data=st.data())
+def test_budget_filter_budgets_a_request_with_tools_by_the_tool_use_template(named, ms, budget, data):
+    """The filter trims a request with tools by the "tool_use" template (whose tools block
+    the default template does not print at all) and one without by the default, turn after
+    turn on one filter: what it keeps fits ``max_tokens`` by transformers' exact count, and
+    ``counter`` stays the user's."""
+    path, hf = named
+    c = ChatTemplateTokenCounter(path)
+    flt = TokenBudgetFilter(max_tokens=budget, counter=c)
+    for _ in range(3):
+        tools = data.draw(st.sampled_from([None, TOOLS]))
+        if isinstance(_named_reference(hf, ms, tools), Exception):
+            return
+        try:
+            kept = flt.apply(ms, tools_schema=tools)
+        except ContextBudgetError:
+            continue
+        assert flt.counter is c
+        exact = _named_reference(hf, kept, tools)
+        assert exact <= budget
+        assert c.count_messages(kept) + flt.tools_cost(tools, kept) == exact
+
+
+def test_tool_use_template_is_named_kept_and_required_where_named(named, tmp_path):
+    import pickle
+
+    path, hf = named
+    ms = [Message(role="user", content="Weather in Paris?")]
+    # by name, as apply_chat_template(chat_template="tool_use"): that template for every request
+    by_name = ChatTemplateTokenCounter(path, chat_template="tool_use")
+    assert by_name._tool_use_template is None and by_name.count_tools(TOOLS, ms) > 0
+    assert by_name.count_messages(ms) == len(hf.apply_chat_template(
+        [message_to_template_dict(m) for m in ms], chat_template="tool_use", add_generation_prompt=True,
+        return_dict=False))
+    # pickles by folder, the tool_use template included; a filter pickles with the user's counter
+    c = ChatTemplateTokenCounter(path)
+    flt = TokenBudgetFilter(2000, counter=c)
+    flt.apply(ms, tools_schema=TOOLS)
+    assert flt._counter is not c  # (the tool_use template's counter, not pickled)
+    clone = pickle.loads(pickle.dumps(c))
+    assert clone._tool_use_template == c._tool_use_template
+    assert clone.count_tools(TOOLS, ms) == c.count_tools(TOOLS, ms) == _named_reference(hf, ms, TOOLS) - c.count_messages(ms)
+    f2 = pickle.loads(pickle.dumps(flt))
+    assert f2.counter.path == path and f2._counter is f2.counter
+    assert f2.apply(ms, tools_schema=TOOLS) == ms and f2.tools_cost(TOOLS, ms) == c.count_tools(TOOLS, ms)
+    # named templates without a default: transformers asks for a name, so do we
+    import shutil
+
+    bare = str(tmp_path / "no_default")
+    shutil.copytree(path, bare)
+    cfg = os.path.join(bare, "tokenizer_config.json")
+    with open(cfg, encoding="utf-8") as f:
+        config = json.load(f)
+    config["chat_template"] = [{"name": "tool_use", "template": mk.CHATML}, {"name": "rag", "template": mk.CHATML}]
+    with open(cfg, "w", encoding="utf-8") as f:
+        json.dump(config, f)
+    for p in (os.path.join(bare, "chat_template.jinja"), os.path.join(bare, "additional_chat_templates")):
+        shutil.rmtree(p) if os.path.isdir(p) else (os.remove(p) if os.path.exists(p) else None)
+    with pytest.raises(TokenizerLoadError, match=r"\['rag', 'tool_use'\] without a 'default'"):
+        ChatTemplateTokenCounter(bare)
+    assert ChatTemplateTokenCounter(bare, chat_template="rag").count_messages(ms) > 0

@@ -94,7 +94,7 @@ def _fit_tools(flt: Any, prompts: Sequence[Any], interned: Any, outs: list[Any],
     """The outputs in which the tools cost more than the limit charged (``tools_surplus``:
     a chat template printing them again for a repeated last user message) made again the
     one-prompt way, which trims them further (``_WindowFilter._fit_tools``)."""
-    counter = flt.counter
+    counter = flt._counter  # (the counter _limit chose for these tools)
     rows, off, distinct, _ = interned
     for p, out in enumerate(outs):
         if type(out) is list and counter._user_repeats(out) and counter._repeat_surplus(tools_schema, out):

@@ -403,7 +403,7 @@ def has_chat_template(path: Any) -> bool:
     False
     """
     path = os.fspath(path)
-    if os.path.isfile(os.path.join(path, "chat_template.jinja")):
+    if os.path.isfile(os.path.join(path, "chat_template.jinja")) or _extra_templates(path):
         return True
     try:
         with open(os.path.join(path, "tokenizer_config.json"), encoding="utf-8") as f:
@@ -412,7 +412,56 @@ def has_chat_template(path: Any) -> bool:
         return False
 
 
-def _load_dir(path: str) -> tuple[Any, str, dict[str, str], Optional[str]]:
+#: where transformers finds a model folder's named chat templates besides ``chat_template.jinja``
+_EXTRA_TEMPLATES_DIR = "additional_chat_templates"
+
+
+def _extra_templates(path: str) -> dict[str, str]:
+    """``{name: path}`` of the ``additional_chat_templates/*.jinja`` files of a model folder."""
+    folder = os.path.join(path, _EXTRA_TEMPLATES_DIR)
+    if not os.path.isdir(folder):
+        return {}
+    return {f[:-len(".jinja")]: os.path.join(folder, f) for f in sorted(os.listdir(folder))
+            if f.endswith(".jinja") and os.path.isfile(os.path.join(folder, f))}
+
+
+def _named_templates(path: str, config: Mapping[str, Any]) -> dict[str, str]:
+    """A model folder's chat templates by name, as transformers loads them: the template
+    files (``chat_template.jinja`` as ``"default"``, ``additional_chat_templates/NAME.jinja``)
+    where there are any, else the ``chat_template`` of ``tokenizer_config.json`` (a string:
+    ``"default"``; a list of ``{"name", "template"}``: each by its name)."""
+    files = dict(_extra_templates(path))
+    jinja_path = os.path.join(path, "chat_template.jinja")
+    if os.path.isfile(jinja_path):  # transformers 5 prefers the template files
+        files["default"] = jinja_path
+    if files:
+        out = {}
+        for name, file in files.items():
+            with open(file, encoding="utf-8") as f:
+                out[name] = f.read()
+        return out
+    return _templates_of(config.get("chat_template"))
+
+
+def _templates_of(value: Any) -> dict[str, str]:
+    """``{name: template}`` of a ``chat_template`` value: a string (``"default"``), a dict of
+    named templates, or the list of ``{"name": ..., "template": ...}`` that tokenizer configs hold.
+
+    >>> _templates_of([{"name": "default", "template": "A"}, {"name": "tool_use", "template": "B"}])
+    {'default': 'A', 'tool_use': 'B'}
+    """
+    if isinstance(value, str):
+        return {"default": value} if value else {}
+    if isinstance(value, Mapping):
+        items = list(value.items())
+    elif isinstance(value, (list, tuple)):
+        items = [(t.get("name"), t.get("template")) for t in value if isinstance(t, Mapping)]
+    else:
+        return {}
+    return {k: v for k, v in items if isinstance(k, str) and isinstance(v, str) and v}
+
+
+def _load_dir(path: str) -> tuple[Any, dict[str, str], dict[str, str], Optional[str]]:
     from tokenizers import Tokenizer
 
     tok_path = os.path.join(path, "tokenizer.json")
@@ -439,23 +488,17 @@ def _load_dir(path: str) -> tuple[Any, str, dict[str, str], Optional[str]]:
                 config = json.load(f)
         except (OSError, ValueError) as exc:
             raise TokenizerLoadError(f"{cfg_path!r}: cannot read it as JSON: {exc}") from exc
-    template: Any = None
-    jinja_path = os.path.join(path, "chat_template.jinja")
-    if os.path.isfile(jinja_path):  # transformers 5 prefers the .jinja file
-        with open(jinja_path, encoding="utf-8") as f:
-            template = f.read()
-    else:
-        template = config.get("chat_template")
-        if isinstance(template, list):  # named templates: transformers uses "default"
-            named = {t.get("name"): t.get("template") for t in template if isinstance(t, Mapping)}
-            template = named.get("default")
-    if not isinstance(template, str) or not template:
+    try:
+        templates = _named_templates(path, config)
+    except (OSError, UnicodeDecodeError) as exc:
+        raise TokenizerLoadError(f"{path!r}: cannot read its chat template: {exc}") from exc
+    if not templates:
         raise TokenizerLoadError(
-            f"{path!r}: no chat template (looked for chat_template.jinja and a 'chat_template' string "
-            "in tokenizer_config.json)"
+            f"{path!r}: no chat template (looked for chat_template.jinja, {_EXTRA_TEMPLATES_DIR}/*.jinja and "
+            "a 'chat_template' in tokenizer_config.json)"
         )
     special = {k: t for k in _SPECIAL_KEYS if (t := _token_text(config.get(k))) is not None}
-    return tok, template, special, digest
+    return tok, templates, special, digest
 
 
 
@@ -534,12 +577,13 @@ class ChatTemplateTokenCounter:
                     f"{path!r}: not a model directory (expected a folder with tokenizer.json and "
                     "tokenizer_config.json or chat_template.jinja)"
                 )
-            tok, template, special, digest = _load_dir(path)
+            tok, templates, special, digest = _load_dir(path)
             self.path = path
         elif isinstance(path_or_tokenizer, Tokenizer):
-            tok, template = path_or_tokenizer, None
+            tok, templates = path_or_tokenizer, {}
         elif isinstance(getattr(path_or_tokenizer, "backend_tokenizer", None), Tokenizer):
-            tok, template = path_or_tokenizer.backend_tokenizer, getattr(path_or_tokenizer, "chat_template", None)
+            tok = path_or_tokenizer.backend_tokenizer
+            templates = _templates_of(getattr(path_or_tokenizer, "chat_template", None))
             for k in _SPECIAL_KEYS:
                 v = getattr(path_or_tokenizer, k, None)
                 if isinstance(v, str):
@@ -549,12 +593,27 @@ class ChatTemplateTokenCounter:
                 "path_or_tokenizer: expected a model directory, a tokenizers.Tokenizer or a transformers "
                 f"fast tokenizer, got {type(path_or_tokenizer).__name__}"
             )
+        #: the template transformers renders a request *with tools* by, where the model names a
+        #: "tool_use" template besides its default (Hermes 2 Pro, Command R): see count_tools
+        self._tool_use_template: Optional[str] = None
+        self._tool_counter: Optional[ChatTemplateTokenCounter] = None
+        self._chat_template_arg = chat_template
         if chat_template is not None:
             if not isinstance(chat_template, str) or not chat_template:
                 raise TypeError(f"chat_template must be a non-empty string, got {chat_template!r}")
-            template = chat_template
-        if not isinstance(template, str) or not template:
+            # a template, or the name of one of the model's (as apply_chat_template(chat_template=...))
+            template: Any = templates.get(chat_template, chat_template)
+        elif not templates:
             raise ValueError("chat_template is required with a tokenizers.Tokenizer (the Jinja template string)")
+        elif "default" not in templates:
+            raise TokenizerLoadError(
+                f"{self.path or 'the tokenizer'!r}: named chat templates {sorted(templates)} without a 'default' "
+                "one; pass chat_template=<name> (as transformers asks for)"
+            )
+        else:
+            template = templates["default"]
+            if templates.get("tool_use", template) != template:
+                self._tool_use_template = templates["tool_use"]
         if self.path is None:  # a private copy of the caller's tokenizer: truncation and padding off
             tok = Tokenizer.from_str(tok.to_str())
         tok.no_truncation()
@@ -712,6 +771,8 @@ class ChatTemplateTokenCounter:
     ) -> str:
         """The template rendered over ``messages`` (Messages, chat-completions dicts or template
         dicts) and ``tools``, as ``apply_chat_template(..., tokenize=False)`` returns it."""
+        if tools is not None and self._tool_use_template is not None:
+            return self._tools_counter().render(messages, tools, add_generation_prompt)
         dicts = [d for _, d in (self._entry(m, i) for i, m in enumerate(messages))]
         try:
             return self._render(dicts, tools, add_generation_prompt)
@@ -1172,7 +1233,14 @@ class ChatTemplateTokenCounter:
         last message's role (``tools_signature``), the cost is cached by those (a hot-loop turn
         looks it up: no rendering); otherwise, and for a prompt not seen in that shape yet, the
         whole request is rendered with the tools.
+
+        A model that names a ``"tool_use"`` template besides its default one (Hermes 2 Pro,
+        Command R) is rendered by it when the request carries tools (``tools`` not None, an
+        empty list too), as transformers and vLLM pick it: the marginal cost is then that
+        request's exact count minus ``count_messages`` (which renders by the default one).
         """
+        if self._tool_use_template is not None and tools_schema is not None:
+            return self._tool_use_cost(tools_schema, messages)
         if not tools_schema:
             return 0
         key, tools = self._tools_entry(tools_schema)
@@ -1199,6 +1267,32 @@ class ChatTemplateTokenCounter:
         except MessageValidationError:  # a template that refuses a system message
             return cost
 
+    def _tools_counter(self) -> "ChatTemplateTokenCounter":
+        """The counter of the model's "tool_use" template (built on first use; it counts the
+        requests with tools, and a budget filter trims those by its charges)."""
+        t = self._tool_counter
+        if t is None:
+            t = self._tool_counter = ChatTemplateTokenCounter(
+                self._tok, self._tool_use_template, special_tokens=self.special_tokens,
+                template_kwargs=self.template_kwargs, cache_size=self.cache_size, engine=self.engine)
+        return t
+
+    def _tool_use_cost(self, tools_schema: Sequence[Mapping[str, Any]], messages: Optional[Sequence[Any]]) -> int:
+        """``count_tools`` where a "tool_use" template renders requests with tools: their
+        exact count by it, less ``count_messages`` by the default one (without messages, the
+        larger over a user message and a system and a user message, as ``count_tools``)."""
+        t = self._tools_counter()
+        if messages:
+            ms = list(messages)
+            return t.count_messages(ms) + t.count_tools(tools_schema, ms) - self.count_messages(ms)
+        user = {"role": "user", "content": "."}
+        cost = t.count_request([user], tools_schema) - self.count_messages([user])
+        led = [{"role": "system", "content": "."}, user]
+        try:
+            return max(cost, t.count_request(led, tools_schema) - self.count_messages(led))
+        except MessageValidationError:  # a template that refuses a system message
+            return cost
+
     def tools_surplus(self, tools_schema: Optional[Sequence[Mapping[str, Any]]], messages: Sequence[Any]) -> int:
         """Tokens ``tools_schema`` cost in the request of ``messages`` beyond
         ``count_tools(tools_schema)`` (what a budget charges for them): 0 unless the template
@@ -1212,6 +1306,9 @@ class ChatTemplateTokenCounter:
         last one is priced, by ``count_tools(tools, ms)`` (its cost by the prompt's signature,
         which counts those repeats).
         """
+        if self._tool_use_template is not None and tools_schema:
+            # (a budget filter trims a request with tools by the "tool_use" template's charges)
+            return self._tools_counter().tools_surplus(tools_schema, messages)
         if not tools_schema or not messages or not self._repeats_tools(tools_schema):
             return 0
         return self._repeated_surplus(tools_schema, messages)
@@ -1247,6 +1344,8 @@ class ChatTemplateTokenCounter:
 
     def count_request(self, messages: Sequence[Any], tools_schema: Optional[Sequence[Mapping[str, Any]]] = None) -> int:
         """Exact tokens of a whole request, by one full rendering (what the others must sum to)."""
+        if self._tool_use_template is not None and tools_schema is not None:
+            return self._tools_counter().count_request(messages, tools_schema)
         ms = list(messages)
         keys, dicts = self._entries(ms)
         if not tools_schema:
@@ -1388,7 +1487,8 @@ class ChatTemplateTokenCounter:
                 "ChatTemplateTokenCounter: a counter built from a tokenizers.Tokenizer cannot be pickled "
                 "(vocabularies are never shipped to workers); build it from a model folder instead"
             )
-        return {"path": self.path, "chat_template": self.chat_template, "special_tokens": self.special_tokens,
+        # (the argument it was built with: None reloads the folder's templates, "tool_use" included)
+        return {"path": self.path, "chat_template": self._chat_template_arg, "special_tokens": self.special_tokens,
                 "template_kwargs": self.template_kwargs, "cache_size": self.cache_size, "engine": self.engine}
 
     def __setstate__(self, state: dict[str, Any]) -> None:
@@ -1410,6 +1510,8 @@ class ChatTemplateTokenCounter:
             self._plans.clear()  # (shared with the counters of this template: a cache all the same)
             self._marginals.clear()  # (shared too)
             self._tools_seen = None
+        if self._tool_counter is not None:
+            self._tool_counter.clear_cache()
 
     def _fixed_cost(self) -> int:
         """Tokens the template renders around an empty conversation. Templates that read

@@ -520,7 +520,7 @@ class TokenBudgetFilter(_WindowFilter):
     @property
     def counter(self) -> Any:
         """The token counter. Setting another one checks it and forgets cached counts."""
-        return self._counter
+        return self.__dict__.get("_user_counter", self._counter)
 
     @counter.setter
     def counter(self, counter: Any) -> None:
@@ -529,6 +529,13 @@ class TokenBudgetFilter(_WindowFilter):
                 "counter: expected a TokenCounterProtocol (count_message(m), count_messages(ms)), "
                 f"got {type(counter).__name__}"
             )
+        self._user_counter = counter
+        self._use(counter)
+
+    def _use(self, counter: Any) -> None:
+        """Count with ``counter`` from now on: the user's, or (a request with tools, on a model
+        that names a "tool_use" chat template) the counter of that template, whose charges
+        bound what the request costs (``_route``); cached counts are forgotten."""
         self._counter = counter
         self._count_array = getattr(counter, "count_array", None)
         self._trusted = type(counter) in _TRUSTED_COUNTERS
@@ -544,6 +551,9 @@ class TokenBudgetFilter(_WindowFilter):
         state = super().__getstate__()
         state.pop("_list_counts", None)
         state.pop("_turn_counts", None)
+        user = state.pop("_user_counter", None)
+        if user is not None and user is not state.get("_counter"):  # (the tool_use template's: rebuilt)
+            state.update(_counter=user, _count_array=getattr(user, "count_array", None))
         state["_tools_last"] = None
         state["_tools_by_json"] = {}
         return state
@@ -551,6 +561,7 @@ class TokenBudgetFilter(_WindowFilter):
     def __setstate__(self, state: dict[str, Any]) -> None:
         super().__setstate__(state)
         counter = state.get("_counter")
+        self._user_counter = counter
         self._list_counts = self._template_counts if type(counter) is ChatTemplateTokenCounter else _list_counter(counter)
         self._set_turn_counts()
 
@@ -601,7 +612,7 @@ class TokenBudgetFilter(_WindowFilter):
         )
 
     def _request_cost(self) -> int:
-        counter = self.counter
+        counter = self._counter
         if self._trusted:  # count_messages([]) of the library's counters is their PER_REQUEST
             return counter.PER_REQUEST
         if type(counter) is ChatTemplateTokenCounter:  # its count_messages([]), computed when built
@@ -631,12 +642,25 @@ class TokenBudgetFilter(_WindowFilter):
         """
         if not tools_schema:
             return 0
-        if messages and type(self._counter) is ChatTemplateTokenCounter:
+        user = self.counter
+        if messages and type(user) is ChatTemplateTokenCounter:
             # what they cost in that prompt, exactly (at most what the budget charges: the
             # tools' cost without messages, plus the surplus of tools a template repeats;
             # cached by the prompt's signature: see its count_tools)
-            return int(self._counter.count_tools(tools_schema, messages))
+            return int(user.count_tools(tools_schema, messages))
+        self._route(tools_schema)
         return self._tools_entry(tools_schema)[0]
+
+    def _route(self, tools_schema: Any) -> None:
+        """Count with the counter that prices this request: a model's "tool_use" chat template
+        renders a request with tools (``ChatTemplateTokenCounter.count_tools``), so its
+        charges, fixed cost and tools' cost budget it; the user's counter otherwise."""
+        user = self.__dict__.get("_user_counter", self._counter)
+        want = user
+        if tools_schema and type(user) is ChatTemplateTokenCounter and user._tool_use_template is not None:
+            want = user._tools_counter()
+        if want is not self._counter:
+            self._use(want)
 
     def _tools_entry(self, tools_schema: Sequence[dict[str, Any]]) -> tuple[int, bool]:
         """``(cost, vary)`` of non-empty tools: ``tools_cost``, and whether they may cost more in
@@ -662,7 +686,7 @@ class TokenBudgetFilter(_WindowFilter):
         return got
 
     def _count_tools(self, tools_schema: Sequence[dict[str, Any]]) -> int:
-        counter = self.counter
+        counter = self._counter
         fn = getattr(counter, "count_tools", None)
         if callable(fn):
             cost = fn(tools_schema)
@@ -680,8 +704,12 @@ class TokenBudgetFilter(_WindowFilter):
                 self._tools_cost_now = 0
                 return self.max_tokens - self._counter.PER_REQUEST
             if type(self._counter) is ChatTemplateTokenCounter:
+                if self._counter is not self.__dict__.get("_user_counter", self._counter):
+                    self._use(self._user_counter)  # (after a request with tools: see _route)
                 self._tools_cost_now = 0  # its count_messages([]), an int it computed when built
                 return self.max_tokens - self._counter._empty
+        elif type(self._counter) is ChatTemplateTokenCounter:
+            self._route(tools_schema)
         request = self._request_cost()
         if tools_schema:
             tools, self._vary = self._tools_entry(tools_schema)
@@ -748,14 +776,14 @@ class TokenBudgetFilter(_WindowFilter):
         return self._counts(msgs, 0, len(msgs)) if len(msgs) <= 64 else None
 
     def _counts(self, messages, lo, hi):
-        if type(self.counter) is ChatTemplateTokenCounter:  # its costs of a slice (see count_list)
+        if type(self._counter) is ChatTemplateTokenCounter:  # its costs of a slice (see count_list)
             a, counts = self._unit_counts(messages, lo, hi)
             return np.ascontiguousarray(counts[lo - a:], dtype=np.int64)
         part = messages[lo:hi]
         if self._count_array is not None:
             counts = self._count_array(part)
         else:
-            counts = [self.counter.count_message(m) for m in part]
+            counts = [self._counter.count_message(m) for m in part]
         if self._trusted:
             return np.ascontiguousarray(counts, dtype=np.int64)
         return self._checked(counts, lo)
@@ -781,7 +809,7 @@ class TokenBudgetFilter(_WindowFilter):
             if rec.counts[a:k].tolist() != counts[:k - a]:
                 rec.set_counts(np.arange(a, k, dtype=np.int64), counts[:k - a])
             return counts[k - a:]  # type: ignore[no-any-return]
-        return self.counter._count_list(new, k == 0, self._pred_of(msgs, k), self._opened(msgs))  # type: ignore[no-any-return]
+        return self._counter._count_list(new, k == 0, self._pred_of(msgs, k), self._opened(msgs))  # type: ignore[no-any-return]
 
     def _unit_counts(self, msgs: list[Any], lo: int, hi: int) -> tuple[int, list[int]]:
         """``(a, counts)``: a ``ChatTemplateTokenCounter``'s charges of ``msgs[a:hi]``, ``a`` the
@@ -790,7 +818,7 @@ class TokenBudgetFilter(_WindowFilter):
         a = lo
         while a > 0 and msgs[a].role == "tool":
             a -= 1
-        return a, self.counter._count_list(msgs[a:hi], a == 0, self._pred_of(msgs, a), self._opened(msgs))
+        return a, self._counter._count_list(msgs[a:hi], a == 0, self._pred_of(msgs, a), self._opened(msgs))
 
     def _opened(self, msgs: list[Any]) -> bool:
         """``count_list``'s ``opened``: ``msgs`` opens with a system message, and only system

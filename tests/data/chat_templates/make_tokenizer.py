@@ -57,6 +57,39 @@ def model_dir(family: str, dest: str) -> str:
     return dest
 
 
+#: Hermes 2 Pro's default template (plain ChatML; its tokenizer_config names the Hermes tool
+#: template, ``hermes/chat_template.jinja``, "tool_use" beside it), written by us
+CHATML = ("{{bos_token}}{% for message in messages %}{{'<|im_start|>' + message['role'] + '\\n' + message['content'] "
+          "+ '<|im_end|>' + '\\n'}}{% endfor %}{% if add_generation_prompt %}{{ '<|im_start|>assistant\\n' }}{% endif %}")
+
+
+def named_model_dir(dest: str, layout: str = "config") -> str:
+    """A model folder with two named chat templates, as Hermes 2 Pro ships them: "default"
+    (``CHATML``) and "tool_use" (the Hermes tool template), which transformers renders a
+    request with tools by. ``layout``: "config" (a list of ``{"name", "template"}`` in
+    ``tokenizer_config.json``) or "files" (``chat_template.jinja`` and
+    ``additional_chat_templates/tool_use.jinja``, as transformers 5 saves them)."""
+    model_dir("hermes", dest)
+    jinja = os.path.join(dest, "chat_template.jinja")
+    with open(jinja, encoding="utf-8") as f:
+        tool_use = f.read()
+    if layout == "files":
+        with open(jinja, "w", encoding="utf-8") as f:
+            f.write(CHATML)
+        os.makedirs(os.path.join(dest, "additional_chat_templates"), exist_ok=True)
+        with open(os.path.join(dest, "additional_chat_templates", "tool_use.jinja"), "w", encoding="utf-8") as f:
+            f.write(tool_use)
+        return dest
+    os.remove(jinja)
+    cfg = os.path.join(dest, "tokenizer_config.json")
+    with open(cfg, encoding="utf-8") as f:
+        config = json.load(f)
+    config["chat_template"] = [{"name": "default", "template": CHATML}, {"name": "tool_use", "template": tool_use}]
+    with open(cfg, "w", encoding="utf-8") as f:
+        json.dump(config, f, ensure_ascii=False, indent=2)
+    return dest
+
+
 def main() -> None:
     import tempfile
 
