@@ -1552,3 +1552,34 @@ def test_tool_use_template_is_named_kept_and_required_where_named(named, tmp_pat
     with pytest.raises(TokenizerLoadError, match=r"\['rag', 'tool_use'\] without a 'default'"):
         ChatTemplateTokenCounter(bare)
     assert ChatTemplateTokenCounter(bare, chat_template="rag").count_messages(ms) > 0
+
+
+@pytest.mark.parametrize("mode", ["plain", "clear", "summarize"])
+def test_presets_budget_requests_with_and_without_tools_by_their_templates(named, mode):
+    """A ReAct builder (with clearing or summarizing) on a model naming a "tool_use" template,
+    tools sent on some turns only: every prompt fits by transformers' count of the request
+    actually sent (tools rendered by "tool_use", none by the default template)."""
+    from jianmu_fast.memory.context.presets import for_react
+
+    path, hf = named
+    opts = {"clear": {"clear_tool_results": 2}, "summarize": {"summarize": lambda ms: f"summary of {len(ms)}"}}
+    budget = 1200
+    b = for_react("You are terse.", max_tokens=budget, token_counter=ChatTemplateTokenCounter(path),
+                  **opts.get(mode, {}))
+    state: dict = {"messages": []}
+    sent = trimmed = 0
+    for i in range(14):
+        state["messages"].append(Message(role="user", content=f"Question {i}: " + "Paris " * (5 + 7 * (i % 4))))
+        cid = f"c{i}"
+        call = {"id": cid, "type": "function", "function": {"name": "get_weather", "arguments": json.dumps({"city": "Paris" * (i % 3 + 1)})}}
+        tools = TOOLS if i % 3 else None
+        out = b.build(state, tools_schema=tools)
+        assert _named_reference(hf, out, tools) <= budget
+        sent += 1
+        state["messages"] += [Message(role="assistant", content=None, tool_calls=[call]),
+                              Message(role="tool", content="sunny " * (10 + 9 * (i % 5)), tool_call_id=cid, name="get_weather")]
+        out = b.build(state, tools_schema=tools)
+        assert _named_reference(hf, out, tools) <= budget
+        trimmed += len([m for m in out if m.role != "system"]) < len(state["messages"])
+        state["messages"].append(Message(role="assistant", content="It is sunny. " * (1 + i % 3)))
+    assert sent == 14 and trimmed >= 5  # (the budget bites: most later prompts are trimmed)

@@ -294,7 +294,9 @@ class SummarizingBudgetFilter(TokenBudgetFilter):
                     limit = f._limit(tools_schema)
                 except ContextBudgetError:
                     limit = -1
-                if limit == budget and not f._vary:  # (tools that may cost more: each turn checked)
+                # (tools that may cost more: each turn checked; records forgotten since, by a
+                # request that moved the filter to another counter: see TokenBudgetFilter._route)
+                if limit == budget and not f._vary and f._rec is rec:
                     try:
                         f._turn_msgs = messages  # (where a turn's new messages stand: _template_counts)
                         got = rec.window(messages, count, budget, cfg, sanitize, insert)
