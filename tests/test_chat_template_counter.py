@@ -1536,6 +1536,10 @@ def test_tool_use_template_is_named_kept_and_required_where_named(named, tmp_pat
     f2 = pickle.loads(pickle.dumps(flt))
     assert f2.counter.path == path and f2._counter is f2.counter
     assert f2.apply(ms, tools_schema=TOOLS) == ms and f2.tools_cost(TOOLS, ms) == c.count_tools(TOOLS, ms)
+    # a transformers tokenizer holding the named templates (a dict) counts the same
+    from_hf = ChatTemplateTokenCounter(hf)
+    assert from_hf._tool_use_template == c._tool_use_template and from_hf.chat_template == c.chat_template
+    assert from_hf.count_tools(TOOLS, ms) == c.count_tools(TOOLS, ms)
     # named templates without a default: transformers asks for a name, so do we
     import shutil
 

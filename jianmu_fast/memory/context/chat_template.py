@@ -518,7 +518,11 @@ class ChatTemplateTokenCounter:
 
     ``path_or_tokenizer`` is a local model directory (``tokenizer.json`` and
     ``tokenizer_config.json`` with a ``chat_template``, or a ``chat_template.jinja``), or a
-    ``tokenizers.Tokenizer`` (then ``chat_template`` is required). ``special_tokens`` overrides
+    ``tokenizers.Tokenizer`` (then ``chat_template`` is required). A model's named templates
+    are read as transformers reads them (a list of ``{"name", "template"}`` in the config, or
+    ``additional_chat_templates/NAME.jinja``): requests count by "default", and those with
+    tools by "tool_use" where the model names one (see ``count_tools``);
+    ``chat_template="NAME"`` picks one for every request. ``special_tokens`` overrides
     or sets ``bos_token``, ``eos_token``, ... and ``template_kwargs`` adds template variables
     (``date_string``, ``reasoning_effort``...), as ``apply_chat_template(**kwargs)`` would.
 
@@ -1239,10 +1243,13 @@ class ChatTemplateTokenCounter:
         empty list too), as transformers and vLLM pick it: the marginal cost is then that
         request's exact count minus ``count_messages`` (which renders by the default one).
         """
-        if self._tool_use_template is not None and tools_schema is not None:
-            return self._tool_use_cost(tools_schema, messages)
-        if not tools_schema:
-            return 0
+        if self._tool_use_template is None or tools_schema is None:
+            if not tools_schema:
+                return 0
+        elif messages:  # (without messages, count_request below renders by "tool_use")
+            ms = list(messages)
+            t = self._tools_counter()
+            return t.count_messages(ms) + t.count_tools(tools_schema, ms) - self.count_messages(ms)
         key, tools = self._tools_entry(tools_schema)
         if messages:
             ms = list(messages)
@@ -1276,22 +1283,6 @@ class ChatTemplateTokenCounter:
                 self._tok, self._tool_use_template, special_tokens=self.special_tokens,
                 template_kwargs=self.template_kwargs, cache_size=self.cache_size, engine=self.engine)
         return t
-
-    def _tool_use_cost(self, tools_schema: Sequence[Mapping[str, Any]], messages: Optional[Sequence[Any]]) -> int:
-        """``count_tools`` where a "tool_use" template renders requests with tools: their
-        exact count by it, less ``count_messages`` by the default one (without messages, the
-        larger over a user message and a system and a user message, as ``count_tools``)."""
-        t = self._tools_counter()
-        if messages:
-            ms = list(messages)
-            return t.count_messages(ms) + t.count_tools(tools_schema, ms) - self.count_messages(ms)
-        user = {"role": "user", "content": "."}
-        cost = t.count_request([user], tools_schema) - self.count_messages([user])
-        led = [{"role": "system", "content": "."}, user]
-        try:
-            return max(cost, t.count_request(led, tools_schema) - self.count_messages(led))
-        except MessageValidationError:  # a template that refuses a system message
-            return cost
 
     def tools_surplus(self, tools_schema: Optional[Sequence[Mapping[str, Any]]], messages: Sequence[Any]) -> int:
         """Tokens ``tools_schema`` cost in the request of ``messages`` beyond
