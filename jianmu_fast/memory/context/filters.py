@@ -520,7 +520,7 @@ class TokenBudgetFilter(_WindowFilter):
     @property
     def counter(self) -> Any:
         """The token counter. Setting another one checks it and forgets cached counts."""
-        return self.__dict__.get("_user_counter", self._counter)
+        return self._user_counter
 
     @counter.setter
     def counter(self, counter: Any) -> None:
@@ -655,7 +655,7 @@ class TokenBudgetFilter(_WindowFilter):
         """Count with the counter that prices this request: a model's "tool_use" chat template
         renders a request with tools (``ChatTemplateTokenCounter.count_tools``), so its
         charges, fixed cost and tools' cost budget it; the user's counter otherwise."""
-        user = self.__dict__.get("_user_counter", self._counter)
+        user = self._user_counter
         want = user
         if tools_schema and type(user) is ChatTemplateTokenCounter and user._tool_use_template is not None:
             want = user._tools_counter()
@@ -698,18 +698,16 @@ class TokenBudgetFilter(_WindowFilter):
         return cost if self._trusted else self._check_count(cost, "count_tools(tools_schema)")
 
     def _limit(self, tools_schema: Any = None) -> int:
+        if type(self._counter) is ChatTemplateTokenCounter:
+            self._route(tools_schema)
         if not tools_schema:
             self._vary = False
             if self._trusted:  # the agent loop without tools: no calls
                 self._tools_cost_now = 0
                 return self.max_tokens - self._counter.PER_REQUEST
             if type(self._counter) is ChatTemplateTokenCounter:
-                if self._counter is not self.__dict__.get("_user_counter", self._counter):
-                    self._use(self._user_counter)  # (after a request with tools: see _route)
                 self._tools_cost_now = 0  # its count_messages([]), an int it computed when built
                 return self.max_tokens - self._counter._empty
-        elif type(self._counter) is ChatTemplateTokenCounter:
-            self._route(tools_schema)
         request = self._request_cost()
         if tools_schema:
             tools, self._vary = self._tools_entry(tools_schema)
