@@ -74,7 +74,7 @@ PEERS = ["transformers"] if importlib.util.find_spec("transformers") else []
 BUDGET = 8_000
 #: the budget of each trace's prompts: a coding agent's newest tool round alone takes up to
 #: ~9k tokens with the 14 tools in Hermes' format (``test_regimes.py`` gives it 16,000 too)
-BUDGETS = {"seeded": BUDGET, "cs": BUDGET, "coding": 16_000}
+BUDGETS = {"seeded": BUDGET, "cs": BUDGET, "coding": 16_000, "cs-blocks": BUDGET}
 TURNS = 10
 ROUNDS = int(os.environ.get("JIANMU_FAST_CT_ROUNDS", "15"))
 SIZES = [40, 600]
@@ -86,7 +86,8 @@ CASES = [("seeded", size) for size in SIZES] + [("cs", 24), ("coding", 150)]
 
 
 def _trace_name(trace: str) -> str:
-    return {"seeded": "", "cs": "customer-service regime, ", "coding": "coding regime, "}[trace]
+    return {"seeded": "", "cs": "customer-service regime, ", "coding": "coding regime, ",
+            "cs-blocks": "customer-service regime as content blocks, "}[trace]
 FAMILIES = ["qwen3", "hermes", "llama3.1", "mistral", "gpt-oss", "deepseek-v3"]
 #: the request's tools in the "tools" rows: a schema per function the conversation calls
 TOOLS = conversation_tools()
@@ -137,7 +138,13 @@ def _messages(trace: str) -> list[Message]:
     """The messages a trace's hot loop replays: ``"seeded"``, the seeded tool-calling
     conversation; ``"cs"`` and ``"coding"``, the regimes of ``test_regimes.py`` (customer-service
     eval traffic behind a ~1,250-token policy prompt; a coding agent's long tool outputs),
-    conversations stitched into one history, system prompt first."""
+    conversations stitched into one history, system prompt first; ``"cs-blocks"``, the
+    customer-service one with every user message and tool result sent as one text block (as
+    LangChain and Anthropic-style clients send them)."""
+    if trace.endswith("-blocks"):
+        return [m.model_copy(update={"content": [{"type": "text", "text": m.content}]})
+                if m.role in ("user", "tool") and isinstance(m.content, str) and m.content else m
+                for m in _messages(trace[:-len("-blocks")])]
     if trace == "seeded":
         return conversation(2_000)
     from test_regimes import history  # the [bench] extra (LangChain peers) imports there
@@ -303,9 +310,22 @@ def _turn_mins(setup_target, rounds: int) -> list[float]:
 @pytest.mark.parametrize("trace", ["seeded", "cs", "coding"])
 @pytest.mark.parametrize("tools", [False, True], ids=["no_tools", "tools"])
 def test_ratios(model_dirs, family, trace, tools, capsys):
+    _report_ratios(model_dirs, family, trace, tools, capsys)
+
+
+@pytest.mark.parametrize("family", ["qwen3", "llama3.1"])
+def test_block_ratios(model_dirs, family, capsys):
+    """The customer-service hot loop with user messages and tool results sent as content
+    blocks, passed as given (transformers): Qwen3 prints nothing for a block list, Llama 3.1
+    prints each block's text; either way a block's text is a frame's slot (assembled, not
+    rendered: before session 21 every new block message rendered the template)."""
+    _report_ratios(model_dirs, family, "cs-blocks", False, capsys)
+
+
+def _report_ratios(model_dirs, family, trace, tools, capsys):
     lines = []
     default = ChatTemplateTokenCounter(model_dirs[family]).engine_in_use  # what engine="auto" picks here
-    for size in [n for t, n in CASES if t == trace]:
+    for size in [n for t, n in CASES if t == trace.removesuffix("-blocks")]:
         r = {}
         for engine in ENGINES:
             for impl in ("chat_template", "hf", "full_render"):

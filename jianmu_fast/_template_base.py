@@ -5,7 +5,7 @@ package (the cores import nothing from it, so importing them never starts that p
 import json
 from typing import Any
 
-__all__ = ["NOT_YET", "Refused", "dumps_parsed", "json_inside"]
+__all__ = ["NOT_YET", "Refused", "dumps_parsed", "freeze", "json_inside"]
 
 
 class Refused(Exception):
@@ -35,6 +35,18 @@ def dumps_parsed(x: Any) -> str:
     return "".join(_ENCODE_PARSED(x, 0))
 
 
+def freeze(v: Any) -> Any:
+    """A hashable stand-in of a template value, type and structure kept (a frame shape's
+    fixed field: ``freeze(v) == freeze(w)`` only where a template reads them alike).
+
+    >>> freeze({"type": "text", "n": [1, True]})
+    ('d', (('type', ('str', 'text')), ('n', ('l', (('int', 1), ('bool', True))))))
+    """
+    if isinstance(v, dict):
+        return ("d", tuple((k, freeze(x)) for k, x in v.items()))
+    if isinstance(v, (list, tuple)):
+        return ("l", tuple(freeze(x) for x in v))
+    return (type(v).__name__, v)
 
 
 def json_inside(v: str) -> str:

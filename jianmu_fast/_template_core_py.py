@@ -18,12 +18,12 @@ import weakref
 from typing import Any, Iterable, Mapping, Optional, Sequence
 
 from .errors import MessageValidationError
-from ._template_base import _ENCODE_PARSED, NOT_YET, Refused, dumps_parsed, json_inside
+from ._template_base import _ENCODE_PARSED, NOT_YET, Refused, dumps_parsed, freeze, json_inside
 from .message import Message
-from .message.model import FrozenList, coerce_message
+from .message.model import FrozenDict, FrozenList, coerce_message, thaw
 
 __all__ = [
-    "any_lookahead", "any_orphan", "any_system", "args_text", "call_entries", "call_entry", "count_list", "count_messages", "encode_lengths", "end_cost",
+    "any_lookahead", "any_orphan", "any_system", "args_text", "block_entry", "call_entries", "call_entry", "count_list", "count_messages", "encode_lengths", "end_cost",
     "entries_stable",
     "entry", "frame_part", "head_groups", "is_local", "keep_last", "last_final", "local_pattern", "message_to_template_dict", "message_key", "overlap",
     "ops_hold", "parse_key", "piece_counts", "plain_entry", "plain_frame", "plan", "plan_groups", "plan_texts", "planned_cost", "planned_costs",
@@ -85,7 +85,7 @@ def message_to_template_dict(m: Message) -> dict[str, Any]:
     if content is None and m.tool_calls:
         content = ""
     if content is not None:
-        d["content"] = copy.deepcopy(content) if isinstance(content, list) else content
+        d["content"] = thaw(content) if isinstance(content, list) else content  # (plain lists and dicts)
     if m.name is not None:
         d["name"] = m.name
     if m.tool_call_id is not None:
@@ -339,6 +339,23 @@ def call_entry(m: Message) -> Optional[tuple[dict[str, Any], str, tuple[Any, tup
     return d, key, (shape, tuple(values))
 
 
+def _plain_fields(m: Message, content_type: type) -> Optional[tuple[Any, str, Optional[str], Optional[str]]]:
+    """``(content, role, name, tool_call_id)`` of a message without tool calls or extra fields
+    whose content is exactly of ``content_type`` and whose role, name and tool_call_id are
+    strings (the last two or None); None for any other message."""
+    mf: dict = m.__dict__ if type(m) is Message else _fields_of(m)
+    content = mf["content"]
+    if type(content) is not content_type or mf["tool_calls"] is not None or mf["extra"]:
+        return None
+    role = mf["role"]
+    name = mf["name"]
+    tcid = mf["tool_call_id"]
+    if type(role) is not str or (name is not None and type(name) is not str) or (
+            tcid is not None and type(tcid) is not str):
+        return None
+    return content, role, name, tcid
+
+
 def plain_entry(m: Message, fields: Sequence[str]) -> Optional[tuple[dict[str, Any], str, tuple[Any, tuple[str, ...]]]]:
     """``(d, message_key(d), plain_frame(fields, d))`` for ``d = message_to_template_dict(m)``
     in one pass, for a plain text message (``str`` content, no tool calls, no extra fields,
@@ -352,16 +369,10 @@ def plain_entry(m: Message, fields: Sequence[str]) -> Optional[tuple[dict[str, A
     >>> part == plain_frame(("content", "name", "tool_call_id"), d)
     True
     """
-    mf: dict = m.__dict__ if type(m) is Message else _fields_of(m)
-    content = mf["content"]
-    if type(content) is not str or mf["tool_calls"] is not None or mf["extra"]:
+    got = _plain_fields(m, str)
+    if got is None:
         return None
-    role = mf["role"]
-    name = mf["name"]
-    tcid = mf["tool_call_id"]
-    if type(role) is not str or (name is not None and type(name) is not str) or (
-            tcid is not None and type(tcid) is not str):
-        return None
+    content, role, name, tcid = got
     rp = _role_part(role)
     d: dict = {"role": role, "content": content}
     head: str = rp[1]
@@ -389,6 +400,57 @@ def plain_entry(m: Message, fields: Sequence[str]) -> Optional[tuple[dict[str, A
         else:
             shape.append(("tool_call_id", ("str", tcid)))
     return d, f"{head}}}\0{content}", (tuple(shape), tuple(values))
+
+
+def block_entry(m: Message, fields: Sequence[str]) -> Optional[tuple[dict[str, Any], str, tuple[Any, tuple[str, ...]]]]:
+    """``(d, message_key(d), Frames().frame_of(d))`` for ``d = message_to_template_dict(m)`` in
+    one pass, for a message whose content is a validated ``Message``'s frozen list of content
+    blocks (passed as plain lists and dicts, as transformers users pass them: a template's
+    error names their types), without tool calls or extra fields, ``name``
+    and ``tool_call_id`` strings or None: each block's non-empty ``text`` a slot; None for any
+    other message.
+
+    >>> from jianmu_fast.message import human
+    >>> from jianmu_fast.memory.context._template_frames import Frames
+    >>> m = human([{"type": "text", "text": "hi"}, {"type": "image_url", "image_url": {"url": "x"}}])
+    >>> d, key, part = block_entry(m, ("content", "name", "tool_call_id"))
+    >>> d == message_to_template_dict(m) and key == message_key(d) and part == Frames(lambda ds: "").frame_of(d)
+    True
+    >>> part[1]
+    ('hi',)
+    """
+    got = _plain_fields(m, FrozenList)
+    if got is None:
+        return None
+    content, role, name, tcid = got
+    d: dict = {"role": role, "content": thaw(content)}
+    values: list = []
+    shape: list = [_role_part(role)[0]]
+    if "content" in fields:
+        blocks: list = []
+        for b in content:
+            if type(b) is not FrozenDict:
+                return None
+            bshape: list = []
+            for bk, bv in b.items():
+                if bk == "text" and type(bv) is str and bv:
+                    values.append(bv)
+                    bshape.append((bk, None))
+                else:
+                    bshape.append((bk, freeze(bv)))
+            blocks.append(("b", tuple(bshape)))
+        shape.append(("content", ("B", tuple(blocks))))
+    else:
+        shape.append(("content", freeze(content)))
+    for k, v in (("name", name), ("tool_call_id", tcid)):
+        if v is not None:
+            d[k] = v
+            if v and k in fields:
+                values.append(v)
+                shape.append((k, None))
+            else:
+                shape.append((k, ("str", v)))
+    return d, message_key(d), (tuple(shape), tuple(values))
 
 
 def _has_reasoning(d: Mapping[str, Any]) -> bool:
@@ -764,24 +826,28 @@ def upper_costs(self, keys: tuple, dicts: Sequence[dict[str, Any]], preds: list,
     if reasoning:  # kept after the last user query (nothing closes the unit), or stripped
         succs = list(succs) + ["open"]
     elif local:
-        exact = (self._canonical(dicts[0]["role"]), "user")
+        try:
+            best = list(self._unit_cost(keys, self._canonical(dicts[0]["role"]), "user", caller=caller))
+        except Refused:
+            # the smallest context is refused where the real one may not be (a template that
+            # refuses a conversation opening with this unit): costed over its neighbours
+            local = False
+        else:
+            if caller is None and dicts[0]["role"] != "tool":
+                self._remember_local(keys, best)
+            return best
     others: list = []
-    if not local:
-        for pred in preds:
-            for succ in succs:
-                if (pred, succ) != exact and not (pred == "first" and succ == "system"):
-                    others.append((pred, succ))
-        if caller is None:
-            # (under _final_rule, the successors an exact count of the grown prompt asks for)
-            prefill_planned(self, keys, [exact] + others + ([(exact[0], s) for s in _AHEAD] if self._final_rule else []))
+    for pred in preds:
+        for succ in succs:
+            if (pred, succ) != exact and not (pred == "first" and succ == "system"):
+                others.append((pred, succ))
+    if caller is None:
+        # (under _final_rule, the successors an exact count of the grown prompt asks for)
+        prefill_planned(self, keys, [exact] + others + ([(exact[0], s) for s in _AHEAD] if self._final_rule else []))
     try:
         best = list(self._unit_cost(keys, exact[0], exact[1], caller=caller))
     except Refused as exc:
         raise MessageValidationError(f"the chat template refused the conversation: {exc}") from None
-    if local:
-        if caller is None and dicts[0]["role"] != "tool":
-            self._remember_local(keys, best)
-        return best
     units: dict = self._units
     for pred, succ in others:
         c = units.get((keys, pred, unit_succ(self, succ), caller))
@@ -1043,7 +1109,7 @@ def frame_part(self, key: str, d: dict[str, Any]) -> tuple[Any, tuple[str, ...]]
     parts: dict = self._frame_parts
     part = parts.get(key)
     if part is None:
-        if "\0" not in key:
+        if "\0" not in key and not isinstance(d.get("content"), list):  # (content blocks: a frame's slots)
             part = (key, ())
         else:
             part = plain_frame(self._frames._fields, d) if "tool_calls" not in d else None
@@ -1265,6 +1331,11 @@ def entry(self, m: Any, i: int) -> tuple[str, dict[str, Any]]:
         msg = coerce_message(m, f"messages[{i}]")
     else:
         raise MessageValidationError(f"messages[{i}]: expected a Message or a chat-completions dict, got {type(m).__name__}")
+    own = msg is m  # (memoized by its identity; a copy made here is keyed by the original's)
+    if self._content_format is not None:  # vLLM's content (see _content_format), where it is not the same
+        c = msg.content
+        if (c is not None and type(c) is not str) or (c == "" if self._content_format == "openai" else c is None):
+            msg = self._formatted(msg, i)
     part = None
     t = None  # its trait (``trait``'s), where the one-pass entries know it
     got = call_entry(msg) if msg.tool_calls else plain_entry(msg, self._frames._fields)
@@ -1279,13 +1350,17 @@ def entry(self, m: Any, i: int) -> tuple[str, dict[str, Any]]:
         look = bool(sensitive) and ((call_text and "call_text" in sensitive) or (think_text and "think_text" in sensitive))
         t = (look, (role, n_calls, False, call_text, think_text))
     else:
-        d = message_to_template_dict(msg)
-        key = message_key(d)
-        if "\0" in key and "tool_calls" not in d:  # its frame part now (frame_part's), in the same section
-            part = plain_frame(self._frames._fields, d)
+        got = None if msg.tool_calls else block_entry(msg, self._frames._fields)
+        if got is not None:  # content blocks (its trait: trait's, when asked)
+            d, key, part = got
+        else:
+            d = message_to_template_dict(msg)
+            key = message_key(d)
+            if "\0" in key and "tool_calls" not in d:  # its frame part now (frame_part's), in the same section
+                part = plain_frame(self._frames._fields, d)
     calls = d.get("tool_calls")
     snap = None  # frozen lists (every validated Message) cannot change: no snapshot
-    if msg is m and (calls is not None or type(d.get("content")) is not str):
+    if own and (calls is not None or type(m.content) is not str):
         if (isinstance(m.content, list) and type(m.content) is not FrozenList) or (
                 m.tool_calls is not None and type(m.tool_calls) is not FrozenList):
             snap = (copy.deepcopy(m.content), copy.deepcopy(m.tool_calls))
@@ -1307,7 +1382,7 @@ def entry(self, m: Any, i: int) -> tuple[str, dict[str, Any]]:
                 if len(calls_of) >= size:
                     _evict(self, calls_of)
                 calls_of[call["id"]] = key
-    if msg is m:
+    if own:
         if len(memo) >= size:
             _evict(self, memo)
         memo[id(m)] = (_REF(m), snap, d, key)

@@ -442,6 +442,30 @@ def test_template_refusal_carries_its_message(families):
         hermes.count_messages(no_name)
 
 
+def test_a_unit_the_template_refuses_to_open_a_conversation_is_charged_where_it_stands(model_dirs):
+    """A unit whose cost does not depend on its neighbours is costed opening a conversation
+    (the smallest rendering). A template that refuses a conversation opening with an assistant
+    message accepts it after a user message: per-message charges come from its real
+    neighbours then, and the budget filter keeps an answer after the pinned system prompt."""
+    from tokenizers import Tokenizer
+
+    tok = Tokenizer.from_file(os.path.join(model_dirs["qwen3"], "tokenizer.json"))
+    tpl = ("{% if messages and messages[0].role not in ('system', 'user') %}"
+           "{{ raise_exception('the first message must be a system or user message') }}{% endif %}"
+           "{% for m in messages %}<|im_start|>{{ m.role }}\n{{ m.content }}<|im_end|>\n{% endfor %}"
+           "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}")
+    c = ChatTemplateTokenCounter(tok, tpl)
+    ms = [Message(role="system", content="Be brief."), Message(role="user", content="hi"),
+          Message(role="assistant", content="hello there"), Message(role="user", content="and?")]
+    exact = len(tok.encode(c.render(ms), add_special_tokens=False).ids)
+    assert c.count_messages(ms) == exact == 31
+    assert c.count_array(ms).tolist() == [8, 6, 7, 7] and c.count_messages([]) == 3  # (was: refused)
+    kept = TokenBudgetFilter(max_tokens=25, counter=c).apply(ms)
+    assert kept == [ms[0], ms[2], ms[3]] and c.count_messages(kept) == 25
+    with pytest.raises(MessageValidationError, match="the first message must be a system or user message"):
+        c.count_messages(ms[2:])
+
+
 def test_message_dict_is_what_vllm_passes():
     m = Message(role="assistant", content=None, tool_calls=[
         {"id": "c1", "type": "function", "function": {"name": "f", "arguments": '{"b": 1, "a": [2]}'}}],

@@ -84,7 +84,9 @@ def test_opened_files_are_the_kernels_and_inside_the_root(spec, queries):
 def test_the_property_opened_paths_through_symlinks():
     if not OPENED:
         pytest.skip("run together with the property test above")
-    assert len(OPENED) > 100
+    # (not vacuous: its random trees and queries open paths; how many varies from run to run --
+    # 99 in one CI run, over 100 in most -- so the bar is well below the usual count)
+    assert len(OPENED) > 30
 
 
 def test_plain_paths_without_links_open(tmp_path):

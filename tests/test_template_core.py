@@ -58,7 +58,7 @@ def test_the_class_binds_every_core_method():
     for name, attr in METHODS.items():
         assert getattr(ChatTemplateTokenCounter, attr).__name__ == name
     assert set(METHODS) | {"message_to_template_dict", "message_key", "parse_key", "call_entry",
-                           "plain_entry", "args_text"} | HELPERS == set(twin.__all__)
+                           "plain_entry", "block_entry", "args_text"} | HELPERS == set(twin.__all__)
     assert set(twin.__all__) == set(compiled.__all__)
 
 
@@ -71,12 +71,18 @@ _text = st.one_of(st.sampled_from(["Paris", "sunny, 21°C", "", " x ", "数据",
                                    "<think>\nhm\n</think>\n\nok", "<|im_end|>", "[INST]", "x" * 40,
                                    "Oslo: -3°C, snow; wind 5 m/s. " * 12]),  # (a value run past _UNCACHED_RUN)
                   st.text(max_size=10))
+#: content blocks: text (an empty one too), with a cache marker, an image (a fixed part of a frame)
+_blocks = st.lists(st.one_of(_text.map(lambda t: {"type": "text", "text": t}),
+                             _text.map(lambda t: {"type": "text", "text": t, "cache_control": {"type": "ephemeral"}}),
+                             st.just({"type": "image_url", "image_url": {"url": "x.png"}})), max_size=3)
+#: a user's or a tool result's content: mostly text, at times blocks
+_content = st.one_of(_text, _text, _text, _blocks)
 
 
 @st.composite
 def _conversation(draw):
     ms = [Message(role="system", content=draw(_text))] if draw(st.booleans()) else []
-    ms.append(Message(role="user", content=draw(_text)))
+    ms.append(Message(role="user", content=draw(_content)))
     n = 0
     for _ in range(draw(st.integers(1, 6))):
         kind = draw(st.integers(0, 2))
@@ -86,14 +92,14 @@ def _conversation(draw):
                 n += 1
                 args = draw(st.one_of(st.dictionaries(_text, _text, max_size=2).map(json.dumps), st.just("not json")))
                 calls.append({"id": f"call_{n}", "type": "function", "function": {"name": "get_weather", "arguments": args}})
-                results.append(Message(role="tool", content=draw(_text), tool_call_id=f"call_{n}", name="get_weather"))
+                results.append(Message(role="tool", content=draw(_content), tool_call_id=f"call_{n}", name="get_weather"))
             extra = {"reasoning_content": draw(_text)} if draw(st.integers(0, 5)) == 0 else {}
             ms.append(Message(role="assistant", content=draw(st.one_of(st.none(), _text)), tool_calls=calls, extra=extra))
             ms.extend(results)
         else:
             ms.append(Message(role="assistant", content=draw(_text)))
             if kind == 1:
-                ms.append(Message(role="user", content=draw(_text)))
+                ms.append(Message(role="user", content=draw(_content)))
     return ms
 
 
@@ -233,6 +239,14 @@ def test_compiled_message_helpers_equal_the_twin(ms):
             assert compiled.plain_entry(m, ("content",)) == (d, key, twin.plain_frame(("content",), d))
         else:
             assert type(m.content) is not str or m.tool_calls is not None or m.extra
+        blocks = twin.block_entry(m, fields)
+        assert compiled.block_entry(m, fields) == blocks
+        if blocks is not None:  # the one-pass entry of a message with content blocks: the generic path's
+            assert blocks == (d, key, frames.frame_of(d))
+            narrow = Frames(lambda ds: "", fields=("name",))
+            assert compiled.block_entry(m, ("name",)) == (d, key, narrow.frame_of(d))
+        else:
+            assert type(m.content) is not list or m.tool_calls is not None or m.extra
 
 
 @settings(max_examples=300, deadline=None)

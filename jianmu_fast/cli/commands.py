@@ -73,7 +73,7 @@ def _build(args: argparse.Namespace) -> int:
 
     _check_engine(args)
     try:
-        counter = make_counter(args.tokenizer)
+        counter = make_counter(args.tokenizer, args.content_format)
         builder = make_builder(args, counter)
     except (JianmuError, TypeError, ValueError) as exc:  # a tokenizer or configuration that cannot load
         raise UsageError(f"{type(exc).__name__}: {exc}") from None
@@ -206,7 +206,7 @@ def _replay(args: argparse.Namespace) -> int:
     if args.report is not None:
         _check_report_path(args.report, ("CONVERSATION", args.conversation))
     try:
-        counter = make_counter(args.tokenizer)
+        counter = make_counter(args.tokenizer, args.content_format)
         builder = make_builder(args, counter)
     except (JianmuError, TypeError, ValueError) as exc:
         raise UsageError(f"{type(exc).__name__}: {exc}") from None

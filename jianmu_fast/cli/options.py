@@ -27,14 +27,26 @@ TOKENIZER_FORMS: list[tuple[str, str]] = [
 ]
 
 
+def _template_only(spec: str, content_format: str) -> None:
+    if content_format != "transformers":
+        raise UsageError(
+            f"--content-format {content_format}: --tokenizer {spec!r} has no chat template; the flag is for a "
+            "model directory with one (tokenizer.json and tokenizer_config.json or chat_template.jinja)"
+        )
+
+
 def _tokenizer_error(spec: str, reason: str) -> UsageError:
     forms = "\n".join(f"  {form}: {what}" for form, what in TOKENIZER_FORMS)
     return UsageError(f"--tokenizer {spec!r}: {reason}\n--tokenizer accepts:\n{forms}")
 
 
-def make_counter(spec: str) -> Any:
+def make_counter(spec: str, content_format: str = "transformers") -> Any:
     """The token counter for ``--tokenizer`` (the forms of ``TOKENIZER_FORMS``); a
     ``UsageError`` that lists every accepted form when ``spec`` is none of them.
+    ``content_format`` (``--content-format``): how a model directory's chat template receives
+    message contents -- as given ("transformers"), or as vLLM's server passes them ("string",
+    "openai", "auto"; see ``ChatTemplateTokenCounter``); any other tokenizer counts text only
+    and takes "transformers" alone.
 
     >>> make_counter("simple")
     SimpleTokenCounter(chars_per_token=4)
@@ -46,12 +58,18 @@ def make_counter(spec: str) -> Any:
 
     try:
         if spec == "simple":
+            _template_only(spec, content_format)
             return SimpleTokenCounter()
         if os.path.isdir(spec):
             from ..memory.context import ChatTemplateTokenCounter
             from ..memory.context.chat_template import has_chat_template
 
-            return ChatTemplateTokenCounter(spec) if has_chat_template(spec) else HFTokenCounter(spec)
+            if has_chat_template(spec):
+                return ChatTemplateTokenCounter(spec, content_format=None if content_format == "transformers"
+                                                else content_format)
+            _template_only(spec, content_format)
+            return HFTokenCounter(spec)
+        _template_only(spec, content_format)
         if spec.endswith(".json") or os.sep in spec or os.path.exists(spec):
             if not os.path.isfile(spec):
                 raise _tokenizer_error(spec, "no such tokenizer.json file")
@@ -206,6 +224,11 @@ def add_build_arguments(b: argparse.ArgumentParser) -> None:
                         "in steps of a quarter of --max-tokens (ClearToolResultsFilter; needs --max-tokens)")
     b.add_argument("--tokenizer", default="o200k_base", metavar="NAME",
                    help=f"how tokens are counted (default o200k_base): {_tokenizer_help()}")
+    b.add_argument("--content-format", choices=("transformers", "string", "openai", "auto"), default="transformers",
+                   help="with --tokenizer MODEL_DIR: how the chat template receives message contents: as given "
+                        "(transformers, default), or as vLLM's OpenAI server passes them: content blocks' texts "
+                        "joined by newlines (string), every content a list of text blocks (openai), or the one "
+                        "vLLM detects for the template (auto)")
     b.add_argument("--workers", type=_int_in(1, MAX_WORKERS), default=1, metavar="N",
                    help="worker processes (1 to 256, default 1)")
     b.add_argument("--on-error", choices=("raise", "skip"), default="raise",

@@ -1,7 +1,8 @@
 """Render-free messages for ``ChatTemplateTokenCounter``: a template's text around verbatim fields.
 
-A chat template usually prints a message's ``content`` (and ``name``, ``tool_call_id``, and
-its tool calls' ``id``, function ``name`` and ``arguments``) as it is, between text that
+A chat template usually prints a message's ``content`` (a string, or each content block's
+``text``; and ``name``, ``tool_call_id``, and its tool calls' ``id``, function ``name`` and
+``arguments``) as it is, between text that
 depends only on the rest of the conversation. A *frame* is a conversation with those fields
 of its real messages left out (their roles, other fields and the stand-ins around them
 kept). A tool call's ``arguments`` dict is probed by a ``ProbeDict``: printed through
@@ -43,7 +44,7 @@ import re
 import threading
 from typing import Any, Callable, Optional, Sequence
 
-from ..._template_base import NOT_YET, Refused, dumps_parsed, json_inside
+from ..._template_base import NOT_YET, Refused, dumps_parsed, freeze, json_inside
 from ..._template_core_py import ops_hold
 
 __all__ = ["NOT_YET", "Frames", "Probe", "ProbeDict", "Refused", "dumps_parsed", "json_inside", "ops_hold", "tojson"]
@@ -260,7 +261,7 @@ class Frames:
         """``(frame part of d, its field values)``: the fields holding a ``str`` left out (and
         a tool call's id, name and arguments; an arguments slot's value is its ``tojson``)."""
         values: list[str] = []
-        if "tool_calls" not in d:  # the common message: top-level fields only
+        if "tool_calls" not in d and not isinstance(d.get("content"), list):  # the common message
             fields = self._fields
             shape = []
             for k, v in d.items():
@@ -284,6 +285,9 @@ class Frames:
             if type(v) is str and v and k in self._fields:
                 w: Any = self._slot(v, 0, values, kinds, probe)
                 shape.append((k, None))
+            elif k == "content" and isinstance(v, list) and k in self._fields:
+                bshape, w = self._blocks(v, values, kinds, probe)
+                shape.append((k, ("B", bshape)))
             elif k == "tool_calls" and type(v) is list and self._calls:
                 calls: list[Any] = []
                 w = [] if probe is not None else None
@@ -330,6 +334,34 @@ class Frames:
             if new is not None:
                 new[k] = w
         return tuple(shape), new
+
+    def _blocks(self, blocks: list, values: list[str], kinds: list[int],
+                probe: Optional[Callable[[int, int], Any]]) -> tuple[Any, Optional[list]]:
+        """``(shape, probed copy)`` of a content block list: each block's non-empty ``text``
+        string a slot, everything else part of the shape."""
+        shapes: list[Any] = []
+        copy: Optional[list] = [] if probe is not None else None
+        for b in blocks:
+            if not isinstance(b, dict):
+                shapes.append(_freeze(b))
+                if copy is not None:
+                    copy.append(b)
+                continue
+            bshape: list[tuple[Any, Any]] = []
+            c: Optional[dict[str, Any]] = {} if probe is not None else None
+            for bk, bv in b.items():
+                if bk == "text" and type(bv) is str and bv:
+                    bw: Any = self._slot(bv, 0, values, kinds, probe)
+                    bshape.append((bk, None))
+                else:
+                    bw = bv
+                    bshape.append((bk, _freeze(bv)))
+                if c is not None:
+                    c[bk] = bw
+            shapes.append(("b", tuple(bshape)))
+            if copy is not None:
+                copy.append(c)
+        return tuple(shapes), copy
 
     @staticmethod
     def _slot(v: Any, kind: int, values: list[str], kinds: list[int],
@@ -455,9 +487,4 @@ def _assemble(pieces: list[str], slots: list[int], values: Sequence[str]) -> str
     return "".join(out)
 
 
-def _freeze(v: Any) -> Any:
-    if isinstance(v, dict):
-        return ("d", tuple((k, _freeze(x)) for k, x in v.items()))
-    if isinstance(v, (list, tuple)):
-        return ("l", tuple(_freeze(x) for x in v))
-    return (type(v).__name__, v)
+_freeze = freeze

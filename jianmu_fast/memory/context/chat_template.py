@@ -22,6 +22,9 @@ A ``Message`` reaches the template as transformers users and vLLM's OpenAI serve
 ``None`` fields left out, tool-call ``arguments`` parsed from JSON into objects, ``content`` ""
 for an assistant message that only calls tools, ``extra`` keys (``reasoning_content``...)
 included, reasoning aliased to ``reasoning_content`` and ``thinking`` as transformers does.
+Content blocks are passed as given, as transformers passes them; ``content_format`` gives
+the content vLLM's server renders instead (block texts joined, or every content a list of
+text blocks; see ``_content_format``).
 
 **Segments.** A rendered template is not prefix-stable message by message, but it is (for the
 templates we ship tests for) at unit boundaries: a unit is a non-tool message plus the tool
@@ -34,7 +37,8 @@ token counts of the text between the tokenizer's added tokens (encoded apart whe
 exact: no Metaspace/Prepend step, no whitespace-stripping added token), so a hot-loop turn
 renders and tokenizes only its new units -- and most often does not even render them: a
 conversation whose *frame* (everything but its real messages' ``content``, ``name`` and
-``tool_call_id`` strings and their tool calls' ids, function names and arguments) was seen
+``tool_call_id`` strings, their content blocks' texts and their tool calls' ids, function
+names and arguments) was seen
 before is assembled from the template's text around those fields, learned once with probes
 that record what the template does with them (see ``_template_frames``: only where it prints
 them verbatim or as ``tojson`` strings -- arguments as ``tojson`` with its default options --,
@@ -135,6 +139,7 @@ from ... import _backend
 from ..._template_core_py import _has_reasoning, _text_features
 from . import _encodings
 from ._template_frames import Frames
+from ._content_format import check_content_format, content_format_of, openai_content, string_content
 from ..._template_base import Refused as _Refused
 from ._template_frames import tojson as _frames_tojson
 
@@ -387,6 +392,18 @@ def _compile(template: str) -> Any:
     return env.from_string(template)
 
 
+def _as_blocks(d: dict[str, Any]) -> dict[str, Any]:
+    """``d`` as an "openai" content format template receives it: a string content (a probe
+    too: its length read as ``str``'s, unrecorded) as one text block, "" and no content as
+    ``[]`` (an explicit "" became its block earlier, in ``_formatted``)."""
+    c = d.get("content")
+    if isinstance(c, list):
+        return d
+    if isinstance(c, str) and str.__len__(c):
+        return {**d, "content": [{"type": "text", "text": c}]}
+    return {**d, "content": []}
+
+
 def _token_text(value: Any) -> Optional[str]:
     if isinstance(value, str):
         return value
@@ -525,6 +542,10 @@ class ChatTemplateTokenCounter:
     ``chat_template="NAME"`` picks one for every request. ``special_tokens`` overrides
     or sets ``bos_token``, ``eos_token``, ... and ``template_kwargs`` adds template variables
     (``date_string``, ``reasoning_effort``...), as ``apply_chat_template(**kwargs)`` would.
+    ``content_format``: how message contents reach the template -- as given (None, as
+    transformers passes them), or as vLLM's OpenAI server normalizes them: ``"string"``,
+    ``"openai"``, or ``"auto"`` (the template's own, detected as vLLM detects it); see
+    ``_content_format``. ``ValueError`` for any other value.
 
     See the module docstring for what is exact and when it falls back to full rendering.
 
@@ -562,8 +583,10 @@ class ChatTemplateTokenCounter:
         template_kwargs: Optional[Mapping[str, Any]] = None,
         cache_size: int = 1 << 16,
         engine: str = "auto",
+        content_format: Optional[str] = None,
     ) -> None:
         _encodings.check_hf_engine(engine)
+        check_content_format(content_format)
         try:
             from tokenizers import Tokenizer
         except ImportError as exc:  # pragma: no cover
@@ -637,6 +660,12 @@ class ChatTemplateTokenCounter:
         self.special_tokens: dict[str, str] = special
         self.template_kwargs: dict[str, Any] = dict(template_kwargs or {})
         self._template = _compile(template)
+        self._content_format_arg = content_format
+        #: how a message's content reaches the template: None as given (transformers), else
+        #: vLLM's "string" or "openai" ("auto": the template's, see _content_format)
+        self.content_format: Optional[str] = (
+            content_format_of(template) if content_format == "auto" else content_format)
+        self._content_format: Optional[str] = self.content_format  # (read by the compiled entry)
         self._lock = threading.Lock()
         self._pieces: dict[str, int] = {}  # text between added tokens -> tokens
         self._long_pieces: dict[str, int] = {}  # the same, for the last long ones (see _tc.piece_counts)
@@ -682,7 +711,7 @@ class ChatTemplateTokenCounter:
         if digest is not None:
             try:
                 shared = (digest, template, json.dumps(special, sort_keys=True),
-                          json.dumps(self.template_kwargs, sort_keys=True))
+                          json.dumps(self.template_kwargs, sort_keys=True), self.content_format)
             except (TypeError, ValueError):
                 shared = None
             if shared is not None:
@@ -758,6 +787,8 @@ class ChatTemplateTokenCounter:
 
     def __repr__(self) -> str:
         tail = f", engine={self.engine!r}" if self.engine != "auto" else ""
+        if self._content_format_arg is not None:
+            tail += f", content_format={self._content_format_arg!r}"
         if self.path:
             return f"ChatTemplateTokenCounter({self.path!r}{tail})"
         return f"ChatTemplateTokenCounter(<tokenizers.Tokenizer>{tail})"
@@ -787,6 +818,8 @@ class ChatTemplateTokenCounter:
         import jinja2
 
         kwargs = {**self.special_tokens, **self.template_kwargs}
+        if self._content_format == "openai":  # every content a list of text blocks (see _formatted)
+            dicts = [_as_blocks(d) for d in dicts]
         try:  # the immutable sandbox cannot change the dicts: no copies needed
             return self._template.render(
                 messages=dicts, tools=tools, documents=None, add_generation_prompt=agp, **kwargs,
@@ -795,6 +828,17 @@ class ChatTemplateTokenCounter:
             raise _Refused(str(exc.message if getattr(exc, "message", None) else exc)) from exc
         except Exception as exc:
             raise _Refused(f"{type(exc).__name__}: {exc}") from exc
+
+    def _formatted(self, m: Message, i: int) -> Message:
+        """``m`` with the content vLLM gives this counter's ``content_format``: under "string"
+        its text (a block list joined, ``None`` as ""); under "openai" a block list normalized
+        (an explicit "" as one empty text block). A string content under "openai" stays one
+        here -- message keys, frames and the hot path read strings -- and becomes its block
+        when rendered (``_as_blocks``), as ``None`` becomes ``[]``."""
+        where = f"messages[{i}]"
+        if self._content_format == "string":
+            return m.model_copy(update={"content": string_content(m.content, where)})
+        return m.model_copy(update={"content": openai_content(m.content, where)})
 
     def _render_plain(self, dicts: list[dict[str, Any]]) -> str:
         return self._render(dicts, None, True)
@@ -1281,7 +1325,8 @@ class ChatTemplateTokenCounter:
         if t is None:
             t = self._tool_counter = ChatTemplateTokenCounter(
                 self._tok, self._tool_use_template, special_tokens=self.special_tokens,
-                template_kwargs=self.template_kwargs, cache_size=self.cache_size, engine=self.engine)
+                template_kwargs=self.template_kwargs, cache_size=self.cache_size, engine=self.engine,
+                content_format=self._content_format_arg)
         return t
 
     def tools_surplus(self, tools_schema: Optional[Sequence[Mapping[str, Any]]], messages: Sequence[Any]) -> int:
@@ -1480,12 +1525,13 @@ class ChatTemplateTokenCounter:
             )
         # (the argument it was built with: None reloads the folder's templates, "tool_use" included)
         return {"path": self.path, "chat_template": self._chat_template_arg, "special_tokens": self.special_tokens,
-                "template_kwargs": self.template_kwargs, "cache_size": self.cache_size, "engine": self.engine}
+                "template_kwargs": self.template_kwargs, "cache_size": self.cache_size, "engine": self.engine,
+                "content_format": self._content_format_arg}
 
     def __setstate__(self, state: dict[str, Any]) -> None:
         self.__init__(state["path"], state["chat_template"], special_tokens=state["special_tokens"],  # type: ignore[misc]
                       template_kwargs=state["template_kwargs"], cache_size=state["cache_size"],
-                      engine=state.get("engine", "auto"))
+                      engine=state.get("engine", "auto"), content_format=state.get("content_format"))
 
     def clear_cache(self) -> None:
         """Forget cached renderings and costs (the tokenizer and template stay loaded)."""
