@@ -836,21 +836,30 @@ def upper_costs(self, keys: tuple, dicts: Sequence[dict[str, Any]], preds: list,
             if caller is None and dicts[0]["role"] != "tool":
                 self._remember_local(keys, best)
             return best
+    # the other neighbours, each successor as the unit cache keys hold it (``unit_succ``'s;
+    # under ``_succ_blind`` every one but "open" is "user"), once each and without the exact
+    # pair: a pair that normalizes to another is the same cost
+    blind = self._succ_blind
+    exact_key = (exact[0], "user" if exact[1] == "end" or (blind and exact[1] != "open") else exact[1])
     others: list = []
     for pred in preds:
         for succ in succs:
-            if (pred, succ) != exact and not (pred == "first" and succ == "system"):
-                others.append((pred, succ))
+            if pred == "first" and succ == "system":
+                continue
+            pair = (pred, "user" if succ == "end" or (blind and succ != "open") else succ)
+            if pair != exact_key and pair not in others:
+                others.append(pair)
     if caller is None:
         # (under _final_rule, the successors an exact count of the grown prompt asks for)
         prefill_planned(self, keys, [exact] + others + ([(exact[0], s) for s in _AHEAD] if self._final_rule else []))
+    units: dict = self._units
     try:
-        best = list(self._unit_cost(keys, exact[0], exact[1], caller=caller))
+        got = units.get((keys, exact_key[0], exact_key[1], caller))  # (_unit_cost's cache, looked up here)
+        best = list(got if got is not None else self._unit_cost(keys, exact[0], exact[1], caller=caller))
     except Refused as exc:
         raise MessageValidationError(f"the chat template refused the conversation: {exc}") from None
-    units: dict = self._units
     for pred, succ in others:
-        c = units.get((keys, pred, unit_succ(self, succ), caller))
+        c = units.get((keys, pred, succ, caller))
         if c is None:
             try:
                 c = self._unit_cost(keys, pred, succ, caller=caller)
@@ -1698,18 +1707,32 @@ def unit_total(self, keys: list[str], dicts: list[dict[str, Any]], starts: list[
         known = local_units.get(ukeys)
         if known is not None:
             return sum(known)
+    # its neighbours' roles (stand-ins of them are what it is costed between)
+    if a == 0:
+        pred = "first"
+    else:  # (_role_of's)
+        before = dicts[a - 1]
+        pred = before["role"]
+        if pred == "assistant" and before.get("tool_calls"):
+            pred = "call"
+    succ = "end" if b == n else dicts[b]["role"]
+    if self._final_rule and succ != "end":  # (after its last message no final answer follows)
+        if succ == "assistant" and "tool_calls" in dicts[b]:
+            succ = "call"
+        if final > a and succ != "assistant":
+            succ += "_final"
+    caller = keys[a - 1] if after_system else None
+    # costed between these neighbours already (the budget filter's charges hold each new unit's
+    # exact pair): _unit_cost's cache, looked up here (unit_succ's successor), before asking
+    # whether any neighbours would do
+    unit = self._units.get((ukeys, pred, "user" if succ == "end" or (self._succ_blind and succ != "open") else succ,
+                            caller))
+    if unit is not None:
+        return sum(unit)
     if not after_system and local_pattern(self, ukeys, dicts[a:b]):  # any neighbours will do: share the cache entry
-        pred, succ = self._canonical(dicts[a]["role"]), "user"
-        unit = self._unit_cost(ukeys, pred, succ)
+        unit = self._unit_cost(ukeys, self._canonical(dicts[a]["role"]), "user")
         if dicts[a]["role"] != "tool":
             self._remember_local(ukeys, unit)
     else:
-        pred = "first" if a == 0 else self._role_of(dicts[a - 1])
-        succ = "end" if b == n else dicts[b]["role"]
-        if self._final_rule and succ != "end":  # (after its last message no final answer follows)
-            if succ == "assistant" and "tool_calls" in dicts[b]:
-                succ = "call"
-            if final > a and succ != "assistant":
-                succ += "_final"
-        unit = self._unit_cost(ukeys, pred, succ, keys[a - 1] if after_system else None)
+        unit = self._unit_cost(ukeys, pred, succ, caller)
     return sum(unit)
