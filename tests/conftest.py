@@ -9,12 +9,30 @@ from hypothesis import HealthCheck, settings
 
 import jianmu_fast._backend as backend
 import jianmu_fast._filter_core_py as core_py
+from examples_scale import EXAMPLES_SCALE, scaled_examples
 
 # The ``core`` fixture only swaps a module attribute; it is safe to share across examples.
 settings.register_profile("jianmu", suppress_health_check=[HealthCheck.function_scoped_fixture])
 settings.load_profile("jianmu")
 
 PURE = os.environ.get("JIANMU_FAST_PURE_PYTHON") == "1"
+
+
+def pytest_collection_modifyitems(config, items):
+    """Scale every collected hypothesis test's ``max_examples`` (see ``examples_scale``)."""
+    if not 0 < EXAMPLES_SCALE <= 1:
+        raise pytest.UsageError(f"JIANMU_FAST_EXAMPLES_SCALE must be in (0, 1], got {EXAMPLES_SCALE}")
+    if EXAMPLES_SCALE == 1:
+        return
+    done: set[int] = set()
+    for item in items:
+        test = getattr(getattr(item, "obj", None), "__func__", getattr(item, "obj", None))
+        if not getattr(test, "is_hypothesis_test", False) or id(test) in done:
+            continue
+        done.add(id(test))
+        # (where hypothesis reads a test's settings when it runs it)
+        current = test._hypothesis_internal_use_settings
+        test._hypothesis_internal_use_settings = settings(current, max_examples=scaled_examples(current.max_examples))
 
 
 @pytest.fixture(params=["cython", "python"])

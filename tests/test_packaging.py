@@ -118,6 +118,9 @@ def test_make_run_installs_cli_and_make_test_adds_dev(tmp_path):
     run, test = dry("run"), dry("test")
     assert "editable_mode=compat -e .\"[cli,report]\"" in run and "[dev]" not in run  # the run writes a report
     assert "editable_mode=compat -e .\"[dev]\"" in test and "[cli]" not in test
+    # the suite on both backends, side by side: compiled with half the examples, pure with a quarter
+    assert test.count("-m pytest -q") == 2 and "JIANMU_FAST_PURE_PYTHON=1" in test and "wait $pure" in test
+    assert "JIANMU_FAST_EXAMPLES_SCALE=0.25" in test and "JIANMU_FAST_EXAMPLES_SCALE=0.5" in test
     (venv / ".jianmu_fast-installed").touch()  # as `make test` leaves it
     rerun = dry("run")
     assert "pip install" not in rerun and "jianmu-fast build" in rerun
