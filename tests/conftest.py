@@ -26,7 +26,8 @@ def pytest_collection_modifyitems(config, items):
         return
     done: set[int] = set()
     for item in items:
-        test = getattr(getattr(item, "obj", None), "__func__", getattr(item, "obj", None))
+        obj = getattr(item, "obj", None)
+        test = getattr(obj, "__func__", obj)  # (a method's function)
         if not getattr(test, "is_hypothesis_test", False) or id(test) in done:
             continue
         done.add(id(test))
