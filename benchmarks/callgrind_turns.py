@@ -1,0 +1,134 @@
+"""Instructions per steady hot-loop turn under callgrind (issue 17's counter against
+``HFTokenCounter``): deterministic where time on a shared machine is not.
+
+Run from the repository root (valgrind installed, the package built; ~1-2 minutes a family)::
+
+    .venv/bin/python benchmarks/callgrind_turns.py --trace cs --size 24 --families qwen3,deepseek-v3
+    .venv/bin/python benchmarks/callgrind_turns.py --trace seeded --size 40 --tools --families gpt-oss
+
+For each family and counter (``--impls``, default ``chat_template,hf``) it replays the turns of
+``benchmarks/test_chat_template.py`` (``_round``: append a unit, trim to the budget, count the
+prompt sent, fastokens engine) twice in one process: a first round warms the code, then a
+fresh counter and filter replay the turns again, the first half unmeasured and the second half
+measured, so the figure is a warm turn's (the first turns after a fresh counter do the
+counter's remaining set-up). Each measured region runs inside libc's ``qsort`` (a 2-element
+sort whose comparator runs the region once) under ``valgrind --tool=callgrind
+--collect-atstart=no --toggle-collect=qsort_r --dump-after=qsort_r``: one dump per region,
+whose ``summary:`` line is the region's instructions. Build the compiled module with
+``-g -fno-optimize-sibling-calls`` (unstripped) to read a dump per function with
+``callgrind_annotate --inclusive=yes OUT/cg.N``; call counts there are not reliable for the
+first region after a set-up, inclusive costs are.
+"""
+
+from __future__ import annotations
+
+import argparse
+import ctypes
+import glob
+import importlib.util
+import json
+import os
+import re
+import subprocess
+import sys
+import tempfile
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+
+
+def _measure(fn) -> None:
+    """Run ``fn`` once inside libc's qsort (the region callgrind toggles on)."""
+    libc = ctypes.CDLL(None)
+    cmp_t = ctypes.CFUNCTYPE(ctypes.c_int, ctypes.c_void_p, ctypes.c_void_p)
+    done: list = []
+
+    def cmp(a, b):
+        if not done:
+            fn()
+            done.append(1)
+        return 0
+
+    arr = (ctypes.c_int * 2)(1, 2)
+    c = cmp_t(cmp)
+    libc.qsort(arr, 2, ctypes.sizeof(ctypes.c_int), c)
+
+
+def inner(args: argparse.Namespace) -> None:
+    """The measured process (under valgrind): one region per family and counter."""
+    sys.path.insert(0, HERE)
+    spec = importlib.util.spec_from_file_location("tct", os.path.join(HERE, "test_chat_template.py"))
+    tct = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(tct)  # type: ignore[union-attr]
+    schemas = tct._tools_of(args.trace) if args.tools else None
+    labels = []
+    for fam in args.families.split(","):
+        d = os.path.join(args.out, "models", fam)
+        if not os.path.exists(os.path.join(d, "tokenizer.json")):
+            os.makedirs(d, exist_ok=True)
+            tct.mk.model_dir(fam, d)
+        _, turns = tct._split(args.size, fam, args.trace)
+        half = len(turns) // 2
+        for impl in args.impls.split(","):
+            for rep in range(2):
+                setup, _ = tct._round(impl, args.size, d, fam, "fastokens", args.tools, args.trace)
+                (counter, flt, history), _ = setup()
+
+                def replay(units):
+                    def run():
+                        for unit in units:
+                            history.extend(unit)
+                            kept = flt.apply(history, tools_schema=schemas)
+                            counter.count_messages(kept) + flt.tools_cost(schemas, kept)
+                    return run
+
+                replay(turns[:half])()
+                if rep:
+                    _measure(replay(turns[half:]))
+                    labels.append([fam, impl, len(turns) - half])
+                else:
+                    replay(turns[half:])()
+    with open(os.path.join(args.out, "labels.json"), "w") as f:
+        json.dump(labels, f)
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--trace", default="cs", choices=["seeded", "cs", "coding"])
+    p.add_argument("--size", type=int, default=24)
+    p.add_argument("--tools", action="store_true", help="the requests carry the trace's tools")
+    p.add_argument("--families", default="qwen3,deepseek-v3")
+    p.add_argument("--impls", default="chat_template,hf")
+    p.add_argument("--out", default=None, help="where the dumps go (default: a new temporary folder)")
+    p.add_argument("--inner", action="store_true", help=argparse.SUPPRESS)
+    args = p.parse_args()
+    if args.inner:
+        inner(args)
+        return
+    args.out = args.out or tempfile.mkdtemp(prefix="callgrind_turns.")
+    os.makedirs(args.out, exist_ok=True)
+    cmd = ["valgrind", "--tool=callgrind", "--collect-atstart=no", "--toggle-collect=qsort_r",
+           "--dump-after=qsort_r", f"--callgrind-out-file={os.path.join(args.out, 'cg')}",
+           sys.executable, os.path.abspath(__file__), "--inner", "--trace", args.trace, "--size", str(args.size),
+           "--families", args.families, "--impls", args.impls, "--out", args.out] + (["--tools"] if args.tools else [])
+    with open(os.path.join(args.out, "log"), "w") as log:
+        subprocess.run(cmd, check=True, stdout=log, stderr=subprocess.STDOUT)
+    with open(os.path.join(args.out, "labels.json")) as f:
+        labels = json.load(f)
+    dumps = sorted(glob.glob(os.path.join(args.out, "cg.*")), key=lambda q: int(q.rsplit(".", 1)[1]))
+    totals = []
+    for q in dumps:
+        with open(q) as f:
+            totals.append(int(re.search(r"^summary: (\d+)", f.read(), re.M).group(1)))  # type: ignore[union-attr]
+    # the last dump is the process's exit; the regions are the len(labels) before it (earlier
+    # dumps: qsort calls made while importing)
+    regions = totals[-(len(labels) + 1):-1]
+    per_turn = {(fam, impl): total / turns for (fam, impl, turns), total in zip(labels, regions)}
+    print(f"{args.trace} {args.size}{' with tools' if args.tools else ''}: k instructions per warm turn (dumps in {args.out})")
+    for (fam, impl), v in per_turn.items():
+        base = per_turn.get((fam, "hf"))
+        ratio = f"  {v / base:.2f}x hf" if base and impl != "hf" else ""
+        print(f"  {fam:14s} {impl:14s} {v / 1000:8.1f}{ratio}")
+
+
+if __name__ == "__main__":
+    main()
