@@ -17,6 +17,14 @@ import re
 import weakref
 from typing import Any, Iterable, Mapping, Optional, Sequence
 
+try:  # (the compiled build: Cython's decorators, ``ccall``: C calls between its functions)
+    import cython  # type: ignore[import-untyped,unused-ignore]
+except ImportError:  # pure Python without Cython installed (a build dependency only): no-ops
+    class cython:  # type: ignore[no-redef]
+        @staticmethod
+        def ccall(f: Any) -> Any:
+            return f
+
 from .errors import MessageValidationError
 from ._template_base import _ENCODE_PARSED, NOT_YET, Refused, dumps_parsed, freeze, json_inside
 from .message import Message
@@ -28,7 +36,7 @@ __all__ = [
     "entry", "frame_part", "head_groups", "is_local", "keep_last", "last_final", "local_pattern", "message_to_template_dict", "message_key", "overlap",
     "ops_hold", "parse_key", "piece_counts", "plain_entry", "plain_frame", "plan", "plan_groups", "plan_texts", "planned_cost", "planned_costs",
     "prefill_planned", "prefill_units", "recall", "run_text", "run_text_of",
-    "same_json", "segments", "step_costs", "store_all", "tools_signature", "trait", "unit_parts", "unit_starts", "unit_succ", "unit_total", "upper_costs", "user_repeats",
+    "same_json", "segments", "step_costs", "store_all", "tools_signature", "trait", "unit_locality", "unit_parts", "unit_preds", "unit_starts", "unit_succ", "unit_total", "upper_costs", "user_repeats",
 ]
 
 _REASONING_FIELDS = ("reasoning_content", "thinking", "reasoning")
@@ -41,6 +49,7 @@ _PLAIN_KEYS = frozenset(("role", "content", "name", "tool_call_id"))
 _SCAN = json.JSONDecoder().scan_once  # type: ignore[attr-defined]
 
 
+@cython.ccall
 def _parse_arguments(args: Any) -> Any:
     """``json.loads(args)`` for a str (``args`` itself if it is not JSON), else ``args``.
 
@@ -165,6 +174,7 @@ def parse_key(key: str) -> dict[str, Any]:
 _ROLE_PARTS: dict = {}
 
 
+@cython.ccall
 def _role_part(role: Any) -> tuple[Any, str]:
     """``(("role", ("str", role)), '{"role": <role as JSON>, "content": null')``, cached."""
     rp = _ROLE_PARTS.get(role)
@@ -182,6 +192,7 @@ _J_VALUE = "(?:" + _J_STR + r"|0|-?[1-9][0-9]*|true|false|null)"
 _FLAT_PRINTED = re.compile(r"\{(?:" + _J_STR + ": " + _J_VALUE + "(?:, " + _J_STR + ": " + _J_VALUE + r")*)?\}")
 
 
+@cython.ccall
 def args_text(text: str, args: dict[str, Any]) -> str:
     """``dumps_parsed(args)`` for ``args = json.loads(text)``: ``text`` itself when it is
     already printed that way (a flat object of escape-free strings, integers, true, false and
@@ -217,6 +228,7 @@ _STD_CALL_SHAPE = (("id", None), ("type", ("str", "function")),
                    ("function", ("F", (("name", None), ("arguments", ("A",))), None)))
 
 
+@cython.ccall
 def call_entry(m: Message) -> Optional[tuple[dict[str, Any], str, tuple[Any, tuple[str, ...]]]]:
     """``(message_to_template_dict(m), message_key(d), Frames().frame_of(d))`` in one pass
     for the usual tool-call message (calls with ``str`` ids, types and function names,
@@ -339,6 +351,7 @@ def call_entry(m: Message) -> Optional[tuple[dict[str, Any], str, tuple[Any, tup
     return d, key, (shape, tuple(values))
 
 
+@cython.ccall
 def _plain_fields(m: Message, content_type: type) -> Optional[tuple[Any, str, Optional[str], Optional[str]]]:
     """``(content, role, name, tool_call_id)`` of a message without tool calls or extra fields
     whose content is exactly of ``content_type`` and whose role, name and tool_call_id are
@@ -356,6 +369,7 @@ def _plain_fields(m: Message, content_type: type) -> Optional[tuple[Any, str, Op
     return content, role, name, tcid
 
 
+@cython.ccall
 def plain_entry(m: Message, fields: Sequence[str]) -> Optional[tuple[dict[str, Any], str, tuple[Any, tuple[str, ...]]]]:
     """``(d, message_key(d), plain_frame(fields, d))`` for ``d = message_to_template_dict(m)``
     in one pass, for a plain text message (``str`` content, no tool calls, no extra fields,
@@ -453,6 +467,7 @@ def block_entry(m: Message, fields: Sequence[str]) -> Optional[tuple[dict[str, A
     return d, message_key(d), (tuple(shape), tuple(values))
 
 
+@cython.ccall
 def _has_reasoning(d: Mapping[str, Any]) -> bool:
     for k in _REASONING_FIELDS:  # (a loop: no generator object per message)
         if d.get(k) is not None:
@@ -474,6 +489,33 @@ def _text_features(d: Mapping[str, Any]) -> tuple[bool, bool]:
     return call_text, any(isinstance(t, str) and "</think>" in t for t in texts)
 
 
+@cython.ccall
+def unit_preds(first_role: str, true_pred: Optional[str], opened: bool = False) -> list:
+    """The neighbours a unit may have before it in a kept prompt (``ChatTemplateTokenCounter._preds``);
+    ``opened``: the conversation opens with a system message every kept prompt keeps (none
+    stands first).
+
+    >>> unit_preds("assistant", "tool", True), unit_preds("tool", None), unit_preds("system", "first")
+    (['tool', 'system'], ['call', 'tool'], ['first'])
+    """
+    if true_pred == "first":  # the conversation's first message stays first in a kept prompt
+        return ["first"]
+    base: list
+    if true_pred is not None:
+        if true_pred == "system":
+            base = ["system"] if opened else ["system", "first"]
+        else:
+            base = [true_pred, "system"] if opened else [true_pred, "first", "system"]
+    elif first_role == "tool":  # an orphan tool message, or a slice that starts inside a unit
+        base = ["call", "tool"]
+    else:
+        base = ["first", "system", "user", "assistant", "tool"]
+    if first_role == "system":  # its text may join an earlier system message's
+        base.append("system_text")
+    return base
+
+
+@cython.ccall
 def unit_starts(dicts: Sequence[Mapping[str, Any]]) -> list[int]:
     """Where the units of ``dicts`` start: the first message and every one but a tool result.
 
@@ -521,14 +563,15 @@ def count_list(self, messages: Sequence[Any], start: bool = True, pred: Optional
             out[a:b] = known
             continue
         if a > 0:
-            true_pred: Optional[str] = self._role_of(dicts[a - 1])
+            before = dicts[a - 1]  # (_role_of's)
+            true_pred: Optional[str] = "call" if before["role"] == "assistant" and before.get("tool_calls") else before["role"]
         elif first_role == "system" and start:
             true_pred = "first"
         elif first_role != "tool" and pred in ("system", "user", "assistant", "call", "tool"):
             true_pred = pred
         else:
             true_pred = None
-        preds = self._preds(first_role, None if pred == "any" and true_pred != "first" else true_pred, opened)
+        preds = unit_preds(first_role, None if pred == "any" and true_pred != "first" else true_pred, opened)
         true_succ = "end" if b == n else dicts[b]["role"]
         succs = ["user", "assistant", "system"]
         exact_pred = true_pred if true_pred is not None else ("tool" if first_role == "tool" else "user")
@@ -542,6 +585,7 @@ def count_list(self, messages: Sequence[Any], start: bool = True, pred: Optional
     return out
 
 
+@cython.ccall
 def prefill_units(self, keys: Sequence[str], dicts: Sequence[dict[str, Any]], starts: Sequence[int]) -> None:
     """Render every not-yet-costed neighbour-independent unit's prefixes, and count them
     all in one tokenizer batch (the turn's new units: one batch, not one per rendering)."""
@@ -562,7 +606,7 @@ def prefill_units(self, keys: Sequence[str], dicts: Sequence[dict[str, Any]], st
         if ukeys in local_units:
             continue
         unit = dicts[a:b]
-        if not is_local(self, ukeys, unit):
+        if not unit_locality(self, ukeys, unit)[1]:
             continue
         first_role = unit[0]["role"]
         pred = "call" if first_role == "tool" else "first"  # _canonical
@@ -623,6 +667,7 @@ def prefill_units(self, keys: Sequence[str], dicts: Sequence[dict[str, Any]], st
     store_all(self, local_units, found_local)
 
 
+@cython.ccall
 def plan(self, pred: str, shapes: tuple[Any, ...], succ: str = "user") -> Any:
     """How to cost a unit whose messages have these frame shapes (``Frames.frame_of``),
     between the stand-ins ``pred`` and ``succ`` (a neighbour-independent unit: its canonical
@@ -685,6 +730,7 @@ def planned_cost(self, keys: tuple, pred: str, succ: str) -> Optional[list[int]]
     return step_costs(unit_plan[2], piece_counts(self, run_texts))
 
 
+@cython.ccall
 def unit_parts(self, keys: tuple) -> Optional[list]:
     """The frame parts of the unit ``keys`` (``frame_part``'s), or None where the counter has
     no plans or the unit's first message is no frame (no field value)."""
@@ -701,6 +747,7 @@ def unit_parts(self, keys: tuple) -> Optional[list]:
     return parts if parts[0][1] else None
 
 
+@cython.ccall
 def planned_costs(self, keys: tuple, pairs: tuple) -> list:
     """``[planned_cost(self, keys, pred, succ) for pred, succ in pairs]``, each value run's
     text built and counted once: the plans of most neighbours differ in their constants only
@@ -748,6 +795,7 @@ def planned_costs(self, keys: tuple, pairs: tuple) -> list:
     return out
 
 
+@cython.ccall
 def plan_groups(self, shapes: tuple, pairs: tuple) -> tuple:
     """The plans of a unit with these frame shapes between each ``(pred, succ)`` of ``pairs``,
     grouped by their predicates and value runs: ``((ops, runs, ((pair index, steps), ...)),
@@ -775,6 +823,7 @@ def plan_groups(self, shapes: tuple, pairs: tuple) -> tuple:
     return groups
 
 
+@cython.ccall
 def prefill_planned(self, keys: tuple, pairs: Sequence[tuple[str, str]]) -> None:
     """Cost the unit ``keys`` from its plans between every ``(pred, succ)`` of ``pairs`` that
     ``self._units`` lacks, in one ``planned_costs`` call, into ``self._units`` (what
@@ -798,6 +847,7 @@ def prefill_planned(self, keys: tuple, pairs: Sequence[tuple[str, str]]) -> None
     store_all(self, units, {ck: c for ck, c in zip(todo, got) if c is not None})
 
 
+@cython.ccall
 def unit_succ(self, succ: str) -> str:
     """The successor a unit is costed before (``_unit_cost``'s cache keys hold it): "end" is
     costed as "user"; so is every successor but "open" where units are costed before a user
@@ -812,6 +862,7 @@ def unit_succ(self, succ: str) -> str:
 _AHEAD = ("call", "call_final", "user_final")
 
 
+@cython.ccall
 def upper_costs(self, keys: tuple, dicts: Sequence[dict[str, Any]], preds: list, succs: list,
                 exact: tuple, caller: Optional[str] = None) -> list[int]:
     """The most each message of a unit costs over the neighbours ``preds`` x ``succs``;
@@ -821,8 +872,7 @@ def upper_costs(self, keys: tuple, dicts: Sequence[dict[str, Any]], preds: list,
     on its neighbours is not the real one's (DeepSeek-V3 prints indentation before an
     assistant's text after some neighbours only, which merges with the text's first token
     or not)."""
-    reasoning = any_lookahead(self, keys, dicts)
-    local = not reasoning and local_pattern(self, keys, dicts)
+    reasoning, local = unit_locality(self, keys, dicts)
     if reasoning:  # kept after the last user query (nothing closes the unit), or stripped
         succs = list(succs) + ["open"]
     elif local:
@@ -869,6 +919,7 @@ def upper_costs(self, keys: tuple, dicts: Sequence[dict[str, Any]], preds: list,
     return best
 
 
+@cython.ccall
 def step_costs(steps: Sequence[tuple[int, Sequence[int], Sequence[int]]], got: Sequence[int]) -> list[int]:
     """Per-message costs from a plan's steps and its value runs' counts ``got``: each
     message's constant, plus the runs its prefix adds, minus those it removes.
@@ -887,6 +938,7 @@ def step_costs(steps: Sequence[tuple[int, Sequence[int], Sequence[int]]], got: S
     return costs
 
 
+@cython.ccall
 def plan_texts(self, plan: Any, values: Sequence[str]) -> Optional[list[str]]:
     """The texts of ``plan``'s value runs for a unit's field ``values``; None when the unit
     does not follow the plan (see ``_plan``)."""
@@ -902,6 +954,7 @@ def plan_texts(self, plan: Any, values: Sequence[str]) -> Optional[list[str]]:
     return texts
 
 
+@cython.ccall
 def run_text(self, run: tuple, values: Sequence[str]) -> Optional[str]:
     """The text of a plan's value run ``(items, next added token)`` for a unit's field
     ``values``; None where it holds an added token (or runs into one) other than its next.
@@ -929,6 +982,7 @@ def run_text(self, run: tuple, values: Sequence[str]) -> Optional[str]:
     return got  # type: ignore[no-any-return]
 
 
+@cython.ccall
 def run_text_of(self, items: tuple, next_token: str, values: Sequence[str]) -> Optional[str]:
     """``run_text``'s text, built and checked."""
     enc = _ENC_STR
@@ -990,6 +1044,7 @@ def head_groups(heads: tuple) -> Optional[tuple]:
     return tuple([(c, tuple(hs)) for c, hs in out.items()])
 
 
+@cython.ccall
 def ops_hold(ops: Sequence[tuple[Any, ...]], values: Sequence[str]) -> bool:
     """Whether a frame's recorded truth tests and predicates (``ops``), replayed on the
     field ``values``, give the recorded answers (then the template takes the same path).
@@ -1023,6 +1078,7 @@ _UNCACHED_RUN = 256
 _LONG_RUNS = 256
 
 
+@cython.ccall
 def piece_counts(self, pieces: list[str]) -> list[int]:
     """Tokens of each piece (text without added tokens; the counts in the pieces' order),
     cached; the new ones encoded in one batch (a piece longer than ``_UNCACHED_RUN``
@@ -1059,6 +1115,7 @@ def piece_counts(self, pieces: list[str]) -> list[int]:
     return out
 
 
+@cython.ccall
 def recall(cache: dict, key: Any, default: Any) -> Any:
     """``cache.get(key, default)`` for a cache ``keep_last`` keeps: a key found is put back
     last (used last: kept longest).
@@ -1074,6 +1131,7 @@ def recall(cache: dict, key: Any, default: Any) -> Any:
     return got
 
 
+@cython.ccall
 def keep_last(self, cache: dict, key: Any, value: Any) -> None:
     """``cache[key] = value``, ``cache`` kept to its last ``_LONG_RUNS`` keys (at most
     ``self.cache_size``): the oldest dropped (a key used again is put back last: the least
@@ -1084,6 +1142,7 @@ def keep_last(self, cache: dict, key: Any, value: Any) -> None:
     cache[key] = value
 
 
+@cython.ccall
 def encode_lengths(self, texts: list[str]) -> list[int]:
     """``self._encode_lengths(texts)`` for pieces that hold no added token (a unit plan's value
     runs, checked by ``plan_texts``): a small batch on fastokens (the turn's new value runs)
@@ -1112,6 +1171,7 @@ def encode_lengths(self, texts: list[str]) -> list[int]:
     return list(self._encode_lengths(texts))
 
 
+@cython.ccall
 def frame_part(self, key: str, d: dict[str, Any]) -> tuple[Any, tuple[str, ...]]:
     """``Frames.frame_of(d)`` for a real message (cached by key); a stand-in (its key has
     no NUL: a JSON dict) is fixed text of its frame."""
@@ -1152,6 +1212,7 @@ def plain_frame(fields: Sequence[str], d: Mapping[str, Any]) -> Optional[tuple[A
     return tuple(shape), tuple(values)
 
 
+@cython.ccall
 def entries_stable(self, ms: Sequence[Any], offset: int = 0) -> tuple[list[str], list[dict[str, Any]], bool]:
     """``(keys, dicts, stable)`` of ``ms`` (``offset``: the index of ``ms[0]`` in the call,
     for error messages); ``stable``: every message is a memoized immutable ``Message``
@@ -1175,6 +1236,7 @@ def entries_stable(self, ms: Sequence[Any], offset: int = 0) -> tuple[list[str],
     return keys, dicts, stable
 
 
+@cython.ccall
 def call_entries(self, ms: list[Any]) -> tuple[list[str], list[dict[str, Any]], Optional[tuple[int, int, int]]]:
     """``_entries(ms)`` for ``count_messages``, and ``overlap``'s answer where the messages
     tell it. When ``ms`` shares messages with the previous call's (the same immutable
@@ -1304,6 +1366,7 @@ def tools_signature(self, ms: list[Any], opening: bool, first_user: bool, last_u
             dicts[n - 1]["role"])
 
 
+@cython.ccall
 def same_json(a: Any, b: Any) -> bool:
     """``a == b``, and printed alike by a template's ``tojson``: of the same types throughout
     (``1``, ``1.0`` and ``True`` are equal), dict keys in the same order, floats of the same
@@ -1329,6 +1392,7 @@ def same_json(a: Any, b: Any) -> bool:
     return bool(a == b)
 
 
+@cython.ccall
 def entry(self, m: Any, i: int) -> tuple[str, dict[str, Any]]:
     memo: dict = self._memo
     e = memo.get(id(m))
@@ -1402,6 +1466,7 @@ def entry(self, m: Any, i: int) -> tuple[str, dict[str, Any]]:
     return key, d
 
 
+@cython.ccall
 def _evict(self, cache: dict, adding: int = 1) -> None:
     """Make room in ``cache`` (a cache at ``self.cache_size`` entries) for ``adding`` new keys:
     drop its oldest quarter -- at least one key, more where ``adding`` needs it -- under the
@@ -1416,6 +1481,7 @@ def _evict(self, cache: dict, adding: int = 1) -> None:
             cache.pop(old, None)
 
 
+@cython.ccall
 def store_all(self, cache: dict, new: Mapping[Any, Any]) -> None:
     """``cache.update(new)`` within ``self.cache_size`` keys: room made by ``_evict``; of a
     batch larger than the whole cache only its last ``cache_size`` entries are kept (a cache
@@ -1430,6 +1496,7 @@ def store_all(self, cache: dict, new: Mapping[Any, Any]) -> None:
     cache.update(new)
 
 
+@cython.ccall
 def any_lookahead(self, keys: Sequence[str], dicts: Sequence[Mapping[str, Any]]) -> bool:
     """Whether a message of ``dicts`` is one ``count_messages`` renders whole for (reasoning,
     a text feature in ``self._sensitive``: ``self._lookahead(d)`` but for call text counted
@@ -1444,6 +1511,7 @@ def any_lookahead(self, keys: Sequence[str], dicts: Sequence[Mapping[str, Any]])
     return False
 
 
+@cython.ccall
 def trait(self, k: str, d: Mapping[str, Any]) -> tuple[bool, tuple[Any, ...]]:
     """``(any_lookahead's answer for d, d's element of self._pattern)``, cached per message key."""
     looks: dict = self._looks
@@ -1461,18 +1529,53 @@ def trait(self, k: str, d: Mapping[str, Any]) -> tuple[bool, tuple[Any, ...]]:
     return t
 
 
+@cython.ccall
 def local_pattern(self, keys: Sequence[str], dicts: Sequence[Mapping[str, Any]]) -> bool:
     """``self._is_local(dicts, keys)``: the unit's role pattern from the cached traits, its
     answer from ``self._local`` (probed by ``_is_local`` the first time)."""
     return _pattern_local(self, keys, dicts, False)
 
 
+@cython.ccall
+def unit_locality(self, keys: tuple, dicts: Sequence[Mapping[str, Any]]) -> tuple:
+    """``(any_lookahead(self, keys, dicts), is_local(self, keys, dicts))`` for the unit ``keys``
+    in one pass over the cached traits. Kept (in ``self._looks``, under the keys' tuple: reset
+    with it) for a unit that is not local, whose costs ``upper_costs`` asks for after
+    ``prefill_units`` asked this; a local unit's costs are cached whole (``_local_units``)."""
+    looks: dict = self._looks
+    got = looks.get(keys)
+    if got is not None:
+        return got  # type: ignore[no-any-return]
+    pat: list = []
+    for k, d in zip(keys, dicts):
+        t = looks.get(k)
+        if t is None:
+            t = trait(self, k, d)
+        if t[0]:
+            got = (True, False)
+            break
+        pat.append(t[1])
+    if got is None:
+        local = self._local.get(tuple(pat))
+        if local is None:
+            local = self._is_local(dicts, keys)
+        if local:
+            return (False, True)
+        got = (False, False)
+    if len(looks) >= self.cache_size:
+        _evict(self, looks)
+    looks[keys] = got
+    return got
+
+
+@cython.ccall
 def is_local(self, keys: Sequence[str], dicts: Sequence[Mapping[str, Any]]) -> bool:
     """``not any_lookahead(self, keys, dicts) and self._is_local(dicts, keys)`` in one pass
     over the cached traits."""
     return _pattern_local(self, keys, dicts, True)
 
 
+@cython.ccall
 def _pattern_local(self, keys: Sequence[str], dicts: Sequence[Mapping[str, Any]], no_lookahead: bool) -> bool:
     """Whether the unit's role pattern (from the cached traits) is neighbour-independent, from
     ``self._local`` (probed by ``_is_local`` the first time); with ``no_lookahead``, False as
@@ -1534,6 +1637,7 @@ def count_messages(self, messages: Iterable[Any]) -> int:
         return self._full(keys, dicts)
 
 
+@cython.ccall
 def any_system(dicts: Sequence[Mapping[str, Any]], start: int) -> bool:
     """Whether a system message stands in ``dicts[start:]``.
 
@@ -1546,6 +1650,7 @@ def any_system(dicts: Sequence[Mapping[str, Any]], start: int) -> bool:
     return False
 
 
+@cython.ccall
 def any_orphan(dicts: Sequence[Mapping[str, Any]], start: int) -> bool:
     """Whether a tool message in ``dicts[start:]`` stands in a unit that does not open with an
     assistant message making calls (the unit of ``dicts[start]`` is read from its start).
@@ -1568,6 +1673,7 @@ def any_orphan(dicts: Sequence[Mapping[str, Any]], start: int) -> bool:
     return False
 
 
+@cython.ccall
 def end_cost(self, role: str) -> Optional[int]:
     """``self._end_cost(role)``, its cached answer looked up here."""
     ends: dict = self._ends
@@ -1576,6 +1682,7 @@ def end_cost(self, role: str) -> Optional[int]:
     return self._end_cost(role)  # type: ignore[no-any-return]
 
 
+@cython.ccall
 def overlap(self, keys: list[str]) -> Optional[tuple[int, int, int]]:
     """``(p, q, m)`` with ``keys[p:p + m] == last[q:]`` for the previous segmented call's
     message keys ``last`` (all of them, ``m = len(last) - q``), ``q`` a unit start there,
@@ -1602,6 +1709,7 @@ def overlap(self, keys: list[str]) -> Optional[tuple[int, int, int]]:
     return None
 
 
+@cython.ccall
 def segments(self, ms: Sequence[Any], keys: list[str], dicts: list[dict[str, Any]],
               ov: Optional[tuple[int, int, int]] = None) -> int:
     n = len(ms)
@@ -1677,6 +1785,7 @@ def segments(self, ms: Sequence[Any], keys: list[str], dicts: list[dict[str, Any
     return end + total  # type: ignore[no-any-return]
 
 
+@cython.ccall
 def last_final(dicts: Sequence[Mapping[str, Any]], lo: int, hi: int) -> int:
     """The index of the last final answer (an assistant message without calls) in
     ``dicts[lo:hi]``; -1 where there is none.
@@ -1691,6 +1800,7 @@ def last_final(dicts: Sequence[Mapping[str, Any]], lo: int, hi: int) -> int:
     return -1
 
 
+@cython.ccall
 def unit_total(self, keys: list[str], dicts: list[dict[str, Any]], starts: list[int], u: int, n: int,
                final: int = -1) -> int:
     """What unit ``u`` (of ``starts``) costs in the conversation ``keys``; ``final``: where the

@@ -39,7 +39,7 @@ METHODS = {"count_messages": "count_messages", "count_list": "_count_list", "pre
 
 
 #: the core's own helpers (called from the methods above, each of the same build)
-HELPERS = {"any_orphan", "any_system", "encode_lengths", "end_cost", "head_groups", "is_local", "keep_last", "last_final", "plan_groups",
+HELPERS = {"any_orphan", "any_system", "encode_lengths", "end_cost", "head_groups", "is_local", "keep_last", "unit_locality", "unit_preds", "last_final", "plan_groups",
            "planned_costs", "prefill_planned", "recall", "run_text", "run_text_of", "unit_parts", "unit_succ",
            "local_pattern", "ops_hold", "plain_frame", "same_json", "step_costs", "unit_starts"}
 
@@ -130,6 +130,53 @@ def _run(cls, path, ms, engine="tokenizers"):
 def test_compiled_hot_path_equals_the_twin(model_dirs, family, ms):
     path = model_dirs[family]
     assert _run(CompiledCounter, path, ms) == _run(TwinCounter, path, ms)
+
+
+def _preds_reference(first_role, true_pred, opened):
+    """The neighbours a unit may have before it, as the counter listed them in Python."""
+    if first_role == "tool":
+        base = ["call", "tool"]
+    else:
+        base = ["first", "system", "user", "assistant", "tool"]
+    if true_pred == "first":
+        return ["first"]
+    if true_pred is not None:
+        base = list(dict.fromkeys([true_pred, "system"] if opened else [true_pred, "first", "system"]))
+    if first_role == "system":
+        base.append("system_text")
+    return base
+
+
+def test_unit_preds_lists_every_neighbour_on_both_builds():
+    roles = ["system", "user", "assistant", "tool"]
+    for first_role in roles:
+        for true_pred in [None, "first", "system", "user", "assistant", "call", "tool"]:
+            for opened in (False, True):
+                want = _preds_reference(first_role, true_pred, opened)
+                assert compiled.unit_preds(first_role, true_pred, opened) == want
+                assert twin.unit_preds(first_role, true_pred, opened) == want
+                assert ChatTemplateTokenCounter._preds(first_role, true_pred, opened) == want
+    assert compiled.unit_preds("user", "tool") == ["tool", "first", "system"]
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+@settings(max_examples=25, deadline=None, suppress_health_check=list(HealthCheck))
+@given(ms=_conversation())
+def test_unit_locality_is_lookahead_and_locality_on_both_builds(model_dirs, family, ms):
+    """``unit_locality`` (asked twice per unit in a turn: the second answer from its cache)
+    gives ``(any_lookahead, is_local)`` of each unit, on both builds; it keeps only units that
+    are not local, under their keys' tuple."""
+    c = ChatTemplateTokenCounter(model_dirs[family], engine="tokenizers")
+    keys, dicts, _ = c._entries_stable(ms)
+    starts = twin.unit_starts(dicts) + [len(ms)]
+    for a, b in zip(starts, starts[1:]):
+        ukeys, unit = tuple(keys[a:b]), dicts[a:b]
+        want = (twin.any_lookahead(c, ukeys, unit), twin.is_local(c, ukeys, unit))
+        for core in (compiled, twin, compiled, twin):  # (the second round: answers kept)
+            got = core.unit_locality(c, ukeys, unit)
+            assert got == want and type(got[0]) is bool and type(got[1]) is bool
+            assert (ukeys in c._looks) == (not want[1])
+        assert want[0] is False or want[1] is False
 
 
 @pytest.mark.skipif(importlib.util.find_spec("fastokens") is None, reason="fastokens not installed")

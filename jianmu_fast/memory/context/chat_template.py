@@ -719,8 +719,9 @@ class ChatTemplateTokenCounter:
                     self._frames._frames = _FRAME_TABLES.setdefault(shared, {})
                     self._plans = _PLAN_TABLES.setdefault(shared, {})
                     self._tools_parts_of, self._marginals = _TOOLS_TABLES.setdefault(shared, ({}, {}))
-        # message key -> (_lookahead, its element of _pattern), once _sensitive is known
-        self._looks: dict[str, tuple[bool, tuple[Any, ...]]] = {}
+        # message key -> (_lookahead, its element of _pattern), once _sensitive is known; a unit
+        # that is not local: its keys tuple -> (lookahead, False) (_tc.unit_locality)
+        self._looks: dict[Any, tuple[Any, ...]] = {}
         self._calls: dict[str, str] = {}  # tool-call id -> key of the assistant message that made it
         # the last segmented count_messages call: its keys, unit starts, unit costs, their total
         # and where its last final answer stands (-1: none, or not under _final_rule)
@@ -1191,21 +1192,8 @@ class ChatTemplateTokenCounter:
             self._store_all(self._local, {pat: local})
         return local
 
-    @staticmethod
-    def _preds(first_role: str, true_pred: Optional[str], opened: bool = False) -> list[str]:
-        """The neighbours a unit may have before it in a kept prompt; ``opened``: the
-        conversation opens with a system message every kept prompt keeps (none stands first)."""
-        if first_role == "tool":  # an orphan tool message, or a slice that starts inside a unit
-            base = ["call", "tool"]
-        else:
-            base = ["first", "system", "user", "assistant", "tool"]
-        if true_pred == "first":  # the conversation's first message stays first in a kept prompt
-            return ["first"]
-        if true_pred is not None:
-            base = list(dict.fromkeys([true_pred, "system"] if opened else [true_pred, "first", "system"]))
-        if first_role == "system":  # its text may join an earlier system message's
-            base.append("system_text")
-        return base
+    #: the neighbours a unit may have before it in a kept prompt (see _tc.unit_preds)
+    _preds = staticmethod(_tc.unit_preds)
 
     @staticmethod
     def _canonical(first_role: str) -> str:

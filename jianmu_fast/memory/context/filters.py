@@ -807,7 +807,7 @@ class TokenBudgetFilter(_WindowFilter):
             if rec.counts[a:k].tolist() != counts[:k - a]:
                 rec.set_counts(np.arange(a, k, dtype=np.int64), counts[:k - a])
             return counts[k - a:]  # type: ignore[no-any-return]
-        return self._counter._count_list(new, k == 0, self._pred_of(msgs, k), self._opened(msgs))  # type: ignore[no-any-return]
+        return self._slice_list(msgs, k, new)
 
     def _unit_counts(self, msgs: list[Any], lo: int, hi: int) -> tuple[int, list[int]]:
         """``(a, counts)``: a ``ChatTemplateTokenCounter``'s charges of ``msgs[a:hi]``, ``a`` the
@@ -816,26 +816,28 @@ class TokenBudgetFilter(_WindowFilter):
         a = lo
         while a > 0 and msgs[a].role == "tool":
             a -= 1
-        return a, self._counter._count_list(msgs[a:hi], a == 0, self._pred_of(msgs, a), self._opened(msgs))
+        return a, self._slice_list(msgs, a, msgs[a:hi])
 
-    def _opened(self, msgs: list[Any]) -> bool:
-        """``count_list``'s ``opened``: ``msgs`` opens with a system message, and only system
-        messages are pinned (so every kept prompt keeps it: no other message stands first)."""
-        return bool(msgs) and self.pinned_roles == _SYSTEM_ONLY and type(msgs[0]) is Message and msgs[0].role == "system"
-
-    def _pred_of(self, msgs: list[Any], a: int) -> Optional[str]:
-        """``count_list``'s ``pred`` for the slice ``msgs[a:]``: the role of ``msgs[a - 1]``
-        ("call" for an assistant message with calls); None (every neighbour) at ``a == 0``;
-        "any" (every unit, every neighbour) when messages other than system ones are pinned (a
-        kept prompt may put any unit after the last of them)."""
-        if not self.pinned_roles <= _SYSTEM_ONLY:
-            return "any"
-        if a == 0:
-            return None
-        m = msgs[a - 1]
-        if type(m) is not Message:
-            return None
-        return "call" if m.role == "assistant" and m.tool_calls else m.role
+    def _slice_list(self, msgs: list[Any], a: int, part: list[Any]) -> list[int]:
+        """The counter's ``count_list(part, start, pred, opened)`` for ``part = msgs[a:hi]`` (its
+        charges of the slice; ``a`` a unit start) with what the slice's place in ``msgs`` tells: ``start``, ``msgs[a]``
+        is the conversation's first message; ``pred``, the role of ``msgs[a - 1]`` ("call" for an
+        assistant message with calls), None (every neighbour) at ``a == 0``, "any" (every unit,
+        every neighbour) when messages other than system ones are pinned (a kept prompt may put
+        any unit after the last of them); ``opened``, ``msgs`` opens with a system message and
+        only system messages are pinned (every kept prompt keeps it: no other message stands
+        first). One Python call a turn (the hot loop's ``_template_counts``)."""
+        pinned = self._pinned_roles
+        first = msgs[0] if msgs else None
+        opened = pinned == _SYSTEM_ONLY and type(first) is Message and first.role == "system"
+        pred: Optional[str] = None
+        if not pinned <= _SYSTEM_ONLY:
+            pred = "any"
+        elif a:
+            m = msgs[a - 1]
+            if type(m) is Message:
+                pred = "call" if m.role == "assistant" and m.tool_calls else m.role
+        return self._counter._count_list(part, a == 0, pred, opened)  # type: ignore[no-any-return]
 
     def _checked(self, counts: Any, lo: int) -> np.ndarray:
         """A custom counter's counts as int64, each an int in ``[0, 2**53]`` (else TrimmingError)."""
