@@ -35,7 +35,7 @@ __all__ = [
     "entries_stable",
     "entry", "frame_part", "head_groups", "is_local", "keep_last", "last_final", "local_pattern", "message_to_template_dict", "message_key", "overlap",
     "ops_hold", "parse_key", "piece_counts", "plain_entry", "plain_frame", "plan", "plan_groups", "plan_texts", "planned_cost", "planned_costs",
-    "prefill_planned", "prefill_units", "recall", "run_text", "run_text_of",
+    "prefill_planned", "prefill_units", "recall", "role_of", "run_text", "run_text_of",
     "same_json", "segments", "step_costs", "store_all", "tools_signature", "trait", "unit_locality", "unit_parts", "unit_preds", "unit_starts", "unit_succ", "unit_total", "upper_costs", "user_repeats",
 ]
 
@@ -490,6 +490,18 @@ def _text_features(d: Mapping[str, Any]) -> tuple[bool, bool]:
 
 
 @cython.ccall
+def role_of(d: Mapping[str, Any]) -> Any:
+    """A message's role as a unit's neighbour: "call" for an assistant message with calls
+    (``ChatTemplateTokenCounter._role_of``).
+
+    >>> role_of({"role": "assistant", "tool_calls": [{}]}), role_of({"role": "assistant", "tool_calls": []})
+    ('call', 'assistant')
+    """
+    r = d["role"]
+    return "call" if r == "assistant" and d.get("tool_calls") else r
+
+
+@cython.ccall
 def unit_preds(first_role: str, true_pred: Optional[str], opened: bool = False) -> list:
     """The neighbours a unit may have before it in a kept prompt (``ChatTemplateTokenCounter._preds``);
     ``opened``: the conversation opens with a system message every kept prompt keeps (none
@@ -563,8 +575,7 @@ def count_list(self, messages: Sequence[Any], start: bool = True, pred: Optional
             out[a:b] = known
             continue
         if a > 0:
-            before = dicts[a - 1]  # (_role_of's)
-            true_pred: Optional[str] = "call" if before["role"] == "assistant" and before.get("tool_calls") else before["role"]
+            true_pred: Optional[str] = role_of(dicts[a - 1])
         elif first_role == "system" and start:
             true_pred = "first"
         elif first_role != "tool" and pred in ("system", "user", "assistant", "call", "tool"):
@@ -1538,30 +1549,17 @@ def local_pattern(self, keys: Sequence[str], dicts: Sequence[Mapping[str, Any]])
 
 @cython.ccall
 def unit_locality(self, keys: tuple, dicts: Sequence[Mapping[str, Any]]) -> tuple:
-    """``(any_lookahead(self, keys, dicts), is_local(self, keys, dicts))`` for the unit ``keys``
-    in one pass over the cached traits. Kept (in ``self._looks``, under the keys' tuple: reset
-    with it) for a unit that is not local, whose costs ``upper_costs`` asks for after
-    ``prefill_units`` asked this; a local unit's costs are cached whole (``_local_units``)."""
+    """``(any_lookahead(self, keys, dicts), is_local(self, keys, dicts))`` for the unit ``keys``.
+    Kept (in ``self._looks``, under the keys' tuple: reset with it) for a unit that is not local,
+    whose costs ``upper_costs`` asks for after ``prefill_units`` asked this; a local unit's costs
+    are cached whole (``_local_units``)."""
     looks: dict = self._looks
     got = looks.get(keys)
     if got is not None:
         return got  # type: ignore[no-any-return]
-    pat: list = []
-    for k, d in zip(keys, dicts):
-        t = looks.get(k)
-        if t is None:
-            t = trait(self, k, d)
-        if t[0]:
-            got = (True, False)
-            break
-        pat.append(t[1])
-    if got is None:
-        local = self._local.get(tuple(pat))
-        if local is None:
-            local = self._is_local(dicts, keys)
-        if local:
-            return (False, True)
-        got = (False, False)
+    if is_local(self, keys, dicts):
+        return (False, True)
+    got = (any_lookahead(self, keys, dicts), False)
     if len(looks) >= self.cache_size:
         _evict(self, looks)
     looks[keys] = got
@@ -1820,11 +1818,8 @@ def unit_total(self, keys: list[str], dicts: list[dict[str, Any]], starts: list[
     # its neighbours' roles (stand-ins of them are what it is costed between)
     if a == 0:
         pred = "first"
-    else:  # (_role_of's)
-        before = dicts[a - 1]
-        pred = before["role"]
-        if pred == "assistant" and before.get("tool_calls"):
-            pred = "call"
+    else:
+        pred = role_of(dicts[a - 1])
     succ = "end" if b == n else dicts[b]["role"]
     if self._final_rule and succ != "end":  # (after its last message no final answer follows)
         if succ == "assistant" and "tool_calls" in dicts[b]:

@@ -39,7 +39,7 @@ METHODS = {"count_messages": "count_messages", "count_list": "_count_list", "pre
 
 
 #: the core's own helpers (called from the methods above, each of the same build)
-HELPERS = {"any_orphan", "any_system", "encode_lengths", "end_cost", "head_groups", "is_local", "keep_last", "unit_locality", "unit_preds", "last_final", "plan_groups",
+HELPERS = {"any_orphan", "any_system", "encode_lengths", "end_cost", "head_groups", "is_local", "keep_last", "role_of", "unit_locality", "unit_preds", "last_final", "plan_groups",
            "planned_costs", "prefill_planned", "recall", "run_text", "run_text_of", "unit_parts", "unit_succ",
            "local_pattern", "ops_hold", "plain_frame", "same_json", "step_costs", "unit_starts"}
 
@@ -157,6 +157,10 @@ def test_unit_preds_lists_every_neighbour_on_both_builds():
                 assert twin.unit_preds(first_role, true_pred, opened) == want
                 assert ChatTemplateTokenCounter._preds(first_role, true_pred, opened) == want
     assert compiled.unit_preds("user", "tool") == ["tool", "first", "system"]
+    for d in ({"role": "assistant", "tool_calls": [{}]}, {"role": "assistant", "tool_calls": []},
+              {"role": "assistant"}, {"role": "tool"}, {"role": "user", "tool_calls": [{}]}):
+        want = "call" if d["role"] == "assistant" and d.get("tool_calls") else d["role"]
+        assert compiled.role_of(d) == twin.role_of(d) == ChatTemplateTokenCounter._role_of(d) == want
 
 
 @pytest.mark.parametrize("family", FAMILIES)

@@ -1206,10 +1206,8 @@ class ChatTemplateTokenCounter:
 
     # -- the public API ---------------------------------------------------------------------------
 
-    @staticmethod
-    def _role_of(d: Mapping[str, Any]) -> str:
-        r = d["role"]
-        return "call" if r == "assistant" and d.get("tool_calls") else r
+    #: a message's role as a unit's neighbour (see _tc.role_of)
+    _role_of = staticmethod(_tc.role_of)
 
     def _entries(self, ms: Sequence[Any]) -> tuple[list[str], list[dict[str, Any]]]:
         """Keys and template dicts of ``ms``."""

@@ -820,13 +820,14 @@ class TokenBudgetFilter(_WindowFilter):
 
     def _slice_list(self, msgs: list[Any], a: int, part: list[Any]) -> list[int]:
         """The counter's ``count_list(part, start, pred, opened)`` for ``part = msgs[a:hi]`` (its
-        charges of the slice; ``a`` a unit start) with what the slice's place in ``msgs`` tells: ``start``, ``msgs[a]``
-        is the conversation's first message; ``pred``, the role of ``msgs[a - 1]`` ("call" for an
-        assistant message with calls), None (every neighbour) at ``a == 0``, "any" (every unit,
-        every neighbour) when messages other than system ones are pinned (a kept prompt may put
-        any unit after the last of them); ``opened``, ``msgs`` opens with a system message and
-        only system messages are pinned (every kept prompt keeps it: no other message stands
-        first). One Python call a turn (the hot loop's ``_template_counts``)."""
+        charges of the slice; ``a`` a unit start) with what the slice's place in ``msgs`` tells:
+        ``start``, ``msgs[a]`` is the conversation's first message; ``pred``, the role of
+        ``msgs[a - 1]`` ("call" for an assistant message with calls), None (every neighbour) at
+        ``a == 0``, "any" (every unit, every neighbour) when messages other than system ones are
+        pinned (a kept prompt may put any unit after the last of them); ``opened``, ``msgs``
+        opens with a system message and only system messages are pinned (every kept prompt keeps
+        it: no other message stands first). One Python call a turn (the hot loop's
+        ``_template_counts``)."""
         pinned = self._pinned_roles
         first = msgs[0] if msgs else None
         opened = pinned == _SYSTEM_ONLY and type(first) is Message and first.role == "system"
