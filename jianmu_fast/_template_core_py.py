@@ -33,7 +33,7 @@ from .message.model import FrozenDict, FrozenList, coerce_message, thaw
 __all__ = [
     "any_lookahead", "any_orphan", "any_system", "args_text", "block_entry", "call_entries", "call_entry", "count_list", "count_messages", "encode_lengths", "end_cost",
     "entries_stable",
-    "entry", "frame_part", "head_groups", "is_local", "keep_last", "last_final", "local_pattern", "message_to_template_dict", "message_key", "overlap",
+    "entry", "frame_part", "head_groups", "is_local", "keep_last", "last_final", "local_pattern", "message_to_template_dict", "message_key", "new_starts", "overlap",
     "ops_hold", "parse_key", "piece_counts", "plain_entry", "plain_frame", "plan", "plan_groups", "plan_texts", "planned_cost", "planned_costs",
     "prefill_planned", "prefill_units", "recall", "role_of", "run_text", "run_text_of",
     "same_json", "segments", "step_costs", "store_all", "tools_signature", "trait", "unit_locality", "unit_parts", "unit_preds", "unit_starts", "unit_succ", "unit_total", "upper_costs", "user_repeats",
@@ -44,6 +44,7 @@ _REASONING_FIELDS = ("reasoning_content", "thinking", "reasoning")
 _DUMPS = json.JSONEncoder(ensure_ascii=False).encode
 _ENC_STR = json.encoder.encode_basestring  # (ensure_ascii off: the C encoder where available)
 _REF = weakref.ref
+_BISECT_LEFT = bisect.bisect_left
 _PLAIN_KEYS = frozenset(("role", "content", "name", "tool_call_id"))
 #: ``json.loads``' scanner (its default decoder's: the C one where available), called directly
 _SCAN = json.JSONDecoder().scan_once  # type: ignore[attr-defined]
@@ -535,8 +536,9 @@ def unit_starts(dicts: Sequence[Mapping[str, Any]]) -> list[int]:
     [0, 1, 3]
     """
     out = []
-    for i, d in enumerate(dicts):
-        if i == 0 or d["role"] != "tool":
+    i: cython.Py_ssize_t
+    for i in range(len(dicts)):
+        if i == 0 or dicts[i]["role"] != "tool":
             out.append(i)
     return out
 
@@ -567,7 +569,9 @@ def count_list(self, messages: Sequence[Any], start: bool = True, pred: Optional
     n = len(ms)
     prefill_units(self, keys, dicts, starts)
     local_units: dict = self._local_units
-    for u, a in enumerate(starts):
+    u: cython.Py_ssize_t
+    for u in range(len(starts)):
+        a = starts[u]
         b = starts[u + 1] if u + 1 < len(starts) else n
         first_role = dicts[a]["role"]
         known = local_units.get(tuple(keys[a:b])) if first_role != "tool" else None
@@ -611,7 +615,9 @@ def prefill_units(self, keys: Sequence[str], dicts: Sequence[dict[str, Any]], st
     # units costed by their plan (see _plan): (unit cache key, not tool-first, steps, run texts)
     planned: list[tuple[Any, bool, Any, list[str]]] = []
     parts_of = self._frame_parts if self._RENDER_FREE and self._plan_ok else None
-    for u, a in enumerate(starts):
+    u: cython.Py_ssize_t
+    for u in range(len(starts)):
+        a = starts[u]
         b = starts[u + 1] if u + 1 < len(starts) else n
         ukeys = tuple(keys[a:b])
         if ukeys in local_units:
@@ -628,7 +634,7 @@ def prefill_units(self, keys: Sequence[str], dicts: Sequence[dict[str, Any]], st
                 self._remember_local(ukeys, known)
             continue
         if parts_of is not None:
-            parts = [parts_of.get(k) or frame_part(self, k, d) for k, d in zip(ukeys, unit)]
+            parts = [parts_of.get(ukeys[j]) or frame_part(self, ukeys[j], unit[j]) for j in range(len(ukeys))]
             if parts[0][1]:  # (every prefix has a field value: a frame)
                 try:
                     unit_plan = plan(self, pred, tuple([p[0] for p in parts]))
@@ -854,8 +860,15 @@ def prefill_planned(self, keys: tuple, pairs: Sequence[tuple[str, str]]) -> None
             todo[ck] = (pred, succ)
     if not todo:
         return
-    got = planned_costs(self, keys, tuple(todo.values()))
-    store_all(self, units, {ck: c for ck, c in zip(todo, got) if c is not None})
+    got: list = planned_costs(self, keys, tuple(todo.values()))
+    new: dict = {}
+    i: cython.Py_ssize_t = 0
+    for ck in todo:
+        c = got[i]
+        i += 1
+        if c is not None:
+            new[ck] = c
+    store_all(self, units, new)
 
 
 @cython.ccall
@@ -926,7 +939,11 @@ def upper_costs(self, keys: tuple, dicts: Sequence[dict[str, Any]], preds: list,
                 c = self._unit_cost(keys, pred, succ, caller=caller)
             except Refused:
                 continue
-        best = [max(a, b) for a, b in zip(best, c)]
+        if len(c) < len(best):
+            del best[len(c):]
+        for j in range(len(best)):
+            if c[j] > best[j]:
+                best[j] = c[j]
     return best
 
 
@@ -1232,7 +1249,9 @@ def entries_stable(self, ms: Sequence[Any], offset: int = 0) -> tuple[list[str],
     dicts: list = []
     memo: dict = self._memo
     stable = True
-    for i, m in enumerate(ms):
+    i: cython.Py_ssize_t
+    for i in range(len(ms)):
+        m = ms[i]
         e = memo.get(id(m))  # _entry's memo hit, inlined (the hot loop's per-message cost)
         if e is not None and e[1] is None and e[0]() is m:
             keys.append(e[3])
@@ -1268,6 +1287,9 @@ def call_entries(self, ms: list[Any]) -> tuple[list[str], list[dict[str, Any]], 
         n = len(ms)
         lim = len(prev) if len(prev) < len(ms) else len(ms)
         same = lim  # how many first messages are the previous ones
+        i: cython.Py_ssize_t
+        j: cython.Py_ssize_t
+        t: cython.Py_ssize_t
         for i in range(lim):
             if ms[i] is not prev[i]:
                 same = i
@@ -1312,7 +1334,7 @@ def call_entries(self, ms: list[Any]) -> tuple[list[str], list[dict[str, Any]], 
             ov = None  # the previous call was not the last segmented one
         elif oq:
             lstarts: list = seg[1]
-            u = bisect.bisect_left(lstarts, oq)
+            u = _BISECT_LEFT(lstarts, oq)
             if u == len(lstarts) or lstarts[u] != oq:
                 ov = None
     self._last_ms = (ms, keys, dicts) if stable else None
@@ -1334,7 +1356,12 @@ def user_repeats(self, ms: list[Any]) -> list[int]:
     if j <= 0:
         return []
     last = dicts[j]
-    return [i for i in range(j) if dicts[i]["role"] == "user" and dicts[i] == last]
+    out: list = []
+    i: cython.Py_ssize_t
+    for i in range(j):
+        if dicts[i]["role"] == "user" and dicts[i] == last:
+            out.append(i)
+    return out
 
 
 def tools_signature(self, ms: list[Any], opening: bool, first_user: bool, last_user: bool,
@@ -1352,8 +1379,11 @@ def tools_signature(self, ms: list[Any], opening: bool, first_user: bool, last_u
     ``None`` where the others say whether the first and last are one) where ``no_user`` (the
     probes found such prompts depend on nothing else either), None otherwise."""
     keys, dicts, _ = call_entries(self, ms)
-    n = len(dicts)
-    o = 0
+    n: cython.Py_ssize_t = len(dicts)
+    o: cython.Py_ssize_t = 0
+    f: cython.Py_ssize_t
+    j: cython.Py_ssize_t
+    i: cython.Py_ssize_t
     while o < n and dicts[o]["role"] == "system":
         o += 1
     f = o
@@ -1365,11 +1395,15 @@ def tools_signature(self, ms: list[Any], opening: bool, first_user: bool, last_u
     head = keys[o] if opening and o < n else None
     if j < f and not no_user:
         return None
-    systems = tuple([keys[i] for i in range(n) if dicts[i]["role"] == "system"])
+    system_keys: list = []
+    for i in range(n):
+        if dicts[i]["role"] == "system":
+            system_keys.append(keys[i])
+    systems = tuple(system_keys)
     if j < f:
         return (keys[0], systems, head, None, None, None, 0, dicts[n - 1]["role"])
     last = dicts[j]
-    repeats = 0
+    repeats: cython.Py_ssize_t = 0
     for i in range(f, j):
         if dicts[i]["role"] == "user" and dicts[i] == last:
             repeats += 1
@@ -1513,10 +1547,11 @@ def any_lookahead(self, keys: Sequence[str], dicts: Sequence[Mapping[str, Any]])
     a text feature in ``self._sensitive``: ``self._lookahead(d)`` but for call text counted
     under ``_final_rule``), cached per message key."""
     looks: dict = self._looks
-    for k, d in zip(keys, dicts):
-        t = looks.get(k)
+    i: cython.Py_ssize_t
+    for i in range(min(len(keys), len(dicts))):
+        t = looks.get(keys[i])
         if t is None:
-            t = trait(self, k, d)
+            t = trait(self, keys[i], dicts[i])
         if t[0]:
             return True
     return False
@@ -1581,10 +1616,11 @@ def _pattern_local(self, keys: Sequence[str], dicts: Sequence[Mapping[str, Any]]
     (``local_pattern``)."""
     looks: dict = self._looks
     pat: list = []
-    for k, d in zip(keys, dicts):
-        t = looks.get(k)
+    i: cython.Py_ssize_t
+    for i in range(min(len(keys), len(dicts))):
+        t = looks.get(keys[i])
         if t is None:
-            t = trait(self, k, d)
+            t = trait(self, keys[i], dicts[i])
         if no_lookahead and t[0]:
             return False
         pat.append(t[1])
@@ -1642,6 +1678,7 @@ def any_system(dicts: Sequence[Mapping[str, Any]], start: int) -> bool:
     >>> any_system([{"role": "system"}, {"role": "user"}], 1)
     False
     """
+    i: cython.Py_ssize_t
     for i in range(start, len(dicts)):
         if dicts[i]["role"] == "system":
             return True
@@ -1657,7 +1694,8 @@ def any_orphan(dicts: Sequence[Mapping[str, Any]], start: int) -> bool:
     >>> any_orphan([{"role": "user"}, call, {"role": "tool"}], 0), any_orphan([{"role": "user"}, {"role": "tool"}], 1)
     (False, True)
     """
-    a = start
+    a: cython.Py_ssize_t = start
+    i: cython.Py_ssize_t
     while 0 < a < len(dicts) and dicts[a]["role"] == "tool":
         a -= 1
     in_call = False
@@ -1701,10 +1739,26 @@ def overlap(self, keys: list[str]) -> Optional[tuple[int, int, int]]:
             continue
         m = k - q
         if m <= n - p and keys[p:p + m] == lkeys[q:]:
-            u = bisect.bisect_left(lstarts, q)
+            u = _BISECT_LEFT(lstarts, q)
             if u < len(lstarts) and lstarts[u] == q and (p != q or keys[:p] == lkeys[:p]):
                 return p, q, m
     return None
+
+
+@cython.ccall
+def new_starts(dicts: Sequence[Mapping[str, Any]], lo: int) -> list:
+    """The unit starts of ``dicts`` from ``lo`` on (a start there, where ``segments`` knows the
+    units before it): every message but a tool result.
+
+    >>> new_starts([{"role": "user"}, {"role": "assistant"}, {"role": "tool"}, {"role": "user"}], 1)
+    [1, 3]
+    """
+    out: list = []
+    i: cython.Py_ssize_t
+    for i in range(lo, len(dicts)):
+        if dicts[i]["role"] != "tool":
+            out.append(i)
+    return out
 
 
 @cython.ccall
@@ -1714,14 +1768,14 @@ def segments(self, ms: Sequence[Any], keys: list[str], dicts: list[dict[str, Any
     last = self._last
     if last is not None and ov is not None and ov[1] == 0 and ov[0] == 0 and ov[2]:
         # the prompt extends the last one: its unit starts, then the new messages'
-        starts = last[1] + [i for i in range(ov[2], n) if dicts[i]["role"] != "tool"]
+        starts = last[1] + new_starts(dicts, ov[2])
     elif last is not None and ov is not None:
         # a moved cut: the first p (0 or 1) starts, the overlap's (shifted; q is one), the new
         p, q, m = ov
         lstarts: list = last[1]
         shift = q - p
-        starts = lstarts[:p] + [s - shift for s in lstarts[bisect.bisect_left(lstarts, q):]]
-        starts += [i for i in range(p + m, n) if dicts[i]["role"] != "tool"]
+        starts = lstarts[:p] + [s - shift for s in lstarts[_BISECT_LEFT(lstarts, q):]]
+        starts += new_starts(dicts, p + m)
     else:
         starts = unit_starts(dicts)
     # units whose cost is known from the previous call: those of the overlap (``ov``, see
@@ -1730,6 +1784,7 @@ def segments(self, ms: Sequence[Any], keys: list[str], dicts: list[dict[str, Any
     # (their sum from the previous call's total, less the units it does not reuse: the few
     # a moved cut dropped, its last, and those a new final answer changes (below); not a sum
     # over the prompt's units per call)
+    u: cython.Py_ssize_t
     head, reused, tail, total = len(starts), [], len(starts), 0
     # where the last final answer stands, for a template that looks ahead for one (its units
     # before it are costed with a final answer after them: one arriving among the new
@@ -1748,17 +1803,17 @@ def segments(self, ms: Sequence[Any], keys: list[str], dicts: list[dict[str, Any
     if last is not None and ov is not None:
         p, q, m = ov
         lstarts, lcosts = last[1], last[2]
-        uq = bisect.bisect_left(lstarts, q) + (0 if p == q else 1)
+        uq = _BISECT_LEFT(lstarts, q) + (0 if p == q else 1)
         ul = len(lstarts) - 1
         if final >= p + m:
             # a final answer among the new messages: the overlap's units from the previous
             # one on (all, where there was none) now have one after them; those before it
             # already had, and keep their costs
-            lf = bisect.bisect_left(lstarts, last[4])
+            lf = _BISECT_LEFT(lstarts, last[4])
             if lf < ul:
                 ul = lf
         if uq < ul:
-            head = bisect.bisect_left(starts, lstarts[uq] - q + p)
+            head = _BISECT_LEFT(starts, lstarts[uq] - q + p)
             reused = lcosts[uq:ul]
             tail = head + len(reused)
             total = last[3]
@@ -1791,6 +1846,7 @@ def last_final(dicts: Sequence[Mapping[str, Any]], lo: int, hi: int) -> int:
     >>> last_final([{"role": "assistant"}, {"role": "assistant", "tool_calls": [{}]}], 0, 2)
     0
     """
+    i: cython.Py_ssize_t
     for i in range(hi - 1, lo - 1, -1):
         d = dicts[i]
         if d["role"] == "assistant" and "tool_calls" not in d:

@@ -41,7 +41,7 @@ METHODS = {"count_messages": "count_messages", "count_list": "_count_list", "pre
 #: the core's own helpers (called from the methods above, each of the same build)
 HELPERS = {"any_orphan", "any_system", "encode_lengths", "end_cost", "head_groups", "is_local", "keep_last", "role_of", "unit_locality", "unit_preds", "last_final", "plan_groups",
            "planned_costs", "prefill_planned", "recall", "run_text", "run_text_of", "unit_parts", "unit_succ",
-           "local_pattern", "ops_hold", "plain_frame", "same_json", "step_costs", "unit_starts"}
+           "local_pattern", "ops_hold", "plain_frame", "same_json", "step_costs", "unit_starts", "new_starts"}
 
 
 def _bound(core):
@@ -262,6 +262,8 @@ def test_compiled_message_helpers_equal_the_twin(ms):
         assert compiled.any_system(dicts, start) == twin.any_system(dicts, start) \
             == any(d["role"] == "system" for d in dicts[start:])
         assert compiled.any_orphan(dicts, start) == twin.any_orphan(dicts, start)
+        assert compiled.new_starts(dicts, start) == twin.new_starts(dicts, start) \
+            == [i for i in range(start, len(dicts)) if dicts[i]["role"] != "tool"]
         finals = [i for i, d in enumerate(dicts[start:], start) if d["role"] == "assistant" and "tool_calls" not in d]
         assert compiled.last_final(dicts, start, len(dicts)) == twin.last_final(dicts, start, len(dicts)) \
             == (finals[-1] if finals else -1)
