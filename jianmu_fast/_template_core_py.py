@@ -841,34 +841,50 @@ def plan_groups(self, shapes: tuple, pairs: tuple) -> tuple:
 
 
 @cython.ccall
-def prefill_planned(self, keys: tuple, pairs: Sequence[tuple[str, str]]) -> None:
+def prefill_planned(self, keys: tuple, pairs: Sequence[tuple[str, str]]) -> list:
     """Cost the unit ``keys`` from its plans between every ``(pred, succ)`` of ``pairs`` that
     ``self._units`` lacks, in one ``planned_costs`` call, into ``self._units`` (what
     ``_unit_cost`` would store for each: ``succ`` normalized as there; the pairs it costs
     otherwise, a unit opening the conversation before a system message, left to it; those
-    without a plan, left to it too)."""
+    without a plan, left to it too). Returns each pair's costs as ``self._units`` now holds
+    them (None where it holds none: left to ``_unit_cost``), in the order of ``pairs``."""
+    out: list = [None] * len(pairs)
     if not (self._RENDER_FREE and self._plan_ok):
-        return
+        return out
     units: dict = self._units
-    todo: dict = {}
+    # the pairs to cost: their unit cache keys, (pred, succ) and indexes in pairs (two pairs
+    # may normalize to one)
+    todo_keys: list = []
+    todo: list = []
+    todo_at: list = []
+    i: cython.Py_ssize_t = 0
     for pred, succ in pairs:
         succ = unit_succ(self, succ)
-        if pred == "first" and (succ == "system" or succ == "system_final"):
-            continue
-        ck = (keys, pred, succ, None)
-        if ck not in units:
-            todo[ck] = (pred, succ)
-    if not todo:
-        return
-    got: list = planned_costs(self, keys, tuple(todo.values()))
-    new: dict = {}
-    i: cython.Py_ssize_t = 0
-    for ck in todo:
-        c = got[i]
+        if not (pred == "first" and (succ == "system" or succ == "system_final")):
+            ck = (keys, pred, succ, None)
+            c = units.get(ck)
+            if c is not None:
+                out[i] = c
+            elif ck in todo_keys:
+                todo_at[todo_keys.index(ck)].append(i)
+            else:
+                todo_keys.append(ck)
+                todo.append((pred, succ))
+                todo_at.append([i])
         i += 1
+    if not todo:
+        return out
+    got: list = planned_costs(self, keys, tuple(todo))
+    new: dict = {}
+    j: cython.Py_ssize_t
+    for j in range(len(todo)):
+        c = got[j]
         if c is not None:
-            new[ck] = c
+            new[todo_keys[j]] = c
+            for i in todo_at[j]:
+                out[i] = c
     store_all(self, units, new)
+    return out
 
 
 @cython.ccall
@@ -923,17 +939,24 @@ def upper_costs(self, keys: tuple, dicts: Sequence[dict[str, Any]], preds: list,
             pair = (pred, "user" if succ == "end" or (blind and succ != "open") else succ)
             if pair != exact_key and pair not in others:
                 others.append(pair)
-    if caller is None:
-        # (under _final_rule, the successors an exact count of the grown prompt asks for)
-        prefill_planned(self, keys, [exact] + others + ([(exact[0], s) for s in _AHEAD] if self._final_rule else []))
     units: dict = self._units
+    planned: list
+    if caller is None:
+        # each pair's costs from its plans (under _final_rule, also those of the successors an
+        # exact count of the grown prompt asks for)
+        planned = prefill_planned(self, keys, [exact] + others + ([(exact[0], s) for s in _AHEAD] if self._final_rule else []))
+    else:
+        planned = [units.get((keys, exact_key[0], exact_key[1], caller))] + [
+            units.get((keys, pred, succ, caller)) for pred, succ in others]  # (_unit_cost's cache, looked up here)
     try:
-        got = units.get((keys, exact_key[0], exact_key[1], caller))  # (_unit_cost's cache, looked up here)
+        got = planned[0]
         best = list(got if got is not None else self._unit_cost(keys, exact[0], exact[1], caller=caller))
     except Refused as exc:
         raise MessageValidationError(f"the chat template refused the conversation: {exc}") from None
-    for pred, succ in others:
-        c = units.get((keys, pred, succ, caller))
+    o: cython.Py_ssize_t
+    for o in range(len(others)):
+        pred, succ = others[o]
+        c = planned[o + 1]
         if c is None:
             try:
                 c = self._unit_cost(keys, pred, succ, caller=caller)
