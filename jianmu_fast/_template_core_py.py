@@ -535,12 +535,7 @@ def unit_starts(dicts: Sequence[Mapping[str, Any]]) -> list[int]:
     >>> unit_starts([{"role": "tool"}, {"role": "assistant"}, {"role": "tool"}, {"role": "user"}])
     [0, 1, 3]
     """
-    out = []
-    i: cython.Py_ssize_t
-    for i in range(len(dicts)):
-        if i == 0 or dicts[i]["role"] != "tool":
-            out.append(i)
-    return out
+    return [0] + new_starts(dicts, 1) if len(dicts) else []
 
 
 def count_list(self, messages: Sequence[Any], start: bool = True, pred: Optional[str] = None,
