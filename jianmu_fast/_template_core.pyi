@@ -1,13 +1,15 @@
 """Type stubs of the compiled chat-template hot path (``csrc/_template_core.pyx``); the
 semantics (and the source) are those of the pure-Python twin ``jianmu_fast._template_core_py``.
-``self`` is a ``ChatTemplateTokenCounter`` (these are its methods)."""
+``self`` is a ``ChatTemplateTokenCounter`` (these are its methods; a ``CounterCore``)."""
 
 from typing import Any, Iterable, Mapping, Optional, Sequence
+
+from typing_extensions import disjoint_base
 
 from .message import Message
 
 __all__ = [
-    "any_lookahead", "any_orphan", "any_system", "args_text", "block_entry", "call_entries", "call_entry", "count_list", "count_messages", "encode_lengths", "end_cost",
+    "CounterCore", "any_lookahead", "any_orphan", "any_system", "args_text", "block_entry", "call_entries", "call_entry", "count_list", "count_messages", "encode_lengths", "end_cost",
     "entries_stable",
     "entry", "frame_part", "head_groups", "is_local", "keep_last", "last_final", "local_pattern", "message_to_template_dict", "message_key", "new_starts", "overlap",
     "ops_hold", "parse_key", "piece_counts", "plain_entry", "plain_frame", "plan", "plan_groups", "plan_texts", "planned_cost", "planned_costs",
@@ -15,6 +17,42 @@ __all__ = [
     "same_json", "segments", "step_costs", "store_all", "tools_signature", "trait", "unit_locality", "unit_parts", "unit_preds", "unit_starts", "unit_succ", "unit_total", "upper_costs",
     "user_repeats",
 ]
+
+@disjoint_base
+class CounterCore:
+    """The fields of ``ChatTemplateTokenCounter`` that the hot path reads (its base class)."""
+
+    cache_size: Any
+    additive: Any
+    _memo: dict[Any, Any]
+    _by_key: dict[Any, Any]
+    _calls: dict[Any, Any]
+    _looks: dict[Any, Any]
+    _frame_parts: dict[Any, Any]
+    _units: dict[Any, Any]
+    _local_units: dict[Any, Any]
+    _local: dict[Any, Any]
+    _plans: dict[Any, Any]
+    _texts: dict[Any, Any]
+    _pieces: dict[Any, Any]
+    _long_pieces: dict[Any, Any]
+    _run_texts: dict[Any, Any]
+    _ends: dict[Any, Any]
+    _frames: Any
+    _sensitive: Any
+    _last: Any
+    _last_ms: Any
+    _succ_blind: Any
+    _final_rule: Any
+    _real_system_pred: Any
+    _plan_ok: Any
+    _content_format: Any
+    _token_head_groups: Any
+    _token_firsts: Any
+    _search: Any
+    _lock: Any
+    _fast: Any
+    _empty: Any
 
 def message_to_template_dict(m: Message) -> dict[str, Any]: ...
 def message_key(d: Mapping[str, Any]) -> str: ...

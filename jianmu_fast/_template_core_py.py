@@ -25,13 +25,23 @@ except ImportError:  # pure Python without Cython installed (a build dependency 
         def ccall(f: Any) -> Any:
             return f
 
+        cclass = ccall
+
+        @staticmethod
+        def auto_pickle(on: bool) -> Any:
+            return lambda c: c
+
+        @staticmethod
+        def declare(*args: Any, **kwargs: Any) -> Any:
+            return None
+
 from .errors import MessageValidationError
 from ._template_base import _ENCODE_PARSED, NOT_YET, Refused, dumps_parsed, freeze, json_inside
 from .message import Message
 from .message.model import FrozenDict, FrozenList, coerce_message, thaw
 
 __all__ = [
-    "any_lookahead", "any_orphan", "any_system", "args_text", "block_entry", "call_entries", "call_entry", "count_list", "count_messages", "encode_lengths", "end_cost",
+    "CounterCore", "any_lookahead", "any_orphan", "any_system", "args_text", "block_entry", "call_entries", "call_entry", "count_list", "count_messages", "encode_lengths", "end_cost",
     "entries_stable",
     "entry", "frame_part", "head_groups", "is_local", "keep_last", "last_final", "local_pattern", "message_to_template_dict", "message_key", "new_starts", "overlap",
     "ops_hold", "parse_key", "piece_counts", "plain_entry", "plain_frame", "plan", "plan_groups", "plan_texts", "planned_cost", "planned_costs",
@@ -48,6 +58,51 @@ _BISECT_LEFT = bisect.bisect_left
 _PLAIN_KEYS = frozenset(("role", "content", "name", "tool_call_id"))
 #: ``json.loads``' scanner (its default decoder's: the C one where available), called directly
 _SCAN = json.JSONDecoder().scan_once  # type: ignore[attr-defined]
+
+
+@cython.auto_pickle(False)  # (the counter pickles by its model folder: its own __getstate__)
+@cython.cclass
+class CounterCore:
+    """The state of ``ChatTemplateTokenCounter`` that the functions below read on every turn --
+    its caches, flags and the previous call's segments --, as fields of its base class (the
+    counter derives from its build's ``CounterCore``; its ``__init__`` sets every field, and
+    documents each). Compiled, the functions taking ``self: CounterCore`` read a field at a
+    fixed offset, not by a look-up of its name in the instance and its class (~80 reads a turn,
+    ~150 instructions each); assigning a ``dict`` field anything but a dict (or None) raises
+    ``TypeError``. In the twin this is a plain class (each field None until the counter sets it).
+    """
+
+    cache_size = cython.declare(object, visibility="public")
+    additive = cython.declare(object, visibility="public")
+    _memo = cython.declare(dict, visibility="public")
+    _by_key = cython.declare(dict, visibility="public")
+    _calls = cython.declare(dict, visibility="public")
+    _looks = cython.declare(dict, visibility="public")
+    _frame_parts = cython.declare(dict, visibility="public")
+    _units = cython.declare(dict, visibility="public")
+    _local_units = cython.declare(dict, visibility="public")
+    _local = cython.declare(dict, visibility="public")
+    _plans = cython.declare(dict, visibility="public")
+    _texts = cython.declare(dict, visibility="public")
+    _pieces = cython.declare(dict, visibility="public")
+    _long_pieces = cython.declare(dict, visibility="public")
+    _run_texts = cython.declare(dict, visibility="public")
+    _ends = cython.declare(dict, visibility="public")
+    _frames = cython.declare(object, visibility="public")
+    _sensitive = cython.declare(object, visibility="public")
+    _last = cython.declare(object, visibility="public")
+    _last_ms = cython.declare(object, visibility="public")
+    _succ_blind = cython.declare(object, visibility="public")
+    _final_rule = cython.declare(object, visibility="public")
+    _real_system_pred = cython.declare(object, visibility="public")
+    _plan_ok = cython.declare(object, visibility="public")
+    _content_format = cython.declare(object, visibility="public")
+    _token_head_groups = cython.declare(object, visibility="public")
+    _token_firsts = cython.declare(object, visibility="public")
+    _search = cython.declare(object, visibility="public")
+    _lock = cython.declare(object, visibility="public")
+    _fast = cython.declare(object, visibility="public")
+    _empty = cython.declare(object, visibility="public")
 
 
 @cython.ccall
@@ -538,7 +593,7 @@ def unit_starts(dicts: Sequence[Mapping[str, Any]]) -> list[int]:
     return [0] + new_starts(dicts, 1) if len(dicts) else []
 
 
-def count_list(self, messages: Sequence[Any], start: bool = True, pred: Optional[str] = None,
+def count_list(self: CounterCore, messages: Sequence[Any], start: bool = True, pred: Optional[str] = None,
                opened: bool = False) -> list[int]:
     """``count_array(messages)`` as a list of ints (what ``TokenBudgetFilter`` takes for a
     turn's new messages). ``start``: ``messages[0]`` is the conversation's first message (a
@@ -596,7 +651,7 @@ def count_list(self, messages: Sequence[Any], start: bool = True, pred: Optional
 
 
 @cython.ccall
-def prefill_units(self, keys: Sequence[str], dicts: Sequence[dict[str, Any]], starts: Sequence[int]) -> None:
+def prefill_units(self: CounterCore, keys: Sequence[str], dicts: Sequence[dict[str, Any]], starts: Sequence[int]) -> None:
     """Render every not-yet-costed neighbour-independent unit's prefixes, and count them
     all in one tokenizer batch (the turn's new units: one batch, not one per rendering)."""
     n = len(keys)
@@ -680,7 +735,7 @@ def prefill_units(self, keys: Sequence[str], dicts: Sequence[dict[str, Any]], st
 
 
 @cython.ccall
-def plan(self, pred: str, shapes: tuple[Any, ...], succ: str = "user") -> Any:
+def plan(self: CounterCore, pred: str, shapes: tuple[Any, ...], succ: str = "user") -> Any:
     """How to cost a unit whose messages have these frame shapes (``Frames.frame_of``),
     between the stand-ins ``pred`` and ``succ`` (a neighbour-independent unit: its canonical
     ``pred`` and "user"), from its field values alone.
@@ -723,7 +778,7 @@ def plan(self, pred: str, shapes: tuple[Any, ...], succ: str = "user") -> Any:
     return plan
 
 
-def planned_cost(self, keys: tuple, pred: str, succ: str) -> Optional[list[int]]:
+def planned_cost(self: CounterCore, keys: tuple, pred: str, succ: str) -> Optional[list[int]]:
     """The per-message costs of the unit ``keys`` between the stand-ins ``pred`` and ``succ``
     from its plan (see ``plan``): no rendering, its value runs counted (cached pieces); None
     where there is no plan (yet), or the unit does not follow it."""
@@ -743,7 +798,7 @@ def planned_cost(self, keys: tuple, pred: str, succ: str) -> Optional[list[int]]
 
 
 @cython.ccall
-def unit_parts(self, keys: tuple) -> Optional[list]:
+def unit_parts(self: CounterCore, keys: tuple) -> Optional[list]:
     """The frame parts of the unit ``keys`` (``frame_part``'s), or None where the counter has
     no plans or the unit's first message is no frame (no field value)."""
     if not (self._RENDER_FREE and self._plan_ok):
@@ -760,7 +815,7 @@ def unit_parts(self, keys: tuple) -> Optional[list]:
 
 
 @cython.ccall
-def planned_costs(self, keys: tuple, pairs: tuple) -> list:
+def planned_costs(self: CounterCore, keys: tuple, pairs: tuple) -> list:
     """``[planned_cost(self, keys, pred, succ) for pred, succ in pairs]``, each value run's
     text built and counted once: the plans of most neighbours differ in their constants only
     (the same predicates and value runs: ``plan_groups``), and those that differ mostly share
@@ -808,7 +863,7 @@ def planned_costs(self, keys: tuple, pairs: tuple) -> list:
 
 
 @cython.ccall
-def plan_groups(self, shapes: tuple, pairs: tuple) -> tuple:
+def plan_groups(self: CounterCore, shapes: tuple, pairs: tuple) -> tuple:
     """The plans of a unit with these frame shapes between each ``(pred, succ)`` of ``pairs``,
     grouped by their predicates and value runs: ``((ops, runs, ((pair index, steps), ...)),
     ...)``; a pair without a plan (or whose frames are not learned yet) is in no group.
@@ -836,7 +891,7 @@ def plan_groups(self, shapes: tuple, pairs: tuple) -> tuple:
 
 
 @cython.ccall
-def prefill_planned(self, keys: tuple, pairs: Sequence[tuple[str, str]]) -> list:
+def prefill_planned(self: CounterCore, keys: tuple, pairs: Sequence[tuple[str, str]]) -> list:
     """Cost the unit ``keys`` from its plans between every ``(pred, succ)`` of ``pairs`` that
     ``self._units`` lacks, in one ``planned_costs`` call, into ``self._units`` (what
     ``_unit_cost`` would store for each: ``succ`` normalized as there; the pairs it costs
@@ -883,7 +938,7 @@ def prefill_planned(self, keys: tuple, pairs: Sequence[tuple[str, str]]) -> list
 
 
 @cython.ccall
-def unit_succ(self, succ: str) -> str:
+def unit_succ(self: CounterCore, succ: str) -> str:
     """The successor a unit is costed before (``_unit_cost``'s cache keys hold it): "end" is
     costed as "user"; so is every successor but "open" where units are costed before a user
     stand-in whatever follows them (``_succ_blind``)."""
@@ -898,7 +953,7 @@ _AHEAD = ("call", "call_final", "user_final")
 
 
 @cython.ccall
-def upper_costs(self, keys: tuple, dicts: Sequence[dict[str, Any]], preds: list, succs: list,
+def upper_costs(self: CounterCore, keys: tuple, dicts: Sequence[dict[str, Any]], preds: list, succs: list,
                 exact: tuple, caller: Optional[str] = None) -> list[int]:
     """The most each message of a unit costs over the neighbours ``preds`` x ``succs``;
     the ``exact`` pair must render (a refusal there is the conversation's own). Each pair
@@ -985,7 +1040,7 @@ def step_costs(steps: Sequence[tuple[int, Sequence[int], Sequence[int]]], got: S
 
 
 @cython.ccall
-def plan_texts(self, plan: Any, values: Sequence[str]) -> Optional[list[str]]:
+def plan_texts(self: CounterCore, plan: Any, values: Sequence[str]) -> Optional[list[str]]:
     """The texts of ``plan``'s value runs for a unit's field ``values``; None when the unit
     does not follow the plan (see ``_plan``)."""
     ops, runs, _ = plan
@@ -1001,7 +1056,7 @@ def plan_texts(self, plan: Any, values: Sequence[str]) -> Optional[list[str]]:
 
 
 @cython.ccall
-def run_text(self, run: tuple, values: Sequence[str]) -> Optional[str]:
+def run_text(self: CounterCore, run: tuple, values: Sequence[str]) -> Optional[str]:
     """The text of a plan's value run ``(items, next added token)`` for a unit's field
     ``values``; None where it holds an added token (or runs into one) other than its next.
     A run holding a long string value (past ``_UNCACHED_RUN`` characters: a tool output) is
@@ -1029,7 +1084,7 @@ def run_text(self, run: tuple, values: Sequence[str]) -> Optional[str]:
 
 
 @cython.ccall
-def run_text_of(self, items: tuple, next_token: str, values: Sequence[str]) -> Optional[str]:
+def run_text_of(self: CounterCore, items: tuple, next_token: str, values: Sequence[str]) -> Optional[str]:
     """``run_text``'s text, built and checked."""
     enc = _ENC_STR
     pieces: list = []
@@ -1125,7 +1180,7 @@ _LONG_RUNS = 256
 
 
 @cython.ccall
-def piece_counts(self, pieces: list[str]) -> list[int]:
+def piece_counts(self: CounterCore, pieces: list[str]) -> list[int]:
     """Tokens of each piece (text without added tokens; the counts in the pieces' order),
     cached; the new ones encoded in one batch (a piece longer than ``_UNCACHED_RUN``
     characters is kept only among the ``_LONG_RUNS`` such pieces used last: a unit costed next
@@ -1189,7 +1244,7 @@ def keep_last(self, cache: dict, key: Any, value: Any) -> None:
 
 
 @cython.ccall
-def encode_lengths(self, texts: list[str]) -> list[int]:
+def encode_lengths(self: CounterCore, texts: list[str]) -> list[int]:
     """``self._encode_lengths(texts)`` for pieces that hold no added token (a unit plan's value
     runs, checked by ``plan_texts``): a small batch on fastokens (the turn's new value runs)
     encoded here, text by text (what ``_encodings.fastokens_counts`` does below
@@ -1218,7 +1273,7 @@ def encode_lengths(self, texts: list[str]) -> list[int]:
 
 
 @cython.ccall
-def frame_part(self, key: str, d: dict[str, Any]) -> tuple[Any, tuple[str, ...]]:
+def frame_part(self: CounterCore, key: str, d: dict[str, Any]) -> tuple[Any, tuple[str, ...]]:
     """``Frames.frame_of(d)`` for a real message (cached by key); a stand-in (its key has
     no NUL: a JSON dict) is fixed text of its frame."""
     parts: dict = self._frame_parts
@@ -1259,7 +1314,7 @@ def plain_frame(fields: Sequence[str], d: Mapping[str, Any]) -> Optional[tuple[A
 
 
 @cython.ccall
-def entries_stable(self, ms: Sequence[Any], offset: int = 0) -> tuple[list[str], list[dict[str, Any]], bool]:
+def entries_stable(self: CounterCore, ms: Sequence[Any], offset: int = 0) -> tuple[list[str], list[dict[str, Any]], bool]:
     """``(keys, dicts, stable)`` of ``ms`` (``offset``: the index of ``ms[0]`` in the call,
     for error messages); ``stable``: every message is a memoized immutable ``Message``
     (its key cannot change while it lives)."""
@@ -1285,7 +1340,7 @@ def entries_stable(self, ms: Sequence[Any], offset: int = 0) -> tuple[list[str],
 
 
 @cython.ccall
-def call_entries(self, ms: list[Any]) -> tuple[list[str], list[dict[str, Any]], Optional[tuple[int, int, int]]]:
+def call_entries(self: CounterCore, ms: list[Any]) -> tuple[list[str], list[dict[str, Any]], Optional[tuple[int, int, int]]]:
     """``_entries(ms)`` for ``count_messages``, and ``overlap``'s answer where the messages
     tell it. When ``ms`` shares messages with the previous call's (the same immutable
     objects: the prompt extends it, or the trimming moved its cut after a pinned first
@@ -1359,7 +1414,7 @@ def call_entries(self, ms: list[Any]) -> tuple[list[str], list[dict[str, Any]], 
     return keys, dicts, ov
 
 
-def user_repeats(self, ms: list[Any]) -> list[int]:
+def user_repeats(self: CounterCore, ms: list[Any]) -> list[int]:
     """Indexes of the user messages of ``ms`` before its last one that equal it as the
     template sees them (their dicts: Mistral's template prints the tools again before each).
     Its entries as ``count_messages`` gets them (``call_entries``: the messages shared with
@@ -1382,7 +1437,7 @@ def user_repeats(self, ms: list[Any]) -> list[int]:
     return out
 
 
-def tools_signature(self, ms: list[Any], opening: bool, first_user: bool, last_user: bool,
+def tools_signature(self: CounterCore, ms: list[Any], opening: bool, first_user: bool, last_user: bool,
                     no_user: bool = False) -> Optional[tuple[Any, ...]]:
     """What the marginal cost of a tool list may depend on in the prompt ``ms`` (non-empty),
     for a template whose probes (``ChatTemplateTokenCounter._tools_parts``) found it depends on
@@ -1456,7 +1511,7 @@ def same_json(a: Any, b: Any) -> bool:
 
 
 @cython.ccall
-def entry(self, m: Any, i: int) -> tuple[str, dict[str, Any]]:
+def entry(self: CounterCore, m: Any, i: int) -> tuple[str, dict[str, Any]]:
     memo: dict = self._memo
     e = memo.get(id(m))
     if e is not None and e[0]() is m and (e[1] is None or (m.content, m.tool_calls) == e[1]):
@@ -1530,7 +1585,7 @@ def entry(self, m: Any, i: int) -> tuple[str, dict[str, Any]]:
 
 
 @cython.ccall
-def _evict(self, cache: dict, adding: int = 1) -> None:
+def _evict(self: CounterCore, cache: dict, adding: int = 1) -> None:
     """Make room in ``cache`` (a cache at ``self.cache_size`` entries) for ``adding`` new keys:
     drop its oldest quarter -- at least one key, more where ``adding`` needs it -- under the
     counter's lock (another thread may be evicting too: each key is popped at most once).
@@ -1545,7 +1600,7 @@ def _evict(self, cache: dict, adding: int = 1) -> None:
 
 
 @cython.ccall
-def store_all(self, cache: dict, new: Mapping[Any, Any]) -> None:
+def store_all(self: CounterCore, cache: dict, new: Mapping[Any, Any]) -> None:
     """``cache.update(new)`` within ``self.cache_size`` keys: room made by ``_evict``; of a
     batch larger than the whole cache only its last ``cache_size`` entries are kept (a cache
     holds what it can; a reader finding a key gone computes it again)."""
@@ -1560,7 +1615,7 @@ def store_all(self, cache: dict, new: Mapping[Any, Any]) -> None:
 
 
 @cython.ccall
-def any_lookahead(self, keys: Sequence[str], dicts: Sequence[Mapping[str, Any]]) -> bool:
+def any_lookahead(self: CounterCore, keys: Sequence[str], dicts: Sequence[Mapping[str, Any]]) -> bool:
     """Whether a message of ``dicts`` is one ``count_messages`` renders whole for (reasoning,
     a text feature in ``self._sensitive``: ``self._lookahead(d)`` but for call text counted
     under ``_final_rule``), cached per message key."""
@@ -1576,7 +1631,7 @@ def any_lookahead(self, keys: Sequence[str], dicts: Sequence[Mapping[str, Any]])
 
 
 @cython.ccall
-def trait(self, k: str, d: Mapping[str, Any]) -> tuple[bool, tuple[Any, ...]]:
+def trait(self: CounterCore, k: str, d: Mapping[str, Any]) -> tuple[bool, tuple[Any, ...]]:
     """``(any_lookahead's answer for d, d's element of self._pattern)``, cached per message key."""
     looks: dict = self._looks
     t = looks.get(k)
@@ -1594,14 +1649,14 @@ def trait(self, k: str, d: Mapping[str, Any]) -> tuple[bool, tuple[Any, ...]]:
 
 
 @cython.ccall
-def local_pattern(self, keys: Sequence[str], dicts: Sequence[Mapping[str, Any]]) -> bool:
+def local_pattern(self: CounterCore, keys: Sequence[str], dicts: Sequence[Mapping[str, Any]]) -> bool:
     """``self._is_local(dicts, keys)``: the unit's role pattern from the cached traits, its
     answer from ``self._local`` (probed by ``_is_local`` the first time)."""
     return _pattern_local(self, keys, dicts, False)
 
 
 @cython.ccall
-def unit_locality(self, keys: tuple, dicts: Sequence[Mapping[str, Any]]) -> tuple:
+def unit_locality(self: CounterCore, keys: tuple, dicts: Sequence[Mapping[str, Any]]) -> tuple:
     """``(any_lookahead(self, keys, dicts), is_local(self, keys, dicts))`` for the unit ``keys``.
     Kept (in ``self._looks``, under the keys' tuple: reset with it) for a unit that is not local,
     whose costs ``upper_costs`` asks for after ``prefill_units`` asked this; a local unit's costs
@@ -1620,14 +1675,14 @@ def unit_locality(self, keys: tuple, dicts: Sequence[Mapping[str, Any]]) -> tupl
 
 
 @cython.ccall
-def is_local(self, keys: Sequence[str], dicts: Sequence[Mapping[str, Any]]) -> bool:
+def is_local(self: CounterCore, keys: Sequence[str], dicts: Sequence[Mapping[str, Any]]) -> bool:
     """``not any_lookahead(self, keys, dicts) and self._is_local(dicts, keys)`` in one pass
     over the cached traits."""
     return _pattern_local(self, keys, dicts, True)
 
 
 @cython.ccall
-def _pattern_local(self, keys: Sequence[str], dicts: Sequence[Mapping[str, Any]], no_lookahead: bool) -> bool:
+def _pattern_local(self: CounterCore, keys: Sequence[str], dicts: Sequence[Mapping[str, Any]], no_lookahead: bool) -> bool:
     """Whether the unit's role pattern (from the cached traits) is neighbour-independent, from
     ``self._local`` (probed by ``_is_local`` the first time); with ``no_lookahead``, False as
     soon as a message has lookahead (``is_local``), else lookahead is not asked
@@ -1649,7 +1704,7 @@ def _pattern_local(self, keys: Sequence[str], dicts: Sequence[Mapping[str, Any]]
     return bool(local)
 
 
-def count_messages(self, messages: Iterable[Any]) -> int:
+def count_messages(self: CounterCore, messages: Iterable[Any]) -> int:
     """Exact tokens of ``messages`` as one request with the generation prompt, without tools
     (``count_messages([])`` is the template's fixed cost: what it renders around nothing).
 
@@ -1728,7 +1783,7 @@ def any_orphan(dicts: Sequence[Mapping[str, Any]], start: int) -> bool:
 
 
 @cython.ccall
-def end_cost(self, role: str) -> Optional[int]:
+def end_cost(self: CounterCore, role: str) -> Optional[int]:
     """``self._end_cost(role)``, its cached answer looked up here."""
     ends: dict = self._ends
     if role in ends:
@@ -1737,7 +1792,7 @@ def end_cost(self, role: str) -> Optional[int]:
 
 
 @cython.ccall
-def overlap(self, keys: list[str]) -> Optional[tuple[int, int, int]]:
+def overlap(self: CounterCore, keys: list[str]) -> Optional[tuple[int, int, int]]:
     """``(p, q, m)`` with ``keys[p:p + m] == last[q:]`` for the previous segmented call's
     message keys ``last`` (all of them, ``m = len(last) - q``), ``q`` a unit start there,
     and ``keys[:p] == last[:p]`` when ``p == q``: the prompt extends the last one
@@ -1780,7 +1835,7 @@ def new_starts(dicts: Sequence[Mapping[str, Any]], lo: int) -> list:
 
 
 @cython.ccall
-def segments(self, ms: Sequence[Any], keys: list[str], dicts: list[dict[str, Any]],
+def segments(self: CounterCore, ms: Sequence[Any], keys: list[str], dicts: list[dict[str, Any]],
               ov: Optional[tuple[int, int, int]] = None) -> int:
     n = len(ms)
     last = self._last
@@ -1873,7 +1928,7 @@ def last_final(dicts: Sequence[Mapping[str, Any]], lo: int, hi: int) -> int:
 
 
 @cython.ccall
-def unit_total(self, keys: list[str], dicts: list[dict[str, Any]], starts: list[int], u: int, n: int,
+def unit_total(self: CounterCore, keys: list[str], dicts: list[dict[str, Any]], starts: list[int], u: int, n: int,
                final: int = -1) -> int:
     """What unit ``u`` (of ``starts``) costs in the conversation ``keys``; ``final``: where the
     conversation's last final answer stands, for a template that looks ahead for one

@@ -52,14 +52,50 @@ def _bound(core):
 
 TwinCounter = _bound(twin)
 CompiledCounter = _bound(compiled)
+#: the compiled functions taking ``self`` take a counter derived from the compiled
+#: ``CounterCore`` (its fields read at fixed offsets); under ``JIANMU_FAST_PURE_PYTHON=1``
+#: ``ChatTemplateTokenCounter`` derives from the twin's, so the tests that hand the compiled
+#: build a counter run in the compiled run only (the twin's functions take either counter)
+needs_compiled_base = pytest.mark.skipif(
+    not issubclass(ChatTemplateTokenCounter, compiled.CounterCore),
+    reason="pure-Python run: ChatTemplateTokenCounter derives from the twin's CounterCore, which the "
+           "compiled build refuses (the compiled run compares the builds)")
 
 
 def test_the_class_binds_every_core_method():
     for name, attr in METHODS.items():
         assert getattr(ChatTemplateTokenCounter, attr).__name__ == name
     assert set(METHODS) | {"message_to_template_dict", "message_key", "parse_key", "call_entry",
-                           "plain_entry", "block_entry", "args_text"} | HELPERS == set(twin.__all__)
+                           "plain_entry", "block_entry", "args_text", "CounterCore"} | HELPERS == set(twin.__all__)
     assert set(twin.__all__) == set(compiled.__all__)
+
+
+def test_the_counter_derives_from_the_core_of_its_backend(tmp_path):
+    """``ChatTemplateTokenCounter``'s base is the ``CounterCore`` of the backend in use, whose
+    fields hold the caches the hot path reads; the compiled functions refuse a counter of the
+    twin's base (a ``TypeError`` naming the type expected), a compiled field refuses a value
+    of another type, and the counter still pickles by its model folder alone (no field
+    travels: the base adds no pickling of its own)."""
+    import pickle
+
+    from jianmu_fast import _backend
+
+    core = twin if _backend.BACKEND == "python" else compiled
+    assert ChatTemplateTokenCounter.__bases__ == (core.CounterCore,)
+    with pytest.raises(TypeError, match="CounterCore"):
+        compiled.count_messages(twin.CounterCore(), [])
+    with pytest.raises(TypeError, match="CounterCore"):
+        compiled.segments(object(), [], [], [])
+    c = ChatTemplateTokenCounter(mk.model_dir("qwen3", str(tmp_path)), engine="tokenizers")
+    assert c.count_messages([Message(role="user", content="hi")]) > 0 and c._units and c._memo
+    if core is compiled:
+        with pytest.raises(TypeError, match="dict"):
+            c._units = []  # type: ignore[assignment]
+    state = pickle.dumps(c)
+    assert b"_units" not in state and b"_memo" not in state
+    clone = pickle.loads(state)
+    assert type(clone) is ChatTemplateTokenCounter and clone.path == c.path and len(state) < 1_000
+    assert clone.count_messages([Message(role="user", content="hi")]) == c.count_messages([Message(role="user", content="hi")])
 
 
 @pytest.fixture(scope="module")
@@ -124,6 +160,7 @@ def _run(cls, path, ms, engine="tokenizers"):
     return out
 
 
+@needs_compiled_base
 @pytest.mark.parametrize("family", FAMILIES)
 @settings(max_examples=40, deadline=None, suppress_health_check=list(HealthCheck))
 @given(ms=_conversation())
@@ -163,6 +200,7 @@ def test_unit_preds_lists_every_neighbour_on_both_builds():
         assert compiled.role_of(d) == twin.role_of(d) == ChatTemplateTokenCounter._role_of(d) == want
 
 
+@needs_compiled_base
 @pytest.mark.parametrize("family", FAMILIES)
 @settings(max_examples=25, deadline=None, suppress_health_check=list(HealthCheck))
 @given(ms=_conversation())
@@ -183,6 +221,7 @@ def test_unit_locality_is_lookahead_and_locality_on_both_builds(model_dirs, fami
         assert want[0] is False or want[1] is False
 
 
+@needs_compiled_base
 @pytest.mark.skipif(importlib.util.find_spec("fastokens") is None, reason="fastokens not installed")
 @pytest.mark.parametrize("family", ["qwen3", "mistral"])
 @settings(max_examples=15, deadline=None, suppress_health_check=list(HealthCheck))
@@ -198,6 +237,7 @@ def test_compiled_hot_path_equals_the_twin_on_fastokens(model_dirs, family, ms):
 _FAST_COUNTERS: dict[str, ChatTemplateTokenCounter] = {}
 
 
+@needs_compiled_base
 @pytest.mark.skipif(importlib.util.find_spec("fastokens") is None, reason="fastokens not installed")
 @pytest.mark.parametrize("family", FAMILIES)
 @settings(max_examples=60, deadline=None, suppress_health_check=list(HealthCheck))
@@ -372,6 +412,7 @@ def _replay(cls, path, ms, ops):
     return out
 
 
+@needs_compiled_base
 @pytest.mark.parametrize("family", ["qwen3", "llama3.1", "mistral"])
 @settings(max_examples=30, deadline=None, suppress_health_check=list(HealthCheck))
 @given(ms=_conversation(), data=st.data())
@@ -462,6 +503,7 @@ def mistral_counters(model_dirs):
     return [cls(model_dirs["mistral"]) for cls in (CompiledCounter, TwinCounter)]
 
 
+@needs_compiled_base
 @settings(max_examples=200, deadline=None, suppress_health_check=list(HealthCheck))
 @given(ms=_repeating_conversation(), grow=_repeating_conversation())
 def test_user_repeats_are_the_earlier_user_messages_the_template_sees_equal_to_the_last(mistral_counters, ms, grow):
@@ -480,6 +522,7 @@ def test_user_repeats_are_the_earlier_user_messages_the_template_sees_equal_to_t
                  Message(role="user", content="go on")]) == [0]  # (the reference finds a repeat)
 
 
+@needs_compiled_base
 @pytest.mark.parametrize("size", [1, 4])
 @pytest.mark.parametrize("family", ["qwen3", "hermes", "llama3.1"])
 @settings(max_examples=10, deadline=None, suppress_health_check=list(HealthCheck))

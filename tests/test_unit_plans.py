@@ -226,8 +226,10 @@ def test_planned_costs_equal_each_pairs_planned_cost(pairs, family, data):
     for a, b in zip(starts, starts[1:]):
         ukeys = tuple(keys[a:b])
         want = [c._planned_cost(ukeys, p, s) for p, s in _PAIRS]
+        # (the compiled build takes a counter of its own CounterCore: not in the pure-Python run)
         for core in (_template_core, _template_core_py):
-            assert core.planned_costs(c, ukeys, _PAIRS) == want
+            if core is _template_core_py or isinstance(c, core.CounterCore):
+                assert core.planned_costs(c, ukeys, _PAIRS) == want
         blind, ref._succ_blind = ref._succ_blind, False  # (rendered between these very stand-ins)
         try:
             for (p, s), got in zip(_PAIRS, want):

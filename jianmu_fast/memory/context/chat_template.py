@@ -530,7 +530,7 @@ _TOOLS_TABLES: dict[tuple[Any, ...], tuple[dict[Any, Any], dict[Any, Any]]] = {}
 _TABLES_LOCK = threading.Lock()
 
 
-class ChatTemplateTokenCounter:
+class ChatTemplateTokenCounter(_tc.CounterCore):  # type: ignore[misc,name-defined]
     """Exact token counts of a request to an open model, from its tokenizer and chat template.
 
     ``path_or_tokenizer`` is a local model directory (``tokenizer.json`` and
