@@ -1,17 +1,20 @@
 """Instructions per steady hot-loop turn under callgrind (issue 17's counter against
 ``HFTokenCounter``): deterministic where time on a shared machine is not.
 
-Run from the repository root (valgrind installed, the package built; ~1-2 minutes a family)::
+Run from the repository root (valgrind installed, the package built; ~2-3 minutes a family)::
 
     .venv/bin/python benchmarks/callgrind_turns.py --trace cs --size 24 --families qwen3,deepseek-v3
     .venv/bin/python benchmarks/callgrind_turns.py --trace seeded --size 40 --tools --families gpt-oss
 
 For each family and counter (``--impls``, default ``chat_template,hf``) it replays the turns of
 ``benchmarks/test_chat_template.py`` (``_round``: append a unit, trim to the budget, count the
-prompt sent, fastokens engine) twice in one process: a first round warms the code, then a
-fresh counter and filter replay the turns again, the first half unmeasured and the second half
-measured, so the figure is a warm turn's (the first turns after a fresh counter do the
-counter's remaining set-up). Each measured region runs inside libc's ``qsort`` (a 2-element
+prompt sent, fastokens engine) ``--replays`` times in one process (default 3): the first rounds
+warm the code and the template's shared frame and plan tables, then a fresh counter and filter
+replay the turns again, the first half unmeasured and the second half measured, so the figure
+is a warm turn's (the first turns after a fresh counter do the counter's remaining set-up). Two
+replays are not always warm: on the coding trace a second fresh counter still learned frames
+and built unit plans that the first had not reached (DeepSeek-V3: 3.42x ``HFTokenCounter`` in
+the second replay, 1.74x in the third). Each measured region runs inside libc's ``qsort`` (a 2-element
 sort whose comparator runs the region once) under ``valgrind --tool=callgrind
 --collect-atstart=no --toggle-collect=qsort_r --dump-after=qsort_r``: one dump per region,
 whose ``summary:`` line is the region's instructions. Build the compiled module with
@@ -69,7 +72,7 @@ def inner(args: argparse.Namespace) -> None:
         _, turns = tct._split(args.size, fam, args.trace)
         half = len(turns) // 2
         for impl in args.impls.split(","):
-            for rep in range(2):
+            for rep in range(args.replays):
                 setup, _ = tct._round(impl, args.size, d, fam, "fastokens", args.tools, args.trace)
                 (counter, flt, history), _ = setup()
 
@@ -82,7 +85,7 @@ def inner(args: argparse.Namespace) -> None:
                     return run
 
                 replay(turns[:half])()
-                if rep:
+                if rep == args.replays - 1:
                     _measure(replay(turns[half:]))
                     labels.append([fam, impl, len(turns) - half])
                 else:
@@ -98,9 +101,13 @@ def main() -> None:
     p.add_argument("--tools", action="store_true", help="the requests carry the trace's tools")
     p.add_argument("--families", default="qwen3,deepseek-v3")
     p.add_argument("--impls", default="chat_template,hf")
+    p.add_argument("--replays", type=int, default=3,
+                   help="rounds per counter, the last one measured (at least 2; default 3)")
     p.add_argument("--out", default=None, help="where the dumps go (default: a new temporary folder)")
     p.add_argument("--inner", action="store_true", help=argparse.SUPPRESS)
     args = p.parse_args()
+    if args.replays < 2:
+        p.error(f"--replays must be at least 2 (a round warms, the last is measured), got {args.replays}")
     if args.inner:
         inner(args)
         return
@@ -109,7 +116,7 @@ def main() -> None:
     cmd = ["valgrind", "--tool=callgrind", "--collect-atstart=no", "--toggle-collect=qsort_r",
            "--dump-after=qsort_r", f"--callgrind-out-file={os.path.join(args.out, 'cg')}",
            sys.executable, os.path.abspath(__file__), "--inner", "--trace", args.trace, "--size", str(args.size),
-           "--families", args.families, "--impls", args.impls, "--out", args.out] + (["--tools"] if args.tools else [])
+           "--families", args.families, "--impls", args.impls, "--out", args.out, "--replays", str(args.replays)] + (["--tools"] if args.tools else [])
     with open(os.path.join(args.out, "log"), "w") as log:
         subprocess.run(cmd, check=True, stdout=log, stderr=subprocess.STDOUT)
     with open(os.path.join(args.out, "labels.json")) as f:
