@@ -43,9 +43,9 @@ from .message.model import FrozenDict, FrozenList, coerce_message, thaw
 __all__ = [
     "CounterCore", "any_lookahead", "any_orphan", "any_system", "args_text", "block_entry", "call_entries", "call_entry", "count_list", "count_messages", "encode_lengths", "end_cost",
     "entries_stable",
-    "entry", "frame_part", "head_groups", "is_local", "keep_last", "last_final", "local_pattern", "message_to_template_dict", "message_key", "new_starts", "overlap",
+    "entry", "flat_printed", "frame_part", "head_groups", "is_local", "keep_last", "last_final", "local_pattern", "message_to_template_dict", "message_key", "new_starts", "overlap",
     "ops_hold", "parse_key", "piece_counts", "plain_entry", "plain_frame", "plan", "plan_groups", "plan_texts", "planned_cost", "planned_costs",
-    "prefill_planned", "prefill_units", "recall", "role_of", "run_text", "run_text_of",
+    "prefill_planned", "prefill_units", "put_str", "recall", "role_of", "run_text", "run_text_of",
     "same_json", "segments", "step_costs", "store_all", "tools_signature", "trait", "unit_locality", "unit_parts", "unit_preds", "unit_starts", "unit_succ", "unit_total", "upper_costs", "user_repeats",
 ]
 
@@ -233,18 +233,123 @@ _ROLE_PARTS: dict = {}
 @cython.ccall
 def _role_part(role: Any) -> tuple[Any, str]:
     """``(("role", ("str", role)), '{"role": <role as JSON>, "content": null')``, cached."""
-    rp = _ROLE_PARTS.get(role)
+    parts: dict = _ROLE_PARTS  # (typed: its get called directly, not looked up)
+    rp = parts.get(role)
     if rp is None:
         rp = (("role", ("str", role)), '{"role": ' + _ENC_STR(role) + ', "content": null')
-        if len(_ROLE_PARTS) < 64:
-            _ROLE_PARTS[role] = rp
+        if len(parts) < 64:
+            parts[role] = rp
     return rp  # type: ignore[no-any-return]
+
+
+@cython.ccall
+def put_str(out: list, s: str) -> None:
+    """Append ``_ENC_STR(s)`` (``s`` as a JSON string) to ``out``, in pieces: a short string
+    with nothing to escape (no ``"``, backslash or control character: an id, a name) is put
+    between quotes as it is, without a call to the encoder and a new string; any other goes
+    through the encoder.
+
+    >>> out = []
+    >>> put_str(out, "call_1"); put_str(out, 'a"b'); "".join(out)
+    '"call_1""a\\"b"'
+    """
+    ch: cython.Py_UCS4
+    if len(s) <= 64:
+        for ch in s:
+            if ch == '"' or ch == "\\" or ch < " ":
+                break
+        else:
+            out.append('"')
+            out.append(s)
+            out.append('"')
+            return
+    out.append(_ENC_STR(s))
+
+
+@cython.ccall
+def flat_printed(text: str) -> bool:
+    """``_FLAT_PRINTED.fullmatch(text) is not None``, scanned character by character (no
+    regular expression: a tool call's arguments are checked once per new message): ``{}`` or
+    ``{"k": v, "k2": v2, ...}``, each key an escape-free string (no ``"``, backslash or control
+    character inside), each value one too, or ``0``, ``-?[1-9][0-9]*``, ``true``, ``false``,
+    ``null``, with ``": "`` and ``", "`` between them exactly.
+
+    >>> flat_printed('{"city": "Paris", "n": -12, "ok": true}'), flat_printed('{"x":1}'), flat_printed("{}")
+    (True, False, True)
+    """
+    n: cython.Py_ssize_t = len(text)
+    i: cython.Py_ssize_t = 1
+    ch: cython.Py_UCS4
+    if n < 2 or text[0] != "{" or text[n - 1] != "}":
+        return False
+    if n == 2:
+        return True
+    while True:
+        # a key: an escape-free string
+        if i >= n or text[i] != '"':
+            return False
+        i += 1
+        while True:
+            if i >= n:
+                return False
+            ch = text[i]
+            i += 1
+            if ch == '"':
+                break
+            if ch == "\\" or ch < " ":
+                return False
+        if i + 1 >= n or text[i] != ":" or text[i + 1] != " ":
+            return False
+        i += 2
+        if i >= n:
+            return False
+        ch = text[i]
+        if ch == '"':  # an escape-free string
+            i += 1
+            while True:
+                if i >= n:
+                    return False
+                ch = text[i]
+                i += 1
+                if ch == '"':
+                    break
+                if ch == "\\" or ch < " ":
+                    return False
+        elif ch == "0":
+            i += 1
+        elif ch == "-" or "1" <= ch <= "9":  # -?[1-9][0-9]*
+            if ch == "-":
+                i += 1
+                if i >= n:
+                    return False
+                ch = text[i]
+                if not "1" <= ch <= "9":
+                    return False
+            i += 1
+            while i < n:
+                ch = text[i]
+                if not "0" <= ch <= "9":
+                    break
+                i += 1
+        elif text.startswith("true", i) or text.startswith("null", i):
+            i += 4
+        elif text.startswith("false", i):
+            i += 5
+        else:
+            return False
+        if i == n - 1:  # (the closing brace, checked above)
+            return True
+        if i + 1 >= n or text[i] != "," or text[i + 1] != " ":
+            return False
+        i += 2
 
 
 _J_STR = r'"[^"\\\x00-\x1f]*"'
 _J_VALUE = "(?:" + _J_STR + r"|0|-?[1-9][0-9]*|true|false|null)"
 #: a JSON object of string keys and values that are escape-free strings, integers (not -0),
-#: true, false or null, printed as ``json.dumps`` prints it (no whitespace but ", " and ": ")
+#: true, false or null, printed as ``json.dumps`` prints it (no whitespace but ", " and ": "):
+#: what ``flat_printed`` accepts, scanning (this expression is its specification: a property
+#: test holds the two equal)
 _FLAT_PRINTED = re.compile(r"\{(?:" + _J_STR + ": " + _J_VALUE + "(?:, " + _J_STR + ": " + _J_VALUE + r")*)?\}")
 
 
@@ -260,7 +365,7 @@ def args_text(text: str, args: dict[str, Any]) -> str:
     >>> args_text('{"x":1.50}', {"x": 1.5})
     '{"x": 1.5}'
     """
-    if _FLAT_PRINTED.fullmatch(text) is not None and text.count('": ') == len(args):
+    if flat_printed(text) and text.count('": ') == len(args):
         return text
     if _ENCODE_PARSED is not None:  # (dumps_parsed, its C encoder called here)
         return "".join(_ENCODE_PARSED(args, 0))
@@ -309,7 +414,6 @@ def call_entry(m: Message) -> Optional[tuple[dict[str, Any], str, tuple[Any, tup
         content = ""
     elif type(content) is not str:
         return None
-    enc = _ENC_STR
     role = mf["role"]
     rp = _role_part(role)
     calls: list = []
@@ -329,9 +433,13 @@ def call_entry(m: Message) -> Optional[tuple[dict[str, Any], str, tuple[Any, tup
                     if type(args) is not dict:
                         return None
                     text = args_text(v, args)
-                    out.append(('{"id": ' if not calls else ', {"id": ') + enc(cid)
-                               + ', "type": "function", "function": {"name": ' + enc(name)
-                               + ', "arguments": ' + text + "}}")
+                    out.append('{"id": ' if not calls else ', {"id": ')
+                    put_str(out, cid)
+                    out.append(', "type": "function", "function": {"name": ')
+                    put_str(out, name)
+                    out.append(', "arguments": ')
+                    out.append(text)
+                    out.append("}}")
                     values.append(cid)
                     values.append(name)
                     values.append(text)
@@ -353,7 +461,7 @@ def call_entry(m: Message) -> Optional[tuple[dict[str, Any], str, tuple[Any, tup
             else:
                 c[k] = v
                 out.append(sep + ('"id": ' if k == "id" else '"type": '))
-                out.append(enc(v))
+                put_str(out, v)
                 sep = ", "
                 if k == "id" and v:
                     values.append(v)
@@ -384,7 +492,7 @@ def call_entry(m: Message) -> Optional[tuple[dict[str, Any], str, tuple[Any, tup
             else:
                 f[k] = v
                 out.append(sep + '"name": ')
-                out.append(enc(v))
+                put_str(out, v)
                 if v:
                     values.append(v)
                     fshape.append(("name", None))
@@ -445,7 +553,7 @@ def plain_entry(m: Message, fields: Sequence[str]) -> Optional[tuple[dict[str, A
     content, role, name, tcid = got
     rp = _role_part(role)
     d: dict = {"role": role, "content": content}
-    head: str = rp[1]
+    head: list = [rp[1]]  # the key's text, joined once
     values: list = []
     shape: list = [rp[0]]
     if content and "content" in fields:
@@ -455,7 +563,8 @@ def plain_entry(m: Message, fields: Sequence[str]) -> Optional[tuple[dict[str, A
         shape.append(("content", ("str", content)))
     if name is not None:
         d["name"] = name
-        head += ', "name": ' + _ENC_STR(name)
+        head.append(', "name": ')
+        put_str(head, name)
         if name and "name" in fields:
             values.append(name)
             shape.append(("name", None))
@@ -463,13 +572,16 @@ def plain_entry(m: Message, fields: Sequence[str]) -> Optional[tuple[dict[str, A
             shape.append(("name", ("str", name)))
     if tcid is not None:
         d["tool_call_id"] = tcid
-        head += ', "tool_call_id": ' + _ENC_STR(tcid)
+        head.append(', "tool_call_id": ')
+        put_str(head, tcid)
         if tcid and "tool_call_id" in fields:
             values.append(tcid)
             shape.append(("tool_call_id", None))
         else:
             shape.append(("tool_call_id", ("str", tcid)))
-    return d, f"{head}}}\0{content}", (tuple(shape), tuple(values))
+    head.append("}\0")
+    head.append(content)
+    return d, "".join(head), (tuple(shape), tuple(values))
 
 
 def block_entry(m: Message, fields: Sequence[str]) -> Optional[tuple[dict[str, Any], str, tuple[Any, tuple[str, ...]]]]:

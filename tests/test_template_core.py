@@ -66,7 +66,7 @@ def test_the_class_binds_every_core_method():
     for name, attr in METHODS.items():
         assert getattr(ChatTemplateTokenCounter, attr).__name__ == name
     assert set(METHODS) | {"message_to_template_dict", "message_key", "parse_key", "call_entry",
-                           "plain_entry", "block_entry", "args_text", "CounterCore"} | HELPERS == set(twin.__all__)
+                           "plain_entry", "block_entry", "args_text", "flat_printed", "put_str", "CounterCore"} | HELPERS == set(twin.__all__)
     assert set(twin.__all__) == set(compiled.__all__)
 
 
@@ -388,6 +388,54 @@ def test_args_text_is_the_printed_arguments(obj, style, twice):
     want = json.dumps(args, ensure_ascii=False)
     assert twin.args_text(text, args) == want
     assert compiled.args_text(text, args) == want
+
+
+#: text shaped like tool-call arguments: JSON's punctuation, digits, words and the characters
+#: an escape-free string must not hold, so that most draws are near-misses of a flat object
+_flat_alphabet = st.sampled_from(['{', '}', '"', ':', ' ', ',', '-', '0', '1', '9', '5', 'a', 'é', 'true', 'false',
+                                  'null', 'nul', '\\', '\n', '\x1f', '\x7f', '[', '.', 'e', '数'])
+_flat_texts = st.one_of(
+    st.lists(_flat_alphabet, max_size=24).map("".join),
+    st.dictionaries(st.text(max_size=4), st.one_of(st.none(), st.booleans(), st.integers(-10**6, 10**6), st.text(max_size=4)),
+                    max_size=4).map(json.dumps),
+    st.dictionaries(st.text(max_size=4), st.integers(-9, 99), max_size=3).map(json.dumps).flatmap(
+        lambda t: st.integers(0, len(t)).flatmap(lambda i: _flat_alphabet.map(lambda c: t[:i] + c + t[i + 1:]))),
+)
+
+
+@settings(max_examples=int(os.environ.get("JIANMU_FAST_MAX_EXAMPLES", "500")) * 4, deadline=None)
+@given(text=_flat_texts)
+@example(text='{"a": 0}')
+@example(text='{"a": -0}')
+@example(text='{"a": 01}')
+@example(text='{"a": "x}')
+@example(text='{"a": 1}}')
+@example(text='{"a": true, "b": null, "c": false}')
+@example(text='{"a": truex}')
+@example(text='{"a": "b", }')
+@example(text='{"": ""}')
+@example(text="{}")
+@example(text="{ }")
+@example(text="{")
+@example(text="")
+def test_flat_printed_is_the_regular_expression(text):
+    """``flat_printed`` (the character scan ``args_text`` runs) accepts exactly what
+    ``_FLAT_PRINTED`` (the regular expression it replaced) fully matches, on both builds."""
+    want = twin._FLAT_PRINTED.fullmatch(text) is not None
+    assert twin.flat_printed(text) is want
+    assert compiled.flat_printed(text) is want
+
+
+@settings(max_examples=int(os.environ.get("JIANMU_FAST_MAX_EXAMPLES", "500")), deadline=None)
+@given(s=st.one_of(st.text(max_size=80), st.text(st.characters(max_codepoint=0x7f), max_size=70),
+                   st.sampled_from(["", "call_1", 'a"b', "a\\b", "\x00", "\x1f", "\x7f", "\u2028", "x" * 64, "x" * 65,
+                                    "\ud800"])))
+def test_put_str_is_the_encoder(s):
+    """``put_str`` appends ``json.encoder.encode_basestring(s)`` (in pieces) on both builds."""
+    for core in (twin, compiled):
+        out = ["<"]
+        core.put_str(out, s)
+        assert out[0] == "<" and "".join(out[1:]) == json.encoder.encode_basestring(s)
 
 
 def _replay(cls, path, ms, ops):
