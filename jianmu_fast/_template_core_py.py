@@ -1174,9 +1174,13 @@ def run_text(self: CounterCore, run: tuple, values: Sequence[str]) -> Optional[s
     A run holding a long string value (past ``_UNCACHED_RUN`` characters: a tool output) is
     kept among the ``_LONG_RUNS`` such used last (``self._run_texts``): a unit costed between
     several neighbours, or again by the exact count, escapes, joins and scans it once, and
-    counts the same string (its hash kept)."""
+    counts the same string (``piece_counts`` finds a long one by its identity). Such a run is
+    kept under the identities of its values (hashing a tool output is a pass over it, as
+    long as tokenizing a tenth of it), the entry holding the values themselves: while it
+    lives, no other object has their ids. The same values in other objects (another message
+    with the same output) build the text again."""
     items, next_token = run
-    long = False  # (a long value, and every value a str: a key)
+    long = False  # (a long value, and every value a str)
     for x in items:
         if type(x) is not str:
             v = values[x] if x >= 0 else values[-1 - x]
@@ -1186,13 +1190,15 @@ def run_text(self: CounterCore, run: tuple, values: Sequence[str]) -> Optional[s
             long = long or len(v) > _UNCACHED_RUN
     if not long:
         return run_text_of(self, items, next_token, values)
-    key = (run, tuple([values[x] if x >= 0 else values[-1 - x] for x in items if type(x) is not str]))
+    held = tuple([values[x] if x >= 0 else values[-1 - x] for x in items if type(x) is not str])
+    key = (run, tuple([id(v) for v in held]))
     memo: dict = self._run_texts
-    got = recall(memo, key, NOT_YET)
-    if got is NOT_YET:
-        got = run_text_of(self, items, next_token, values)
-        keep_last(self, memo, key, got)
-    return got  # type: ignore[no-any-return]
+    got = recall(memo, key, None)
+    if got is None:
+        text = run_text_of(self, items, next_token, values)
+        keep_last(self, memo, key, (held, text))
+        return text
+    return got[1]  # type: ignore[no-any-return]
 
 
 @cython.ccall
@@ -1289,6 +1295,8 @@ def ops_hold(ops: Sequence[tuple[Any, ...]], values: Sequence[str]) -> bool:
 #: system prompt's own run, used every turn, stays)
 _UNCACHED_RUN = 256
 _LONG_RUNS = 256
+#: past this many characters a piece is cached by its identity (see ``piece_counts``)
+_HUGE_PIECE = 2048
 
 
 @cython.ccall
@@ -1296,22 +1304,34 @@ def piece_counts(self: CounterCore, pieces: list[str]) -> list[int]:
     """Tokens of each piece (text without added tokens; the counts in the pieces' order),
     cached; the new ones encoded in one batch (a piece longer than ``_UNCACHED_RUN``
     characters is kept only among the ``_LONG_RUNS`` such pieces used last: a unit costed next
-    to several neighbours, whose long value runs repeat, counts them once)."""
+    to several neighbours, whose long value runs repeat, counts them once). A piece longer
+    than ``_HUGE_PIECE`` characters (a tool output's run: ``run_text`` keeps its string) is
+    kept under its identity, with itself (no pass over it to hash it); an equal piece in
+    another string is counted again."""
     cache: dict = self._pieces
     longs: dict = self._long_pieces
     out: list = []
     texts: list = []  # what to encode: each new piece once
     new: dict = {}  # new short piece -> its index in texts
-    new_long: dict = {}  # new long piece -> its index in texts
+    new_long: dict = {}  # new long piece (a huge one: its id) -> its index in texts
     pending: list = []  # indexes of out that hold an index in texts
     for piece in pieces:
-        long = len(piece) > _UNCACHED_RUN
-        n = recall(longs, piece, None) if long else cache.get(piece)
+        size = len(piece)
+        long = size > _UNCACHED_RUN
+        name = piece
+        if size > _HUGE_PIECE:
+            name = id(piece)
+            e = recall(longs, name, None)
+            n = None if e is None else e[1]
+        elif long:
+            n = recall(longs, piece, None)
+        else:
+            n = cache.get(piece)
         if n is None:
             fresh: dict = new_long if long else new
-            j = fresh.get(piece)
+            j = fresh.get(name)
             if j is None:
-                j = fresh[piece] = len(texts)
+                j = fresh[name] = len(texts)
                 texts.append(piece)
             pending.append(len(out))
             out.append(j)
@@ -1323,8 +1343,8 @@ def piece_counts(self: CounterCore, pieces: list[str]) -> list[int]:
             out[i] = got[out[i]]
         if new:
             store_all(self, cache, {piece: got[j] for piece, j in new.items()})
-        for piece, j in new_long.items():
-            keep_last(self, longs, piece, got[j])
+        for name, j in new_long.items():  # (a huge piece by its id, the entry holding it)
+            keep_last(self, longs, name, (texts[j], got[j]) if type(name) is int else got[j])
     return out
 
 

@@ -266,3 +266,49 @@ def test_long_values_count_as_rendered_each_time_they_are_costed(pairs, family):
                 assert c.count_messages(flt.apply(history)) == ref.count_request(history)
         assert c.count_array(ms).tolist() == ref.count_array(ms).tolist()
     assert c._run_texts
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_a_long_tool_output_is_tokenized_once(pairs, family):
+    """A tool output past ``_HUGE_PIECE`` characters is tokenized once, in the turn that
+    brings it, though its unit is costed between several neighbours and the exact count asks
+    for it again, and not again in the turns after it: its run's text is kept by the
+    identities of its values, the piece by its own (no hashing pass over either). The counts
+    stay the rendered ones."""
+    from jianmu_fast import _backend
+
+    path, ref = pairs[family]
+
+    def conversation(tag: str) -> list[Message]:
+        ms = [Message(role="system", content="s"), Message(role="user", content="u")]
+        for i in range(3):
+            out = json.dumps({"tag": f"{tag}{i}", "rows": [f"line {k} of {tag}{i}" for k in range(160)]})
+            assert len(out) > _backend.template_core()._HUGE_PIECE
+            calls = [{"id": f"c{i}", "type": "function", "function": {"name": "f", "arguments": json.dumps({"q": i})}}]
+            ms += [Message(role="assistant", content=None, tool_calls=calls),
+                   Message(role="tool", content=out, tool_call_id=f"c{i}", name="f")]
+        return ms + [Message(role="assistant", content="done"), Message(role="user", content="next")]
+
+    def replay(ms: list[Message], tag: str) -> dict[str, int]:
+        c = ChatTemplateTokenCounter(path, engine="tokenizers")
+        encoded: dict[str, int] = {}
+        plain = c._encode_lengths
+
+        def spy(texts):
+            for t in texts:
+                for i in range(3):
+                    if f'{tag}{i}' in t:
+                        encoded[f"{tag}{i}"] = encoded.get(f"{tag}{i}", 0) + 1
+            return plain(texts)
+
+        c._encode_lengths = spy
+        flt = TokenBudgetFilter(10**6, counter=c)
+        history: list[Message] = []
+        for m in ms:
+            history.append(m)
+            if m.role in ("user", "tool"):
+                assert c.count_messages(flt.apply(history)) == ref.count_request(history)
+        return encoded
+
+    replay(conversation("warm"), "warm")  # (the template's frames and plans learned)
+    assert replay(conversation("seen"), "seen") == {"seen0": 1, "seen1": 1, "seen2": 1}

@@ -668,8 +668,8 @@ class ChatTemplateTokenCounter(_tc.CounterCore):  # type: ignore[misc,name-defin
         self._content_format: Optional[str] = self.content_format  # (read by the compiled entry)
         self._lock = threading.Lock()
         self._pieces: dict[str, int] = {}  # text between added tokens -> tokens
-        self._long_pieces: dict[str, int] = {}  # the same, for the last long ones (see _tc.piece_counts)
-        self._run_texts: dict[Any, Optional[str]] = {}  # the last value runs holding a long value (_tc.run_text)
+        self._long_pieces: dict[Any, Any] = {}  # the same, for the last long ones (see _tc.piece_counts)
+        self._run_texts: dict[Any, Any] = {}  # the last value runs holding a long value (_tc.run_text)
         # tools (their JSON) -> whether the template prints them again for a repeated user
         # message (tools_surplus); a function of the template and the tools only
         self._tools_repeat: dict[str, bool] = {}
