@@ -250,8 +250,8 @@ def put_str(out: list, s: str) -> None:
     through the encoder.
 
     >>> out = []
-    >>> put_str(out, "call_1"); put_str(out, 'a"b'); "".join(out)
-    '"call_1""a\\"b"'
+    >>> put_str(out, "call_1"); put_str(out, 'a"b'); "".join(out) == '"call_1""a\\\\"b"'
+    True
     """
     ch: cython.Py_UCS4
     if len(s) <= 64:
