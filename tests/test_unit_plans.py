@@ -239,6 +239,17 @@ def test_planned_costs_equal_each_pairs_planned_cost(pairs, family, data):
             ref._succ_blind = blind
 
 
+def _hot_loop(c: ChatTemplateTokenCounter, ref: ChatTemplateTokenCounter, ms: list[Message]) -> None:
+    """Replay ``ms`` as an agent loop (an unbounded budget filter, a count before each model
+    call) and hold each count of ``c`` to the rendered one of ``ref``."""
+    flt = TokenBudgetFilter(10**6, counter=c)
+    history: list[Message] = []
+    for m in ms:
+        history.append(m)
+        if m.role in ("user", "tool"):
+            assert c.count_messages(flt.apply(history)) == ref.count_request(history)
+
+
 @pytest.mark.parametrize("family", FAMILIES)
 def test_long_values_count_as_rendered_each_time_they_are_costed(pairs, family):
     """Value runs holding a long value (a tool output, past ``_UNCACHED_RUN``) are kept built
@@ -258,12 +269,7 @@ def test_long_values_count_as_rendered_each_time_they_are_costed(pairs, family):
                Message(role="assistant", content=out[-280:]), Message(role="user", content=out)]
     for _ in range(2):  # the second time with the frames and plans of the first
         c = ChatTemplateTokenCounter(path, engine="tokenizers")
-        flt = TokenBudgetFilter(10**6, counter=c)
-        history: list[Message] = []
-        for m in ms:
-            history.append(m)
-            if m.role in ("user", "tool"):
-                assert c.count_messages(flt.apply(history)) == ref.count_request(history)
+        _hot_loop(c, ref, ms)
         assert c.count_array(ms).tolist() == ref.count_array(ms).tolist()
     assert c._run_texts
 
@@ -302,12 +308,7 @@ def test_a_long_tool_output_is_tokenized_once(pairs, family):
             return plain(texts)
 
         c._encode_lengths = spy
-        flt = TokenBudgetFilter(10**6, counter=c)
-        history: list[Message] = []
-        for m in ms:
-            history.append(m)
-            if m.role in ("user", "tool"):
-                assert c.count_messages(flt.apply(history)) == ref.count_request(history)
+        _hot_loop(c, ref, ms)
         return encoded
 
     replay(conversation("warm"), "warm")  # (the template's frames and plans learned)
