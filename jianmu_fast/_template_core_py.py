@@ -1101,6 +1101,12 @@ def upper_costs(self: CounterCore, keys: tuple, dicts: Sequence[dict[str, Any]],
             pair = (pred, "user" if succ == "end" or (blind and succ != "open") else succ)
             if pair != exact_key and pair not in others:
                 others.append(pair)
+    if reasoning and ("user", "open") != exact_key and ("user", "open") not in others and (
+            "assistant" in preds or "call" in preds):
+        # after an assistant stand-in, "open" also counts what the stand-in loses as the last
+        # message no more (Qwen3's empty think block: 4 tokens under); after a real assistant
+        # message no query between, the unit is kept as it is after a user query
+        others.append(("user", "open"))
     units: dict = self._units
     planned: list
     if caller is None:

@@ -416,6 +416,29 @@ def test_reasoning_and_final_assistant_fall_back_exactly(families):
     assert "<think>\n\n</think>\n\nhello" in rendered
 
 
+def test_reasoning_after_an_assistant_message_is_charged_as_kept(families):
+    """A reasoning unit right after an assistant message, no user query after it (Qwen3 counts
+    only a string content not wrapped in ``<tool_response>`` as a query): Qwen3 keeps its
+    reasoning, 12 tokens. Its charge was costed with nothing after it after an assistant
+    stand-in, which then lost its final empty think block (4 tokens): charged 8, and the
+    charges summed to 40 for an exact 44 (a random draw of the vLLM-format test found it)."""
+    think = Message(role="assistant", content="<think>\nhm\n</think>\n\nok")
+    u, a = (lambda content, role=role: Message(role=role, content=content) for role in ("user", "assistant"))
+    ms = [u("Paris"), a("Paris"), think, u([{"type": "text", "text": "Paris"}]), a("Paris")]
+    fam = families["qwen3"]
+    c = fam.fresh()
+    assert c.count_messages(ms) == fam.reference(ms) == 44
+    assert c.count_array(ms).tolist() == [6, 6, 12, 5, 6] and c.count_messages([]) == 9
+    wrapped = [u("Paris"), a("Paris"), think, u("<tool_response>x</tool_response>"), a("Paris")]
+    reasoning = Message(role="assistant", content="ok", extra={"reasoning_content": "hm"})
+    for f in families.values():
+        for conv in (ms, wrapped, ms[:3], [u("q"), a("a"), reasoning, u([{"type": "text", "text": "b"}])]):
+            ref = f.reference(conv)
+            if not isinstance(ref, Exception):
+                assert f.counter.count_messages(conv) == ref, f.name
+                assert f.counter.count_messages([]) + int(f.counter.count_array(conv).sum()) >= ref, f.name
+
+
 def test_render_matches_transformers_text(families):
     ms = [Message(role="system", content="Be brief."), Message(role="user", content="Weather?"),
           Message(role="assistant", content=None, tool_calls=[
