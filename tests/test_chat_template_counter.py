@@ -416,6 +416,44 @@ def test_reasoning_and_final_assistant_fall_back_exactly(families):
     assert "<think>\n\n</think>\n\nhello" in rendered
 
 
+@st.composite
+def hostile_conversations(draw):
+    """``conversations()`` with what templates read as something else: a user text wrapped in
+    ``<tool_response>`` (Qwen3 does not count it as a query), contents as block lists (Qwen3
+    prints none of them, Llama 3.1 each), ``<think>`` in an assistant's text (Qwen3's
+    reasoning)."""
+    out = []
+    for m in draw(conversations()):
+        kind = draw(st.sampled_from(["same", "same", "same", "same", "wrap", "blocks", "think"]))
+        if kind == "wrap" and m.role == "user" and isinstance(m.content, str):
+            m = m.model_copy(update={"content": f"<tool_response>{m.content}</tool_response>"})
+        elif kind == "blocks" and m.role in ("user", "assistant", "tool") and isinstance(m.content, str):
+            m = m.model_copy(update={"content": [{"type": "text", "text": m.content}]})
+        elif kind == "think" and m.role == "assistant" and not m.extra:
+            m = m.model_copy(update={"content": f"<think>\nr\n</think>\n\n{m.content or ''}"})
+        out.append(m)
+    return out
+
+
+@_SETTINGS
+@given(ms=hostile_conversations())
+def test_hostile_conversations_count_exactly_and_charges_bound_every_window(family, ms):
+    """Every window a trim can keep (from each user or assistant message on): counted as
+    transformers counts it, and its charges sum to at least that."""
+    c = family.counter
+    for k in range(len(ms)):
+        if k and ms[k].role not in ("user", "assistant"):
+            continue
+        w = ms[k:]
+        ref = family.reference(w)
+        if isinstance(ref, Exception):
+            with pytest.raises(MessageValidationError):
+                c.count_messages(w)
+            continue
+        assert c.count_messages(w) == ref, k
+        assert c.count_messages([]) + int(c.count_array(w).sum()) >= ref, k
+
+
 def test_reasoning_after_an_assistant_message_is_charged_as_kept(families):
     """A reasoning unit right after an assistant message, no user query after it (Qwen3 counts
     only a string content not wrapped in ``<tool_response>`` as a query): Qwen3 keeps its
