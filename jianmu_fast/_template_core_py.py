@@ -731,6 +731,7 @@ def count_list(self: CounterCore, messages: Sequence[Any], start: bool = True, p
     n = len(ms)
     prefill_units(self, keys, dicts, starts)
     local_units: dict = self._local_units
+    final = -2  # where the last final answer stands (last_final's), once a unit asks under _final_rule
     u: cython.Py_ssize_t
     for u in range(len(starts)):
         a = starts[u]
@@ -757,7 +758,10 @@ def count_list(self: CounterCore, messages: Sequence[Any], start: bool = True, p
             # a slice that starts inside a unit: stand the assistant that made the call before it
             exact_pred = "call"
             caller = self._calls.get(dicts[a].get("tool_call_id") or "")
-        costs = upper_costs(self, tuple(keys[a:b]), dicts[a:b], preds, succs, (exact_pred, true_succ), caller)
+        if self._final_rule and final == -2:
+            final = last_final(dicts, 0, n)
+        costs = upper_costs(self, tuple(keys[a:b]), dicts[a:b], preds, succs, (exact_pred, true_succ), caller,
+                            final >= b)
         out[a:b] = costs
     return out
 
@@ -1066,9 +1070,13 @@ _AHEAD = ("call", "call_final", "user_final")
 
 @cython.ccall
 def upper_costs(self: CounterCore, keys: tuple, dicts: Sequence[dict[str, Any]], preds: list, succs: list,
-                exact: tuple, caller: Optional[str] = None) -> list[int]:
+                exact: tuple, caller: Optional[str] = None, final_after: bool = False) -> list[int]:
     """The most each message of a unit costs over the neighbours ``preds`` x ``succs``;
-    the ``exact`` pair must render (a refusal there is the conversation's own). Each pair
+    the ``exact`` pair must render (a refusal there is the conversation's own) -- or, under
+    ``_final_rule`` where a final answer follows the unit in the conversation
+    (``final_after``), the pair with that final answer after its successor (gpt-oss prints a
+    call's text only while none follows: a text it cannot print, content blocks, refuses
+    the pair without one and not the conversation). Each pair
     is the real unit's own cost (from its plans where it has them, all in one
     ``prefill_planned`` call; else rendered by ``_unit_cost``): a stand-in unit's dependence
     on its neighbours is not the real one's (DeepSeek-V3 prints indentation before an
@@ -1120,7 +1128,12 @@ def upper_costs(self: CounterCore, keys: tuple, dicts: Sequence[dict[str, Any]],
         got = planned[0]
         best = list(got if got is not None else self._unit_cost(keys, exact[0], exact[1], caller=caller))
     except Refused as exc:
-        raise MessageValidationError(f"the chat template refused the conversation: {exc}") from None
+        if not (final_after and self._final_rule and exact[1] in ("user", "system")):
+            raise MessageValidationError(f"the chat template refused the conversation: {exc}") from None
+        try:
+            best = list(self._unit_cost(keys, exact[0], exact[1] + "_final", caller=caller))
+        except Refused:
+            raise MessageValidationError(f"the chat template refused the conversation: {exc}") from None
     o: cython.Py_ssize_t
     for o in range(len(others)):
         pred, succ = others[o]

@@ -454,6 +454,28 @@ def test_hostile_conversations_count_exactly_and_charges_bound_every_window(fami
         assert c.count_messages([]) + int(c.count_array(w).sum()) >= ref, k
 
 
+def test_a_call_text_gpt_oss_cannot_print_is_charged_where_a_final_answer_hides_it(families):
+    """gpt-oss prints a call's text (as analysis) only while no final answer follows, by
+    concatenating it: a text as content blocks is refused where it is printed and renders where
+    a final answer hides it. Its unit's charge between stand-ins with no final answer after was
+    refused, and ``count_array`` raised on a conversation transformers renders (the hostile test
+    found it); it is charged with a final answer after its successor, as the conversation has."""
+    call = {"id": "call_1", "type": "function", "function": {"name": "get_weather", "arguments": '{"city": "Paris"}'}}
+    ms = [Message(role="user", content="Weather?"),
+          Message(role="assistant", content=[{"type": "text", "text": "Checking."}], tool_calls=[call]),
+          Message(role="tool", content="Sunny", tool_call_id="call_1"),
+          Message(role="system", content="Be brief."), Message(role="user", content="And?"),
+          Message(role="assistant", content="Sunny.")]
+    fam = families["gpt-oss"]
+    c = fam.fresh()
+    ref = fam.reference(ms)
+    assert not isinstance(ref, Exception) and c.count_messages(ms) == ref
+    assert c.count_messages([]) + int(c.count_array(ms).sum()) >= ref
+    assert isinstance(fam.reference(ms[:3]), Exception)  # no final answer after it: the template refuses
+    with pytest.raises(MessageValidationError, match="can only concatenate"):
+        c.count_array(ms[:3])
+
+
 def test_reasoning_after_an_assistant_message_is_charged_as_kept(families):
     """A reasoning unit right after an assistant message, no user query after it (Qwen3 counts
     only a string content not wrapped in ``<tool_response>`` as a query): Qwen3 keeps its
