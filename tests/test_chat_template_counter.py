@@ -476,6 +476,19 @@ def test_a_call_text_gpt_oss_cannot_print_is_charged_where_a_final_answer_hides_
         c.count_array(ms[:3])
 
 
+@settings(max_examples=120, deadline=None, suppress_health_check=list(HealthCheck))
+@given(ms=hostile_conversations(), budget=st.integers(30, 700), name=st.sampled_from(FAMILIES))
+def test_budget_filter_keeps_budget_on_hostile_conversations(families, ms, budget, name):
+    fam = families[name]
+    if isinstance(fam.reference(ms), Exception):
+        return
+    try:
+        kept = TokenBudgetFilter(max_tokens=budget, counter=fam.counter).apply(ms)
+    except ContextBudgetError:
+        return
+    _kept_within(fam, ms, kept, budget)
+
+
 def test_reasoning_after_an_assistant_message_is_charged_as_kept(families):
     """A reasoning unit right after an assistant message, no user query after it (Qwen3 counts
     only a string content not wrapped in ``<tool_response>`` as a query): Qwen3 keeps its
@@ -609,6 +622,21 @@ def test_transformers_is_not_imported_by_the_counter():
 # -- the filters keep their invariants with this counter --------------------------------------------
 
 
+def _kept_within(fam, ms, kept, budget):
+    """What a budget filter keeps of ``ms``: within ``budget`` by the exact count of what is
+    sent (rendering the whole template), the leading system run pinned, then a contiguous run
+    of the newest messages opening on no tool result (whole transactions). Returns the
+    pinned run's length and the rest."""
+    assert fam.counter.count_request(kept) <= budget
+    n_pinned = next((i for i, m in enumerate(ms) if m.role != "system"), len(ms))  # the leading system run
+    assert kept[:n_pinned] == ms[:n_pinned]
+    rest = kept[n_pinned:]
+    assert rest == ms[len(ms) - len(rest):]  # a contiguous run of the newest messages
+    if rest:
+        assert rest[0].role != "tool"  # whole tool-call transactions
+    return n_pinned, rest
+
+
 @settings(max_examples=120, deadline=None, suppress_health_check=list(HealthCheck))
 @given(ms=conversations(), budget=st.integers(30, 700), name=st.sampled_from(FAMILIES))
 def test_budget_filter_keeps_budget_by_exact_rendering(families, ms, budget, name):
@@ -620,14 +648,7 @@ def test_budget_filter_keeps_budget_by_exact_rendering(families, ms, budget, nam
         kept = flt.apply(ms)
     except ContextBudgetError:
         return
-    # the exact count of what is sent, by rendering the whole template
-    assert fam.counter.count_request(kept) <= budget
-    n_pinned = next((i for i, m in enumerate(ms) if m.role != "system"), len(ms))  # the leading system run
-    assert kept[:n_pinned] == ms[:n_pinned]
-    rest = kept[n_pinned:]
-    assert rest == ms[len(ms) - len(rest):]  # a contiguous run of the newest messages
-    if rest:
-        assert rest[0].role != "tool"  # whole tool-call transactions
+    n_pinned, rest = _kept_within(fam, ms, kept, budget)
     reasoning = any(m.extra for m in ms) or _looks_ahead(fam.counter, ms)
     # exact counts, the longest run is kept (a system message after the pinned run is charged
     # the most it costs over its neighbours: gpt-oss drops it, but not where it comes first)
