@@ -1128,12 +1128,15 @@ def upper_costs(self: CounterCore, keys: tuple, dicts: Sequence[dict[str, Any]],
         got = planned[0]
         best = list(got if got is not None else self._unit_cost(keys, exact[0], exact[1], caller=caller))
     except Refused as exc:
-        if not (final_after and self._final_rule and exact[1] in ("user", "system")):
+        got = None
+        if final_after and self._final_rule and exact[1] in ("user", "system"):
+            try:
+                got = self._unit_cost(keys, exact[0], exact[1] + "_final", caller=caller)
+            except Refused:
+                pass
+        if got is None:
             raise MessageValidationError(f"the chat template refused the conversation: {exc}") from None
-        try:
-            best = list(self._unit_cost(keys, exact[0], exact[1] + "_final", caller=caller))
-        except Refused:
-            raise MessageValidationError(f"the chat template refused the conversation: {exc}") from None
+        best = list(got)
     o: cython.Py_ssize_t
     for o in range(len(others)):
         pred, succ = others[o]
