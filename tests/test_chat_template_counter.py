@@ -1565,6 +1565,46 @@ def test_tools_whose_cost_depends_on_more_than_the_signature_are_rendered_whole(
     assert c.count_tools(TOOLS, ms) == c.count_request(ms, TOOLS) - c.count_messages(ms) > 0
 
 
+def test_the_tools_are_serialized_again_only_where_they_print_otherwise(families):
+    """The counter keeps the last tool list's JSON (its caches' key): the same list, a new
+    list of the same tool dicts, or an equal new list (printed alike) reuse it -- the equal
+    list is then the one kept, so passing it again is the identity path --, while a list
+    changed in place, a dict edited in place, an int that became a float (equal, printed
+    otherwise) or reordered keys are serialized again and counted as transformers counts them."""
+    fam = families["qwen3"]
+    c = fam.fresh()
+    ms = [Message(role="system", content="Be brief."), Message(role="user", content="Weather in Oslo?")]
+    tools = json.loads(json.dumps(TOOLS))
+    tools[1]["function"]["parameters"]["properties"]["top_k"]["default"] = 3
+    first = c._tools_entry(tools)
+    assert c._tools_entry(tools) is first and c._tools_entry(list(tools)) is first
+    fresh = json.loads(json.dumps(tools))
+    assert c._tools_entry(fresh) is first and c._tools_seen[2] is fresh
+    assert c._tools_entry(fresh) is first
+    cost = c.count_tools(fresh, ms)
+    assert c.count_messages(ms) + cost == fam.reference(ms, fresh)
+
+    def changed(tool_list, how):
+        got = c._tools_entry(tool_list)
+        assert got is not first and got[0] != first[0], how
+        assert got[0] == json.dumps(tool_list) and got[1] == tool_list
+        assert c.count_messages(ms) + c.count_tools(tool_list, ms) == fam.reference(ms, tool_list), how
+        c._tools_entry(fresh)  # (back to the first list for the next case)
+
+    retyped = json.loads(json.dumps(tools))
+    retyped[1]["function"]["parameters"]["properties"]["top_k"]["default"] = 3.0
+    assert retyped == tools
+    changed(retyped, "an int printed as a float")
+    reordered = json.loads(json.dumps(tools))
+    reordered[0]["function"] = dict(reversed(list(reordered[0]["function"].items())))
+    changed(reordered, "keys in another order")
+    same_dicts = list(fresh)
+    same_dicts[0]["function"]["description"] = "Weather now."  # (a dict of the kept list, edited in place)
+    changed(same_dicts, "a tool dict edited in place")
+    fresh.append({"type": "function", "function": {"name": "noop", "parameters": {"type": "object", "properties": {}}}})
+    changed(fresh, "the kept list grown in place")
+
+
 def test_clear_cache_forgets_costs_and_counts_the_same_after(families):
     """``clear_cache`` drops what the counter learned (renderings, unit costs, the tools'
     costs by prompt signature) and counts the same afterwards."""
