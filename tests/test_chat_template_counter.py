@@ -1605,6 +1605,34 @@ def test_the_tools_are_serialized_again_only_where_they_print_otherwise(families
     changed(fresh, "the kept list grown in place")
 
 
+def test_budget_filter_charges_tools_that_print_otherwise_anew(families):
+    """A filter that budgeted a tool list, then gets one equal to it (``==``) but printed
+    otherwise by the template -- an int now a float, keys in another order --, charges the new
+    list's own cost: it keeps what a fresh filter keeps, within the budget (it reused the
+    first list's cost before: a window one unit longer than a fresh filter's)."""
+    fam = families["qwen3"]
+    c = fam.fresh()
+    tools = [{"type": "function", "function": {"name": "search", "description": "Search.", "parameters": {
+        "type": "object", "properties": {"top_k": {"type": "integer", "default": 3}}}}}]
+    retyped = json.loads(json.dumps(tools))
+    retyped[0]["function"]["parameters"]["properties"]["top_k"]["default"] = 3.0
+    reordered = [{"function": dict(reversed(list(tools[0]["function"].items()))), "type": "function"}]
+    assert retyped == tools == reordered
+    ms = [Message(role="system", content="Be brief.")]
+    for i in range(6):
+        ms += [Message(role="user", content=f"question {i} " * 5), Message(role="assistant", content=f"answer {i} " * 5)]
+    ms.append(Message(role="user", content="last"))
+    for other in (retyped, reordered):
+        full = fam.reference(ms, other)
+        assert full != fam.reference(ms, tools)
+        for budget in range(fam.reference(ms[:3], other), full + 3):
+            hot = TokenBudgetFilter(budget, counter=c)
+            hot.apply(ms, tools_schema=tools)
+            out = hot.apply(ms, tools_schema=other)
+            assert out == TokenBudgetFilter(budget, counter=c).apply(ms, tools_schema=other), budget
+            assert c.count_messages(out) + hot.tools_cost(other, out) == fam.reference(out, other) <= budget
+
+
 def test_clear_cache_forgets_costs_and_counts_the_same_after(families):
     """``clear_cache`` drops what the counter learned (renderings, unit costs, the tools'
     costs by prompt signature) and counts the same afterwards."""

@@ -665,24 +665,32 @@ class TokenBudgetFilter(_WindowFilter):
     def _tools_entry(self, tools_schema: Sequence[dict[str, Any]]) -> tuple[int, bool]:
         """``(cost, vary)`` of non-empty tools: ``tools_cost``, and whether they may cost more in
         some prompts (the counter's ``tools_surplus`` is then asked about each output)."""
-        last = self._tools_last
-        if last is not None and last[0] == tools_schema:  # C-level deep comparison, no JSON
-            return last[1]
-        try:
-            key: Optional[str] = json.dumps(tools_schema, sort_keys=True, separators=(",", ":"), default=repr)
-        except (TypeError, ValueError):
-            key = None
+        counter = self._counter
+        template = type(counter) is ChatTemplateTokenCounter
+        key: Optional[str]
+        if template:
+            # the counter's own entry (its checks and reuse; ~3 us for the same list): its JSON
+            # prints as the template does, keys in their order and 1.0 apart from 1, where the
+            # key below (sorted, compared by ==) would reuse another list's cost
+            key = counter._tools_entry(tools_schema)[0]
+        else:
+            last = self._tools_last
+            if last is not None and last[0] == tools_schema:  # C-level deep comparison, no JSON
+                return last[1]
+            try:
+                key = json.dumps(tools_schema, sort_keys=True, separators=(",", ":"), default=repr)
+            except (TypeError, ValueError):
+                key = None
         got = self._tools_by_json.get(key) if key is not None else None
         if got is None:
-            counter = self._counter
-            got = (self._count_tools(tools_schema),
-                   type(counter) is ChatTemplateTokenCounter and counter._repeats_tools(tools_schema))
+            got = (self._count_tools(tools_schema), template and counter._repeats_tools(tools_schema))
             if key is not None:
                 if len(self._tools_by_json) >= 16:
                     self._tools_by_json.pop(next(iter(self._tools_by_json)))
                 self._tools_by_json[key] = got
-        # a deep copy: the caller may edit their dicts in place before the next call
-        self._tools_last = (thaw(list(tools_schema)), got)
+        if not template:
+            # a deep copy: the caller may edit their dicts in place before the next call
+            self._tools_last = (thaw(list(tools_schema)), got)
         return got
 
     def _count_tools(self, tools_schema: Sequence[dict[str, Any]]) -> int:
