@@ -1643,18 +1643,23 @@ def same_json(a: Any, b: Any) -> bool:
     """``a == b``, and printed alike by a template's ``tojson``: of the same types throughout
     (``1``, ``1.0`` and ``True`` are equal), dict keys in the same order, floats of the same
     ``repr`` (``0.0`` and ``-0.0`` are equal; NaN is never the same). A string leaf (most of a
-    tool list's) is compared where it stands, without a call (twice as fast as the recursion
-    over every value on a 14-tool list: ~18 us)."""
+    tool list's) is compared where it stands, without a call, and a dict's keys in step with
+    the other's, without listing them (7.7 us on the 14-tool regime list, from 33 us: an
+    agent that rebuilds its tool list every turn pays this once a turn)."""
     t = type(a)
     if t is not type(b):
         return False
     if t is dict:
         da: dict = a
         db: dict = b
-        if len(da) != len(db) or list(da) != list(db):
+        if len(da) != len(db):
             return False
+        keys_b = iter(db)
         for k, v in da.items():
-            w = db[k]
+            k2 = next(keys_b)
+            if k is not k2 and k != k2:
+                return False
+            w = db[k2]
             if type(v) is str:
                 if type(w) is not str or v != w:
                     return False
