@@ -14,7 +14,6 @@ import bisect
 import copy
 import json
 import re
-import weakref
 from typing import Any, Iterable, Mapping, Optional, Sequence
 
 try:  # (the compiled build: Cython's decorators, ``ccall``: C calls between its functions)
@@ -53,7 +52,6 @@ _REASONING_FIELDS = ("reasoning_content", "thinking", "reasoning")
 #: ``json.dumps(x, ensure_ascii=False)`` without building an encoder per call
 _DUMPS = json.JSONEncoder(ensure_ascii=False).encode
 _ENC_STR = json.encoder.encode_basestring  # (ensure_ascii off: the C encoder where available)
-_REF = weakref.ref
 _BISECT_LEFT = bisect.bisect_left
 _PLAIN_KEYS = frozenset(("role", "content", "name", "tool_call_id"))
 #: ``json.loads``' scanner (its default decoder's: the C one where available), called directly
@@ -822,13 +820,13 @@ def prefill_units(self: CounterCore, keys: Sequence[str], dicts: Sequence[dict[s
             conv_dicts.append(pre_d + list(unit[:j]) + post_d)
     if not jobs and not planned:
         return
-    found: dict[Any, list[int]] = {}
-    found_local: dict[tuple[str, ...], list[int]] = {}
+    found: dict[Any, tuple[int, ...]] = {}
+    found_local: dict[tuple[str, ...], tuple[int, ...]] = {}
     if planned:
         counts_of = piece_counts(self, [t for p in planned for t in p[3]])
         at_run = 0
         for uck, not_tool_first, steps, run_texts in planned:
-            costs = step_costs(steps, counts_of[at_run:at_run + len(run_texts)])
+            costs = tuple(step_costs(steps, counts_of[at_run:at_run + len(run_texts)]))
             at_run += len(run_texts)
             found[uck] = costs
             if not_tool_first:
@@ -842,7 +840,7 @@ def prefill_units(self: CounterCore, keys: Sequence[str], dicts: Sequence[dict[s
         counts = [texts.get((convs[i], None)) for i in range(at, at + len(ukeys) + 1)]
         if None in counts:
             continue
-        costs = [counts[j] - counts[j - 1] for j in range(1, len(counts))]  # type: ignore[operator]
+        costs = tuple([counts[j] - counts[j - 1] for j in range(1, len(counts))])  # type: ignore[operator]
         found[uck] = costs
         if not_tool_first:
             found_local[ukeys] = costs
@@ -1046,6 +1044,7 @@ def prefill_planned(self: CounterCore, keys: tuple, pairs: Sequence[tuple[str, s
     for j in range(len(todo)):
         c = got[j]
         if c is not None:
+            c = tuple(c)
             new[todo_keys[j]] = c
             for i in todo_at[j]:
                 out[i] = c
@@ -1480,7 +1479,7 @@ def entries_stable(self: CounterCore, ms: Sequence[Any], offset: int = 0) -> tup
     for i in range(len(ms)):
         m = ms[i]
         e = memo.get(id(m))  # _entry's memo hit, inlined (the hot loop's per-message cost)
-        if e is not None and e[1] is None and e[0]() is m:
+        if e is not None and e[1] is None and e[0] is getattr(m, "__dict__", None):
             keys.append(e[3])
             dicts.append(e[2])
             continue
@@ -1489,7 +1488,7 @@ def entries_stable(self: CounterCore, ms: Sequence[Any], offset: int = 0) -> tup
         dicts.append(d)
         if stable:
             e = memo.get(id(m))
-            stable = e is not None and e[1] is None and e[0]() is m
+            stable = e is not None and e[1] is None and e[0] is getattr(m, "__dict__", None)
     return keys, dicts, stable
 
 
@@ -1698,7 +1697,7 @@ def same_json(a: Any, b: Any) -> bool:
 def entry(self: CounterCore, m: Any, i: int) -> tuple[str, dict[str, Any]]:
     memo: dict = self._memo
     e = memo.get(id(m))
-    if e is not None and e[0]() is m and (e[1] is None or (m.content, m.tool_calls) == e[1]):
+    if e is not None and e[0] is getattr(m, "__dict__", None) and (e[1] is None or (m.content, m.tool_calls) == e[1]):
         return e[3], e[2]
     if type(m) is Message or isinstance(m, Message):
         msg = m
@@ -1760,7 +1759,7 @@ def entry(self: CounterCore, m: Any, i: int) -> tuple[str, dict[str, Any]]:
     if own:
         if len(memo) >= size:
             _evict(self, memo)
-        memo[id(m)] = (_REF(m), snap, d, key)
+        memo[id(m)] = (m.__dict__, snap, d, key)
         by_key: dict = self._by_key
         if len(by_key) >= size:
             _evict(self, by_key)

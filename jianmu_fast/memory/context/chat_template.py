@@ -698,13 +698,21 @@ class ChatTemplateTokenCounter(_tc.CounterCore):  # type: ignore[misc,name-defin
         contents = [t.content for t in tok.get_added_tokens_decoder().values()]
         self._token_head_groups = _tc.head_groups(tuple(sorted({c[:2] for c in contents})))
         self._token_firsts: str = "".join(sorted({c[0] for c in contents if c}))
-        self._memo: dict[int, tuple[Any, ...]] = {}  # id(message) -> (weakref, snapshot, dict, key)
+        # id(message) -> (its __dict__, snapshot, template dict, key): the message's own field
+        # dict, held, says the entry is that message's (a message that takes a dead one's id has
+        # another dict; the held one cannot be reused while held), without a weak reference,
+        # which the cyclic garbage collector tracks: one tracked object per memoized message,
+        # not two (an eval run of thousands of conversations through one counter spends most
+        # of a turn in full collections, as many as turns leave such objects)
+        self._memo: dict[int, tuple[Any, ...]] = {}
         self._by_key: dict[str, dict[str, Any]] = dict(_STANDIN_DICTS)  # message key -> template dict
         self._texts: dict[Any, int] = {}  # key of a rendered conversation -> tokens
-        self._units: dict[Any, Any] = {}  # (unit keys, pred, succ) -> per-message costs
+        # (unit keys, pred, succ) -> per-message costs, a tuple (untracked by the collector, as
+        # above; a list is tracked)
+        self._units: dict[Any, Any] = {}
         # unit keys -> per-message costs, for units (not tool-first) without reasoning whose
         # cost does not depend on their neighbours: the hot loop's one lookup per unit
-        self._local_units: dict[tuple[str, ...], list[int]] = {}
+        self._local_units: dict[tuple[str, ...], tuple[int, ...]] = {}
         self._local: dict[Any, bool] = {}  # role pattern -> neighbour-independent?
         # frames are shared by the counters of one tokenizer file, template, special tokens and
         # template variables in this process, so a counter built per task or worker does not
@@ -1029,8 +1037,9 @@ class ChatTemplateTokenCounter(_tc.CounterCore):  # type: ignore[misc,name-defin
     # -- unit costs ------------------------------------------------------------------------------
 
     def _unit_cost(self, keys: tuple[str, ...], pred: str, succ: str, caller: Optional[str] = None,
-                   prefilled: bool = False) -> list[int]:
-        """Per-message costs of the unit ``keys`` between stand-ins for ``pred`` and ``succ``.
+                   prefilled: bool = False) -> tuple[int, ...]:
+        """Per-message costs of the unit ``keys`` between stand-ins for ``pred`` and ``succ``
+        (a tuple, as the unit caches hold them).
 
         The unit is always followed by at least one stand-in ending on a user message (``succ``
         "end" is counted as "user"), so nothing a template does to a conversation's last message
@@ -1044,19 +1053,22 @@ class ChatTemplateTokenCounter(_tc.CounterCore):  # type: ignore[misc,name-defin
         if pred == "first" and succ in ("system", "system_final") and caller is None:
             first = self._first_before_system(keys, post)
             if first is not None:
+                first = tuple(first)
                 self._store_all(self._units, {ck: first})
                 return first
         if not prefilled and caller is None:  # from its plan, where the unit follows one: no rendering
             planned = self._planned_cost(keys, pred, succ)
             if planned is not None:
+                planned = tuple(planned)
                 self._store_all(self._units, {ck: planned})
                 return planned
         elif not prefilled and pred == "system":  # after the real system message (``pre`` is it):
             # the plan of the two as a conversation's first messages, less the system message's
             planned = self._planned_cost((caller,) + keys, "first", succ)
             if planned is not None:
-                self._store_all(self._units, {ck: planned[1:]})
-                return planned[1:]
+                planned = tuple(planned[1:])
+                self._store_all(self._units, {ck: planned})
+                return planned
         if not prefilled:  # (``_prefill_units`` has rendered and counted them in its batch)
             self._prefill([pre + post] + [pre + keys[:j] + post for j in range(1, len(keys) + 1)])
         prev = self._tokens(pre + post)
@@ -1065,6 +1077,7 @@ class ChatTemplateTokenCounter(_tc.CounterCore):  # type: ignore[misc,name-defin
             cur = self._tokens(pre + keys[:j] + post)
             costs.append(cur - prev)
             prev = cur
+        costs = tuple(costs)
         self._store_all(self._units, {ck: costs})
         return costs
 
@@ -1202,8 +1215,8 @@ class ChatTemplateTokenCounter(_tc.CounterCore):  # type: ignore[misc,name-defin
         smallest rendering), or the call a tool-first unit answers."""
         return "call" if first_role == "tool" else "first"
 
-    def _remember_local(self, keys: tuple[str, ...], costs: list[int]) -> None:
-        self._store_all(self._local_units, {keys: costs})
+    def _remember_local(self, keys: tuple[str, ...], costs: Sequence[int]) -> None:
+        self._store_all(self._local_units, {keys: costs if type(costs) is tuple else tuple(costs)})
 
     # -- the public API ---------------------------------------------------------------------------
 
