@@ -1633,6 +1633,25 @@ def test_budget_filter_charges_tools_that_print_otherwise_anew(families):
             assert c.count_messages(out) + hot.tools_cost(other, out) == fam.reference(out, other) <= budget
 
 
+def test_a_memo_entry_is_taken_only_by_its_own_message(families):
+    """The counter memoizes a message's entry by its id, held by the message's own field dict:
+    an object that takes a dead message's id -- another message, a chat-completions dict, a
+    copy of the message itself -- is not given that entry (simulated here by filing the entry
+    under its id), and counts as transformers counts it."""
+    fam = families["qwen3"]
+    c = fam.fresh()
+    a = Message(role="user", content="What is the weather in Oslo?")
+    c.count_messages([a])
+    entry = c._memo[id(a)]
+    for other in (Message(role="user", content="Thanks."), {"role": "user", "content": "Thanks, bye."},
+                  a.model_copy(update={"content": "What is the weather in Bergen?"})):
+        c._memo[id(other)] = entry
+        want = fam.reference([other if isinstance(other, Message) else Message(**other)])
+        assert c.count_messages([other]) == want
+        assert c.count_messages([a, other]) == fam.reference(
+            [a, other if isinstance(other, Message) else Message(**other)])
+
+
 def test_clear_cache_forgets_costs_and_counts_the_same_after(families):
     """``clear_cache`` drops what the counter learned (renderings, unit costs, the tools'
     costs by prompt signature) and counts the same afterwards."""
