@@ -14,6 +14,7 @@ import bisect
 import copy
 import json
 import re
+import weakref
 from typing import Any, Iterable, Mapping, Optional, Sequence
 
 try:  # (the compiled build: Cython's decorators, ``ccall``: C calls between its functions)
@@ -52,6 +53,7 @@ _REASONING_FIELDS = ("reasoning_content", "thinking", "reasoning")
 #: ``json.dumps(x, ensure_ascii=False)`` without building an encoder per call
 _DUMPS = json.JSONEncoder(ensure_ascii=False).encode
 _ENC_STR = json.encoder.encode_basestring  # (ensure_ascii off: the C encoder where available)
+_REF = weakref.ref
 _BISECT_LEFT = bisect.bisect_left
 _PLAIN_KEYS = frozenset(("role", "content", "name", "tool_call_id"))
 #: ``json.loads``' scanner (its default decoder's: the C one where available), called directly
@@ -1479,7 +1481,7 @@ def entries_stable(self: CounterCore, ms: Sequence[Any], offset: int = 0) -> tup
     for i in range(len(ms)):
         m = ms[i]
         e = memo.get(id(m))  # _entry's memo hit, inlined (the hot loop's per-message cost)
-        if e is not None and e[1] is None and e[0] is getattr(m, "__dict__", None):
+        if e is not None and e[1] is None and e[0]() is m:
             keys.append(e[3])
             dicts.append(e[2])
             continue
@@ -1488,7 +1490,7 @@ def entries_stable(self: CounterCore, ms: Sequence[Any], offset: int = 0) -> tup
         dicts.append(d)
         if stable:
             e = memo.get(id(m))
-            stable = e is not None and e[1] is None and e[0] is getattr(m, "__dict__", None)
+            stable = e is not None and e[1] is None and e[0]() is m
     return keys, dicts, stable
 
 
@@ -1697,7 +1699,7 @@ def same_json(a: Any, b: Any) -> bool:
 def entry(self: CounterCore, m: Any, i: int) -> tuple[str, dict[str, Any]]:
     memo: dict = self._memo
     e = memo.get(id(m))
-    if e is not None and e[0] is getattr(m, "__dict__", None) and (e[1] is None or (m.content, m.tool_calls) == e[1]):
+    if e is not None and e[0]() is m and (e[1] is None or (m.content, m.tool_calls) == e[1]):
         return e[3], e[2]
     if type(m) is Message or isinstance(m, Message):
         msg = m
@@ -1759,7 +1761,7 @@ def entry(self: CounterCore, m: Any, i: int) -> tuple[str, dict[str, Any]]:
     if own:
         if len(memo) >= size:
             _evict(self, memo)
-        memo[id(m)] = (m.__dict__, snap, d, key)
+        memo[id(m)] = (_REF(m), snap, d, key)
         by_key: dict = self._by_key
         if len(by_key) >= size:
             _evict(self, by_key)

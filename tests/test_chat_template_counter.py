@@ -1634,10 +1634,10 @@ def test_budget_filter_charges_tools_that_print_otherwise_anew(families):
 
 
 def test_a_memo_entry_is_taken_only_by_its_own_message(families):
-    """The counter memoizes a message's entry by its id, held by the message's own field dict:
-    an object that takes a dead message's id -- another message, a chat-completions dict, a
-    copy of the message itself -- is not given that entry (simulated here by filing the entry
-    under its id), and counts as transformers counts it."""
+    """The counter memoizes a message's entry by its id, with a weak reference to it: an
+    object that takes a dead message's id -- another message, a chat-completions dict, a copy
+    of the message itself -- is not given that entry (simulated here by filing the entry under
+    its id), and counts as transformers counts it."""
     fam = families["qwen3"]
     c = fam.fresh()
     a = Message(role="user", content="What is the weather in Oslo?")

@@ -698,17 +698,13 @@ class ChatTemplateTokenCounter(_tc.CounterCore):  # type: ignore[misc,name-defin
         contents = [t.content for t in tok.get_added_tokens_decoder().values()]
         self._token_head_groups = _tc.head_groups(tuple(sorted({c[:2] for c in contents})))
         self._token_firsts: str = "".join(sorted({c[0] for c in contents if c}))
-        # id(message) -> (its __dict__, snapshot, template dict, key): the message's own field
-        # dict, held, says the entry is that message's (a message that takes a dead one's id has
-        # another dict; the held one cannot be reused while held), without a weak reference,
-        # which the cyclic garbage collector tracks: one tracked object per memoized message,
-        # not two (an eval run of thousands of conversations through one counter spends most
-        # of a turn in full collections, as many as turns leave such objects)
-        self._memo: dict[int, tuple[Any, ...]] = {}
+        self._memo: dict[int, tuple[Any, ...]] = {}  # id(message) -> (weakref, snapshot, dict, key)
         self._by_key: dict[str, dict[str, Any]] = dict(_STANDIN_DICTS)  # message key -> template dict
         self._texts: dict[Any, int] = {}  # key of a rendered conversation -> tokens
-        # (unit keys, pred, succ) -> per-message costs, a tuple (untracked by the collector, as
-        # above; a list is tracked)
+        # (unit keys, pred, succ) -> per-message costs, a tuple: the cyclic garbage collector
+        # stops tracking a tuple of ints, not a list, and an eval run of thousands of
+        # conversations through one counter spends most of a turn in full collections, which
+        # come as often as turns leave tracked objects
         self._units: dict[Any, Any] = {}
         # unit keys -> per-message costs, for units (not tool-first) without reasoning whose
         # cost does not depend on their neighbours: the hot loop's one lookup per unit
