@@ -1608,32 +1608,36 @@ def tools_signature(self: CounterCore, ms: list[Any], opening: bool, first_user:
     probes found such prompts depend on nothing else either), None otherwise."""
     keys, dicts, _ = call_entries(self, ms)
     n: cython.Py_ssize_t = len(dicts)
-    o: cython.Py_ssize_t = 0
-    f: cython.Py_ssize_t
-    j: cython.Py_ssize_t
+    o: cython.Py_ssize_t = -1  # the first message that is not a system message
+    f: cython.Py_ssize_t = -1  # the first user message
+    j: cython.Py_ssize_t = -1  # the last one
     i: cython.Py_ssize_t
-    while o < n and dicts[o]["role"] == "system":
-        o += 1
-    f = o
-    while f < n and dicts[f]["role"] != "user":
-        f += 1
-    j = n - 1
-    while j >= f and dicts[j]["role"] != "user":
-        j -= 1
-    head = keys[o] if opening and o < n else None
-    if j < f and not no_user:
-        return None
     system_keys: list = []
+    users: list = []  # where the user messages stand (one pass over the roles)
     for i in range(n):
-        if dicts[i]["role"] == "system":
+        role = dicts[i]["role"]
+        if role == "system":
             system_keys.append(keys[i])
+            continue
+        if o < 0:
+            o = i
+        if role == "user":
+            if f < 0:
+                f = i
+            j = i
+            users.append(i)
+    if o < 0:
+        o = n
+    head = keys[o] if opening and o < n else None
     systems = tuple(system_keys)
-    if j < f:
+    if f < 0:
+        if not no_user:
+            return None
         return (keys[0], systems, head, None, None, None, 0, dicts[n - 1]["role"])
     last = dicts[j]
     repeats: cython.Py_ssize_t = 0
-    for i in range(f, j):
-        if dicts[i]["role"] == "user" and dicts[i] == last:
+    for i in range(len(users) - 1):
+        if dicts[users[i]] == last:
             repeats += 1
     return (keys[0], systems, head, keys[f] if first_user else None, keys[j] if last_user else None, f == j, repeats,
             dicts[n - 1]["role"])
