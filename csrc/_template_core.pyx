@@ -13,4 +13,42 @@ them in C, without the argument tuple and look-up of a Python call (what a hot-l
 ~40 calls between them cost: ~3 % of its instructions); their return annotations type their
 results as the arguments' do (``bool``: a C int, returned to Python as ``True``/``False``)."""
 
+cdef extern from "Python.h":
+    void PyObject_GC_UnTrack(void *op)
+    bint PyObject_GC_IsTracked(object op)
+
+
+cdef bint _json_untracked(object o):
+    """Whether ``o`` is a JSON value that the cyclic garbage collector need not track, its
+    containers (exact tuples, lists and dicts: of strings, numbers, booleans, None and such
+    containers) untracked bottom-up on the way: none of them can hold a cycle. Anything else
+    (a subclass, another object) is False, and so is every container holding it."""
+    t = type(o)
+    if o is None or t is str or t is int or t is float or t is bool:
+        return True
+    if t is not tuple and t is not list and t is not dict:
+        return False
+    if not PyObject_GC_IsTracked(o):
+        # (a tuple or dict CPython untracked holds nothing trackable; a list only we untrack)
+        return True
+    ok = True
+    if t is dict:
+        for k, v in (<dict>o).items():
+            if not (_json_untracked(k) and _json_untracked(v)):
+                ok = False
+    else:
+        for v in o:
+            if not _json_untracked(v):
+                ok = False
+    if ok:
+        PyObject_GC_UnTrack(<void *>o)
+    return ok
+
+
+def _settle_compiled(o):
+    """``settle`` (see the twin's): ``o``, its JSON containers untracked."""
+    _json_untracked(o)
+    return o
+
+
 include "../jianmu_fast/_template_core_py.py"

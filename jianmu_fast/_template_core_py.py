@@ -46,7 +46,7 @@ __all__ = [
     "entry", "flat_printed", "frame_part", "head_groups", "is_local", "keep_last", "last_final", "local_pattern", "message_to_template_dict", "message_key", "new_starts", "overlap",
     "ops_hold", "parse_key", "piece_counts", "plain_entry", "plain_frame", "plan", "plan_groups", "plan_texts", "planned_cost", "planned_costs",
     "prefill_planned", "prefill_units", "put_str", "recall", "role_of", "run_text", "run_text_of",
-    "same_json", "segments", "step_costs", "store_all", "tools_signature", "trait", "unit_locality", "unit_parts", "unit_preds", "unit_starts", "unit_succ", "unit_total", "upper_costs", "user_repeats",
+    "same_json", "segments", "settle", "step_costs", "store_all", "tools_signature", "trait", "unit_locality", "unit_parts", "unit_preds", "unit_starts", "unit_succ", "unit_total", "upper_costs", "user_repeats",
 ]
 
 _REASONING_FIELDS = ("reasoning_content", "thinking", "reasoning")
@@ -58,6 +58,25 @@ _BISECT_LEFT = bisect.bisect_left
 _PLAIN_KEYS = frozenset(("role", "content", "name", "tool_call_id"))
 #: ``json.loads``' scanner (its default decoder's: the C one where available), called directly
 _SCAN = json.JSONDecoder().scan_once  # type: ignore[attr-defined]
+
+try:  # the compiled build defines it before including this source (csrc/_template_core.pyx)
+    settle = _settle_compiled  # type: ignore[name-defined]  # noqa: F821
+except NameError:
+    def settle(o: Any) -> Any:
+        """``o``, which the counter keeps as long as its caches do: in the compiled build its
+        containers made only of JSON values (tuples, lists and dicts of strings, numbers,
+        booleans and None; a subclass is left alone) are no longer tracked by the cyclic
+        garbage collector, which cannot find a cycle in them (CPython stops tracking such
+        tuples itself, one nesting level per collection of their generation: a frame part's
+        shape reached the oldest generation still tracked, and such survivors are what bring
+        on the full collections). Nothing to do here: the garbage collector's bookkeeping
+        only, no value changes.
+
+        >>> settle(("a", (1, None)))
+        ('a', (1, None))
+        """
+        return o
+
 
 
 @cython.auto_pickle(False)  # (the counter pickles by its model folder: its own __getstate__)
@@ -1442,7 +1461,7 @@ def frame_part(self: CounterCore, key: str, d: dict[str, Any]) -> tuple[Any, tup
                 part = self._frames.frame_of(d)
         if len(parts) >= self.cache_size:
             _evict(self, parts)
-        parts[key] = part
+        parts[key] = settle(part)
     return part
 
 
@@ -1754,7 +1773,7 @@ def entry(self: CounterCore, m: Any, i: int) -> tuple[str, dict[str, Any]]:
         parts: dict = self._frame_parts
         if len(parts) >= size:
             _evict(self, parts)
-        parts[key] = part
+        parts[key] = settle(part)
     if calls:  # which assistant message made each call (for tool-first slices)
         calls_of: dict = self._calls
         for call in calls:
@@ -1763,6 +1782,8 @@ def entry(self: CounterCore, m: Any, i: int) -> tuple[str, dict[str, Any]]:
                     _evict(self, calls_of)
                 calls_of[call["id"]] = key
     if own:
+        if calls:  # (its calls: dicts and a list this entry made, kept while the caches keep it)
+            settle(d)
         if len(memo) >= size:
             _evict(self, memo)
         memo[id(m)] = (_REF(m), snap, d, key)
