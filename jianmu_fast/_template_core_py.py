@@ -1737,7 +1737,8 @@ def entry(self: CounterCore, m: Any, i: int) -> tuple[str, dict[str, Any]]:
             msg = self._formatted(msg, i)
     part = None
     t = None  # its trait (``trait``'s), where the one-pass entries know it
-    got = call_entry(msg) if msg.tool_calls else plain_entry(msg, self._frames._fields)
+    made = bool(msg.tool_calls)  # the dict is call_entry's (made here), where it answers
+    got = call_entry(msg) if made else plain_entry(msg, self._frames._fields)
     if got is not None:
         d, key, part = got
         role = d["role"]
@@ -1749,6 +1750,7 @@ def entry(self: CounterCore, m: Any, i: int) -> tuple[str, dict[str, Any]]:
         look = bool(sensitive) and ((call_text and "call_text" in sensitive) or (think_text and "think_text" in sensitive))
         t = (look, (role, n_calls, False, call_text, think_text))
     else:
+        made = False
         got = None if msg.tool_calls else block_entry(msg, self._frames._fields)
         if got is not None:  # content blocks (its trait: trait's, when asked)
             d, key, part = got
@@ -1782,7 +1784,7 @@ def entry(self: CounterCore, m: Any, i: int) -> tuple[str, dict[str, Any]]:
                     _evict(self, calls_of)
                 calls_of[call["id"]] = key
     if own:
-        if calls:  # (its calls: dicts and a list this entry made, kept while the caches keep it)
+        if made and calls:  # (call_entry's: dicts and lists made here, of strings and parsed JSON)
             settle(d)
         if len(memo) >= size:
             _evict(self, memo)

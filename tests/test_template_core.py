@@ -685,3 +685,12 @@ def test_the_caches_keep_call_messages_untracked_by_the_collector(model_dirs, fa
     t = TwinCounter(model_dirs[family])  # the twin keeps the same values, tracked
     t.count_messages(ms)
     assert t._memo[id(ms[2])][2] == d and gc.is_tracked(t._memo[id(ms[2])][2])
+    # a call whose dict holds the caller's own objects (an unvalidated message: its lists are
+    # the caller's, shared by the template dict) is left to the collector: it is theirs to
+    # change (fails where every call message's dict is settled)
+    mine = [1, 2]
+    calls = [{"id": "c2", "type": "function", "function": {"name": "f", "arguments": "{}"}, "meta": mine}]
+    loose = Message.model_construct(role="assistant", content="", tool_calls=calls, name=None, tool_call_id=None,
+                                    extra={}, id="m1", metadata={})
+    c.count_messages(ms[:2] + [loose, Message(role="tool", content="r", tool_call_id="c2")])
+    assert c._memo[id(loose)][2]["tool_calls"][0]["meta"] is mine and gc.is_tracked(mine)
