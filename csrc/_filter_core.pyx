@@ -17,6 +17,10 @@ from libc.stdint cimport int64_t, int8_t
 from libc.stdlib cimport free, malloc, realloc
 from libc.string cimport memcmp, memcpy
 
+cdef extern from "Python.h":
+    void PyObject_GC_UnTrack(void *op)
+    bint PyObject_GC_IsTracked(object op)
+
 import weakref
 from hashlib import sha256 as _sha256
 from itertools import islice
@@ -1869,7 +1873,18 @@ cdef int _fill(counter, ms, list missing, list out, str where) except -1:
                 cc = row[6]
                 if type(cc) is str:
                     cc = got[cc]
-                cache[id(m)] = (ref(m), total, row[5], cc)
+                w = ref(m)
+                e = (w, total, row[5], cc)
+                # out of the cyclic collector's sight (what the entries it keeps would bring on:
+                # full collections behind many conversations): a weak reference without a
+                # callback holds nothing strongly (the collector clears it through its
+                # referent), and the entry holds it, an int, a role and an int or None
+                if (<object>w).__callback__ is None and PyObject_GC_IsTracked(w):
+                    PyObject_GC_UnTrack(<void *>w)
+                    if (PyObject_GC_IsTracked(e) and type(e[2]) is str and type(e[1]) is int
+                            and (cc is None or type(cc) is int)):
+                        PyObject_GC_UnTrack(<void *>e)
+                cache[id(m)] = e
         size = counter.cache_size
         if len(cache) > size:
             for key in list(islice(iter(cache), len(cache) - (size * 3) // 4)):

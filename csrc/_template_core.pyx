@@ -51,4 +51,26 @@ def _settle_compiled(o):
     return o
 
 
+import weakref as _weakref
+
+
+def _settle_entry_compiled(tuple e):
+    """``settle_entry`` (see the twin's): a memo entry, its weak reference untracked where it
+    has no callback, the entry where the rest is untracked already (scalars, and containers
+    ``settle`` or CPython untracked)."""
+    w = e[0]
+    if type(w) is _weakref.ref and w.__callback__ is None:
+        if PyObject_GC_IsTracked(w):
+            PyObject_GC_UnTrack(<void *>w)
+        ok = True
+        for v in e[1:]:  # (looked at, not untracked: settle's part; a dict may share the caller's lists)
+            t = type(v)
+            if not (v is None or t is str or t is int or t is float or t is bool
+                    or ((t is tuple or t is list or t is dict) and not PyObject_GC_IsTracked(v))):
+                ok = False
+        if ok and PyObject_GC_IsTracked(e):
+            PyObject_GC_UnTrack(<void *>e)
+    return e
+
+
 include "../jianmu_fast/_template_core_py.py"

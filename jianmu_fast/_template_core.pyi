@@ -14,7 +14,7 @@ __all__ = [
     "entry", "flat_printed", "frame_part", "head_groups", "is_local", "keep_last", "last_final", "local_pattern", "message_to_template_dict", "message_key", "new_starts", "overlap",
     "ops_hold", "parse_key", "piece_counts", "plain_entry", "plain_frame", "plan", "plan_groups", "plan_texts", "planned_cost", "planned_costs",
     "prefill_planned", "prefill_units", "put_str", "recall", "role_of", "run_text", "run_text_of",
-    "same_json", "segments", "settle", "step_costs", "store_all", "tools_signature", "trait", "unit_locality", "unit_parts", "unit_preds", "unit_starts", "unit_succ", "unit_total", "upper_costs",
+    "same_json", "segments", "settle", "settle_entry", "step_costs", "store_all", "tools_signature", "trait", "unit_locality", "unit_parts", "unit_preds", "unit_starts", "unit_succ", "unit_total", "upper_costs",
     "user_repeats",
 ]
 
@@ -114,3 +114,4 @@ def tools_signature(self: Any, ms: list[Any], opening: bool, first_user: bool,
                     last_user: bool, no_user: bool = ...) -> Optional[tuple[Any, ...]]: ...
 def same_json(a: Any, b: Any) -> bool: ...
 def settle(o: Any) -> Any: ...
+def settle_entry(e: tuple) -> tuple: ...

@@ -46,7 +46,7 @@ __all__ = [
     "entry", "flat_printed", "frame_part", "head_groups", "is_local", "keep_last", "last_final", "local_pattern", "message_to_template_dict", "message_key", "new_starts", "overlap",
     "ops_hold", "parse_key", "piece_counts", "plain_entry", "plain_frame", "plan", "plan_groups", "plan_texts", "planned_cost", "planned_costs",
     "prefill_planned", "prefill_units", "put_str", "recall", "role_of", "run_text", "run_text_of",
-    "same_json", "segments", "settle", "step_costs", "store_all", "tools_signature", "trait", "unit_locality", "unit_parts", "unit_preds", "unit_starts", "unit_succ", "unit_total", "upper_costs", "user_repeats",
+    "same_json", "segments", "settle", "settle_entry", "step_costs", "store_all", "tools_signature", "trait", "unit_locality", "unit_parts", "unit_preds", "unit_starts", "unit_succ", "unit_total", "upper_costs", "user_repeats",
 ]
 
 _REASONING_FIELDS = ("reasoning_content", "thinking", "reasoning")
@@ -76,6 +76,24 @@ except NameError:
         ('a', (1, None))
         """
         return o
+
+try:  # (the compiled build's, as settle's)
+    settle_entry = _settle_entry_compiled  # type: ignore[name-defined]  # noqa: F821
+except NameError:
+    def settle_entry(e: tuple) -> tuple:
+        """``e``, a memo entry ``(weak reference, snapshot, template dict, key)``: in the
+        compiled build its weak reference (one without a callback holds nothing strongly, so
+        no cycle runs through it; the collector finds weak references through their
+        referents, not by tracking them) and, where the rest is ``settle``'s JSON, the entry
+        itself are no longer tracked by the cyclic garbage collector. Nothing to do here.
+
+        >>> import weakref
+        >>> class M: pass
+        >>> m = M()
+        >>> settle_entry((weakref.ref(m), None, {"role": "user"}, "k"))[0]() is m
+        True
+        """
+        return e
 
 
 
@@ -1788,7 +1806,7 @@ def entry(self: CounterCore, m: Any, i: int) -> tuple[str, dict[str, Any]]:
             settle(d)
         if len(memo) >= size:
             _evict(self, memo)
-        memo[id(m)] = (_REF(m), snap, d, key)
+        memo[id(m)] = settle_entry((_REF(m), snap, d, key))
         by_key: dict = self._by_key
         if len(by_key) >= size:
             _evict(self, by_key)

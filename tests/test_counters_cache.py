@@ -383,3 +383,30 @@ def test_auto_engine_counts_directly_and_keeps_its_switching_rule(monkeypatch):
     last = [human("after the switch")]
     assert _backend.counts_of(c, last) == [ref.count_message(last[0])]
     assert TiktokenTokenCounter("o200k_base", engine="tiktoken")._auto_chars == -1
+
+
+def test_the_message_cache_leaves_the_cyclic_collector_and_lets_messages_go():
+    """The compiled counting loop keeps each message's entry out of the cyclic collector's sight
+    (its weak reference has no callback and holds nothing strongly; the entry holds it and
+    ints and a role): behind many conversations the entries brought on full collections.
+    Untracked, the weak reference still dies with its message -- by reference counting, or by
+    the collector where the message is part of a cycle -- and the entry answers no new
+    message at that address. The pure-Python run keeps them tracked (the same counts)."""
+    import gc
+
+    from jianmu_fast import _backend
+    from jianmu_fast.message import Message
+
+    c = TiktokenTokenCounter("o200k_base")
+    plain = human("hello there")
+    cyc = Message(role="user", content="again", metadata={"me": []})
+    cyc.metadata["me"].append(cyc)
+    counts = c.count_array([plain, cyc]).tolist()
+    entries = [c._msgs[id(plain)], c._msgs[id(cyc)]]
+    assert [e[0]() for e in entries] == [plain, cyc]
+    tracked = [gc.is_tracked(e) or gc.is_tracked(e[0]) for e in entries]
+    assert tracked == ([True, True] if _backend.BACKEND == "python" else [False, False])
+    del plain, cyc
+    gc.collect()
+    assert [e[0]() for e in entries] == [None, None]
+    assert c.count_array([human("hello there")]).tolist() == counts[:1]

@@ -41,7 +41,7 @@ METHODS = {"count_messages": "count_messages", "count_list": "_count_list", "pre
 #: the core's own helpers (called from the methods above, each of the same build)
 HELPERS = {"any_orphan", "any_system", "encode_lengths", "end_cost", "head_groups", "is_local", "keep_last", "role_of", "unit_locality", "unit_preds", "last_final", "plan_groups",
            "planned_costs", "prefill_planned", "recall", "run_text", "run_text_of", "unit_parts", "unit_succ",
-           "local_pattern", "ops_hold", "plain_frame", "same_json", "settle", "step_costs", "unit_starts", "new_starts"}
+           "local_pattern", "ops_hold", "plain_frame", "same_json", "settle", "settle_entry", "step_costs", "unit_starts", "new_starts"}
 
 
 def _bound(core):
@@ -694,3 +694,30 @@ def test_the_caches_keep_call_messages_untracked_by_the_collector(model_dirs, fa
                                     extra={}, id="m1", metadata={})
     c.count_messages(ms[:2] + [loose, Message(role="tool", content="r", tool_call_id="c2")])
     assert c._memo[id(loose)][2]["tool_calls"][0]["meta"] is mine and gc.is_tracked(mine)
+    assert gc.is_tracked(c._memo[id(loose)])  # (its entry holds that dict: tracked too)
+
+
+@needs_compiled_base
+def test_memo_entries_leave_the_collector_and_still_let_their_messages_go(model_dirs):
+    """A memo entry (weak reference, snapshot, template dict, key) of the compiled build is
+    untracked, its weak reference too (no callback: it holds nothing strongly). Untracked weak
+    references still die with their messages: freed by reference counting, or by the collector
+    as part of a cycle (a message whose metadata holds itself), after which the entry no longer
+    answers for a new message at the same address."""
+    import gc
+
+    c = CompiledCounter(model_dirs["qwen3"])
+    m = Message(role="user", content="hello")
+    cyc = Message(role="user", content="again", metadata={"me": []})
+    cyc.metadata["me"].append(cyc)
+    call = [{"id": "c1", "type": "function", "function": {"name": "f", "arguments": "{}"}}]
+    a = Message(role="assistant", content=None, tool_calls=call)
+    c.count_messages([m, a, Message(role="tool", content="r", tool_call_id="c1"), cyc])
+    entries = [c._memo[id(x)] for x in (m, a, cyc)]
+    assert [gc.is_tracked(e) or gc.is_tracked(e[0]) for e in entries] == [False] * 3
+    assert [e[0]() for e in entries] == [m, a, cyc]
+    want = c.count_messages([Message(role="user", content="hello")])  # (the last call's list is kept: not theirs)
+    del m, a, cyc
+    gc.collect()
+    assert [e[0]() for e in entries] == [None] * 3
+    assert c.count_messages([Message(role="user", content="hello")]) == want

@@ -17,7 +17,10 @@ Two bounded caches per counter, both safe to share between threads:
   frozen copies, see ``jianmu_fast.message.model``; ``metadata`` is never counted), so an
   entry never goes stale; a message whose lists are not frozen (made with
   ``model_construct``, bypassing validation) is counted but never cached. About 200 bytes per
-  entry (~220 with the role and content count), at most ``cache_size`` entries.
+  entry (~220 with the role and content count), at most ``cache_size`` entries. The compiled
+  loop stops the cyclic garbage collector tracking an entry and its weak reference (no
+  callback: it holds nothing strongly, and dies with its message all the same), which
+  behind many conversations brought on full collections.
 
 Cache misses of a ``count_array`` call are collected first, de-duplicated, and tokenized in
 one pass by the subclass's ``_encode_counts(texts)``; the loop over the messages (cache
