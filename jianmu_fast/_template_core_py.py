@@ -84,8 +84,10 @@ except NameError:
         """``e``, a memo entry ``(weak reference, snapshot, template dict, key)``: in the
         compiled build its weak reference (one without a callback holds nothing strongly, so
         no cycle runs through it; the collector finds weak references through their
-        referents, not by tracking them) and, where the rest is ``settle``'s JSON, the entry
-        itself are no longer tracked by the cyclic garbage collector. Nothing to do here.
+        referents, not by tracking them) and, where its other fields are untracked already
+        (strings, and a template dict ``settle`` or CPython untracked; the dict is not walked:
+        it may share an unvalidated message's lists), the entry itself are no longer tracked
+        by the cyclic garbage collector. Nothing to do here.
 
         >>> import weakref
         >>> class M: pass
@@ -94,7 +96,6 @@ except NameError:
         True
         """
         return e
-
 
 
 @cython.auto_pickle(False)  # (the counter pickles by its model folder: its own __getstate__)
