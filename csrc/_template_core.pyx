@@ -63,7 +63,8 @@ def _settle_entry_compiled(tuple e):
         if PyObject_GC_IsTracked(w):
             PyObject_GC_UnTrack(<void *>w)
         ok = True
-        for v in e[1:]:  # (looked at, not untracked: settle's part; a dict may share the caller's lists)
+        for i in range(1, len(e)):  # (looked at, not untracked: settle's part; a dict may share the caller's lists)
+            v = e[i]
             t = type(v)
             if not (v is None or t is str or t is int or t is float or t is bool
                     or ((t is tuple or t is list or t is dict) and not PyObject_GC_IsTracked(v))):

@@ -1803,7 +1803,7 @@ def entry(self: CounterCore, m: Any, i: int) -> tuple[str, dict[str, Any]]:
                     _evict(self, calls_of)
                 calls_of[call["id"]] = key
     if own:
-        if made and calls:  # (call_entry's: dicts and lists made here, of strings and parsed JSON)
+        if made:  # (call_entry's: dicts and lists made here, of strings and parsed JSON)
             settle(d)
         if len(memo) >= size:
             _evict(self, memo)
