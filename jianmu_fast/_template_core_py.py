@@ -12,6 +12,7 @@ two differ only in speed; a hypothesis test holds their counts equal.
 
 import bisect
 import copy
+import itertools
 import json
 import re
 import weakref
@@ -55,6 +56,7 @@ _DUMPS = json.JSONEncoder(ensure_ascii=False).encode
 _ENC_STR = json.encoder.encode_basestring  # (ensure_ascii off: the C encoder where available)
 _REF = weakref.ref
 _BISECT_LEFT = bisect.bisect_left
+_ISLICE = itertools.islice
 _PLAIN_KEYS = frozenset(("role", "content", "name", "tool_call_id"))
 #: ``json.loads``' scanner (its default decoder's: the C one where available), called directly
 _SCAN = json.JSONDecoder().scan_once  # type: ignore[attr-defined]
@@ -1236,9 +1238,9 @@ def run_text(self: CounterCore, run: tuple, values: Sequence[str]) -> Optional[s
     kept among the ``_LONG_RUNS`` such used last (``self._run_texts``): a unit costed between
     several neighbours, or again by the exact count, escapes, joins and scans it once, and
     counts the same string (``piece_counts`` finds a long one by its identity). Such a run is
-    kept under the identities of its values (hashing a tool output is a pass over it, as
-    long as tokenizing a tenth of it), the entry holding the values themselves: while it
-    lives, no other object has their ids. The same values in other objects (another message
+    kept under its own identity and those of its values (hashing a tool output is a pass over
+    it, as long as tokenizing a tenth of it), the entry holding the run and the values
+    themselves: while it lives, no other object has their ids. The same values in other objects (another message
     with the same output) build the text again."""
     items, next_token = run
     long = False  # (a long value, and every value a str)
@@ -1251,13 +1253,19 @@ def run_text(self: CounterCore, run: tuple, values: Sequence[str]) -> Optional[s
             long = long or len(v) > _UNCACHED_RUN
     if not long:
         return run_text_of(self, items, next_token, values)
-    held = tuple([values[x] if x >= 0 else values[-1 - x] for x in items if type(x) is not str])
-    key = (run, tuple([id(v) for v in held]))
+    held: list = [run]
+    ids: list = [id(run)]
+    for x in items:
+        if type(x) is not str:
+            v = values[x] if x >= 0 else values[-1 - x]
+            held.append(v)
+            ids.append(id(v))
+    key = tuple(ids)  # (ints: hashed in a few steps, where the run's nested tuple took hundreds, three times a store)
     memo: dict = self._run_texts
     got = recall(memo, key, None)
     if got is None:
         text = run_text_of(self, items, next_token, values)
-        keep_last(self, memo, key, (held, text))
+        keep_last(self, memo, key, (tuple(held), text))
         return text
     return got[1]  # type: ignore[no-any-return]
 
@@ -1427,12 +1435,23 @@ def recall(cache: dict, key: Any, default: Any) -> Any:
 
 @cython.ccall
 def keep_last(self, cache: dict, key: Any, value: Any) -> None:
-    """``cache[key] = value``, ``cache`` kept to its last ``_LONG_RUNS`` keys (at most
-    ``self.cache_size``): the oldest dropped (a key used again is put back last: the least
-    recently used dropped)."""
+    """``cache[key] = value``, ``cache`` kept within ``_LONG_RUNS`` keys (at most
+    ``self.cache_size``): where it is full, its oldest quarter (at least what is over) is
+    dropped at once (a key used again is put back last: the least recently used dropped).
+    Not one key per store: a dict leaves a dead slot where a key was deleted, until it is
+    resized, and finding its first key walks the dead slots before it -- dropping the
+    oldest one at a time walked ~200 of them per store.
+
+    >>> class Owner: cache_size = 4
+    >>> c = {k: k for k in "abcd"}
+    >>> keep_last(Owner(), c, "e", "e"); list(c)
+    ['b', 'c', 'd', 'e']
+    """
     keep = min(_LONG_RUNS, self.cache_size)
-    while cache and len(cache) >= keep:
-        del cache[next(iter(cache))]  # (the oldest)
+    n = len(cache)
+    if n >= keep:
+        for old in list(_ISLICE(cache, max(keep // 4, n - keep + 1))):  # (the oldest)
+            del cache[old]
     cache[key] = value
 
 
@@ -1518,7 +1537,8 @@ def entries_stable(self: CounterCore, ms: Sequence[Any], offset: int = 0) -> tup
     i: cython.Py_ssize_t
     for i in range(len(ms)):
         m = ms[i]
-        e = memo.get(id(m))  # _entry's memo hit, inlined (the hot loop's per-message cost)
+        mid = id(m)
+        e = memo.get(mid)  # _entry's memo hit, inlined (the hot loop's per-message cost)
         if e is not None and e[1] is None and e[0]() is m:
             keys.append(e[3])
             dicts.append(e[2])
@@ -1527,7 +1547,7 @@ def entries_stable(self: CounterCore, ms: Sequence[Any], offset: int = 0) -> tup
         keys.append(k)
         dicts.append(d)
         if stable:
-            e = memo.get(id(m))
+            e = memo.get(mid)
             stable = e is not None and e[1] is None and e[0]() is m
     return keys, dicts, stable
 
@@ -1740,7 +1760,8 @@ def same_json(a: Any, b: Any) -> bool:
 @cython.ccall
 def entry(self: CounterCore, m: Any, i: int) -> tuple[str, dict[str, Any]]:
     memo: dict = self._memo
-    e = memo.get(id(m))
+    mid = id(m)
+    e = memo.get(mid)
     if e is not None and e[0]() is m and (e[1] is None or (m.content, m.tool_calls) == e[1]):
         return e[3], e[2]
     if type(m) is Message or isinstance(m, Message):
@@ -1807,7 +1828,7 @@ def entry(self: CounterCore, m: Any, i: int) -> tuple[str, dict[str, Any]]:
             settle(d)
         if len(memo) >= size:
             _evict(self, memo)
-        memo[id(m)] = settle_entry((_REF(m), snap, d, key))
+        memo[mid] = settle_entry((_REF(m), snap, d, key))
         by_key: dict = self._by_key
         if len(by_key) >= size:
             _evict(self, by_key)

@@ -261,11 +261,12 @@ def test_the_core_counts_a_piece_without_added_tokens_as_the_tokenizer_does(mode
 
 
 @settings(max_examples=200, deadline=None)
-@given(ops=st.lists(st.tuples(st.integers(0, 6), st.one_of(st.none(), st.integers(0, 9))), max_size=40),
-       size=st.integers(1, 4))
+@given(ops=st.lists(st.tuples(st.integers(0, 14), st.one_of(st.none(), st.integers(0, 9))), max_size=60),
+       size=st.integers(1, 12))
 def test_long_run_caches_drop_the_least_recently_used_on_both_builds(ops, size):
-    """``recall`` (a lookup that puts the key back last) and ``keep_last`` (a store that drops
-    the oldest past ``min(_LONG_RUNS, cache_size)``) keep an LRU cache: the same one on both
+    """``recall`` (a lookup that puts the key back last) and ``keep_last`` (a store into a full
+    cache, at ``min(_LONG_RUNS, cache_size)`` keys, drops its oldest quarter, at least one
+    key) keep an LRU cache: the same one on both
     builds as an ``OrderedDict`` model's (None in ``ops``, or a key held: look it up; else
     store it, as ``run_text`` and ``piece_counts`` store only what they missed)."""
     import collections
@@ -282,8 +283,9 @@ def test_long_run_caches_drop_the_least_recently_used_on_both_builds(ops, size):
             for core, cache in caches.items():
                 assert core.recall(cache, key, -1) == want
         else:
-            if len(model) >= size:
-                model.popitem(last=False)
+            if len(model) >= size:  # full: its oldest quarter dropped, at least one key
+                for _ in range(max(size // 4, 1)):
+                    model.popitem(last=False)
             model[key] = value
             for core, cache in caches.items():
                 core.keep_last(owner, cache, key, value)
