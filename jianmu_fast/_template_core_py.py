@@ -44,7 +44,7 @@ from .message.model import FrozenDict, FrozenList, coerce_message, thaw
 __all__ = [
     "CounterCore", "any_lookahead", "any_orphan", "any_system", "args_text", "block_entry", "call_entries", "call_entry", "count_list", "count_messages", "encode_lengths", "end_cost",
     "entries_stable",
-    "entry", "flat_printed", "frame_part", "head_groups", "is_local", "keep_last", "last_final", "local_pattern", "message_to_template_dict", "message_key", "new_starts", "overlap",
+    "entry", "flat_printed", "frame_part", "head_groups", "is_local", "json_snapshot", "json_unchanged", "keep_last", "last_final", "local_pattern", "message_to_template_dict", "message_key", "new_starts", "overlap",
     "ops_hold", "parse_key", "piece_counts", "plain_entry", "plain_frame", "plan", "plan_groups", "plan_texts", "planned_cost", "planned_costs",
     "prefill_planned", "prefill_units", "put_str", "recall", "role_of", "run_text", "run_text_of",
     "same_json", "segments", "settle", "settle_entry", "step_costs", "store_all", "tools_signature", "trait", "unit_locality", "unit_parts", "unit_preds", "unit_starts", "unit_succ", "unit_total", "upper_costs", "user_repeats",
@@ -1699,6 +1699,103 @@ def tools_signature(self: CounterCore, ms: list[Any], opening: bool, first_user:
             repeats += 1
     return (keys[0], systems, head, keys[f] if first_user else None, keys[j] if last_user else None, f == j, repeats,
             dicts[n - 1]["role"])
+
+
+#: the leaves ``json_snapshot`` accepts (immutable: the same object is the same value)
+_JSON_LEAVES = (str, int, float, bool)
+
+
+@cython.ccall
+def json_snapshot(o: Any) -> Optional[list]:
+    """What ``json_unchanged`` checks ``o`` against later: each list and dict of the JSON tree
+    ``o`` (``o`` first), once each, with its direct contents as a tuple (a dict's keys and
+    values in turn); None where ``o`` is not a list or a dict, or holds anything but lists,
+    dicts, strings, numbers, booleans and None (a tuple, a mapping of another type: the
+    caller compares values instead).
+
+    >>> t = [{"type": "function", "function": {"name": "f"}}]
+    >>> [type(c).__name__ for c, _ in json_snapshot(t)], json_snapshot([(1, 2)])
+    (['list', 'dict', 'dict'], None)
+    """
+    t = type(o)
+    if t is not dict and t is not list:
+        return None
+    out: list = []
+    seen: set = set()
+    todo: list = [o]
+    while todo:
+        x = todo.pop()
+        if id(x) in seen:  # (one container in two places: recorded once)
+            continue
+        seen.add(id(x))
+        items: list = []
+        if type(x) is dict:
+            for k, v in x.items():
+                if not (k is None or type(k) in _JSON_LEAVES):
+                    return None
+                items.append(k)
+                items.append(v)
+        else:
+            items = list(x)
+        for v in items:
+            tv = type(v)
+            if tv is dict or tv is list:
+                todo.append(v)
+            elif not (v is None or tv in _JSON_LEAVES):
+                return None
+        out.append((x, tuple(items)))
+    return out
+
+
+def _json_unchanged(snap: list, o: Any) -> bool:
+    """Whether the JSON tree ``o`` is what ``json_snapshot`` recorded: ``o`` a list or dict of
+    the recorded top's type holding the same objects in the same order (``o`` itself may be
+    another object: a new list of the same tool dicts), and every other recorded list and
+    dict still holding the same objects in the same order. Then ``o`` is the value it was,
+    printed alike: no container changed, the rest are immutable. Identity checks only
+    (``==`` against a copy also takes ``1.0`` for ``1``; the compiled build's, on borrowed
+    references: 14 tools, 634 items, ~1.3 us where ``==`` took ~3.1); False for any change,
+    also one back to an equal value (the caller compares values then).
+
+    >>> t = [{"a": [1, 2]}]
+    >>> snap = json_snapshot(t)
+    >>> json_unchanged(snap, t), json_unchanged(snap, list(t))
+    (True, True)
+    >>> t[0]["a"][0] = 1.0; json_unchanged(snap, t)
+    False
+    """
+    i: cython.Py_ssize_t
+    j: cython.Py_ssize_t
+    for i in range(len(snap)):
+        rec: tuple = snap[i]
+        c = rec[0]
+        x = o if i == 0 else c
+        items: tuple = rec[1]
+        if type(x) is not type(c):
+            return False
+        if type(x) is dict:
+            d: dict = x
+            if 2 * len(d) != len(items):
+                return False
+            j = 0
+            for k, v in d.items():
+                if k is not items[j] or v is not items[j + 1]:
+                    return False
+                j += 2
+        else:
+            seq: list = x
+            if len(seq) != len(items):
+                return False
+            for j in range(len(items)):
+                if seq[j] is not items[j]:
+                    return False
+    return True
+
+
+try:  # the compiled build's (csrc/_template_core.pyx: borrowed references, no counting), as settle's
+    json_unchanged = _json_unchanged_compiled  # type: ignore[name-defined]  # noqa: F821
+except NameError:
+    json_unchanged = _json_unchanged
 
 
 @cython.ccall

@@ -1570,7 +1570,9 @@ def test_the_tools_are_serialized_again_only_where_they_print_otherwise(families
     list of the same tool dicts, or an equal new list (printed alike) reuse it -- the equal
     list is then the one kept, so passing it again is the identity path --, while a list
     changed in place, a dict edited in place, an int that became a float (equal, printed
-    otherwise) or reordered keys are serialized again and counted as transformers counts them."""
+    otherwise; in a new list, or edited into the kept one in place, which ``==`` against the
+    copy passed until session 32) or reordered keys are serialized again and counted as
+    transformers counts them."""
     fam = families["qwen3"]
     c = fam.fresh()
     ms = [Message(role="system", content="Be brief."), Message(role="user", content="Weather in Oslo?")]
@@ -1603,6 +1605,11 @@ def test_the_tools_are_serialized_again_only_where_they_print_otherwise(families
     changed(same_dicts, "a tool dict edited in place")
     fresh.append({"type": "function", "function": {"name": "noop", "parameters": {"type": "object", "properties": {}}}})
     changed(fresh, "the kept list grown in place")
+    kept = json.loads(json.dumps(tools))
+    first = c._tools_entry(kept)
+    assert c._tools_entry(kept) is first and c._tools_seen[2] is kept
+    kept[1]["function"]["parameters"]["properties"]["top_k"]["default"] = 3.0  # (still == to the copy)
+    changed(kept, "an int of the kept list made an equal float in place")
 
 
 def test_budget_filter_charges_tools_that_print_otherwise_anew(families):

@@ -39,7 +39,7 @@ METHODS = {"count_messages": "count_messages", "count_list": "_count_list", "pre
 
 
 #: the core's own helpers (called from the methods above, each of the same build)
-HELPERS = {"any_orphan", "any_system", "encode_lengths", "end_cost", "head_groups", "is_local", "keep_last", "role_of", "unit_locality", "unit_preds", "last_final", "plan_groups",
+HELPERS = {"any_orphan", "any_system", "encode_lengths", "end_cost", "head_groups", "is_local", "json_snapshot", "json_unchanged", "keep_last", "role_of", "unit_locality", "unit_preds", "last_final", "plan_groups",
            "planned_costs", "prefill_planned", "recall", "run_text", "run_text_of", "unit_parts", "unit_succ",
            "local_pattern", "ops_hold", "plain_frame", "same_json", "settle", "settle_entry", "step_costs", "unit_starts", "new_starts"}
 
@@ -524,6 +524,74 @@ def test_same_json_is_printed_alike_by_tojson(a, how, other):
     want = json.dumps(a) == json.dumps(b)
     assert twin.same_json(a, b) == compiled.same_json(a, b) == want
     assert twin.same_json([a], [b]) == compiled.same_json({"t": a}, {"t": b}) == want
+
+
+def _nested(o, out):
+    """Every list and dict in the JSON tree ``o``, ``o`` first."""
+    if type(o) in (list, dict):
+        out.append(o)
+        for v in (o.values() if type(o) is dict else o):
+            _nested(v, out)
+    return out
+
+
+@settings(max_examples=500, deadline=None)
+@given(a=st.lists(_json, max_size=3) | st.dictionaries(st.text(max_size=2), _json, max_size=3),
+       edit=st.sampled_from(["none", "new top", "retype in place", "set in place", "grow", "copy a child", "reorder"]),
+       pick=st.integers(0, 50))
+def test_json_unchanged_tells_the_same_tree_from_any_edit(a, edit, pick):
+    """``json_snapshot`` / ``json_unchanged`` (how the tool list passed again is recognized
+    without comparing it), on both builds: after no edit, or with the same contents in a new
+    top-level list or dict, the tree is unchanged; after any edit in place -- an int made an
+    equal float, a value set, an element added, a child replaced by an equal copy, keys
+    reordered -- it is not, and it never says unchanged where the JSON now prints otherwise."""
+    printed = json.dumps(a)
+    snaps = {core: core.json_snapshot(a) for core in (twin, compiled)}
+    assert snaps[twin] == snaps[compiled] and snaps[twin] is not None
+    containers = _nested(a, [])
+    target = containers[pick % len(containers)]
+    b = a
+    changed = True
+    if edit == "none":
+        changed = False
+    elif edit == "new top":
+        b = list(a) if type(a) is list else dict(a)
+        changed = False
+    elif edit == "grow":
+        if type(target) is list:
+            target.append(None)
+        else:
+            target["\0new"] = None
+    else:
+        keys = list(range(len(target))) if type(target) is list else list(target)
+        if not keys:
+            changed = False
+        else:
+            k = keys[pick % len(keys)]
+            if edit == "retype in place":
+                v = target[k]
+                target[k] = float(v) if type(v) is int else (int(v) if type(v) is float and v.is_integer() and abs(v) < 2 ** 53 else [v])
+            elif edit == "set in place":
+                target[k] = "\0set"
+            elif edit == "copy a child":
+                target[k] = json.loads(json.dumps(target[k]))
+                changed = type(target[k]) in (list, dict) or target[k] is not None  # (a new object where one stood)
+            elif edit == "reorder":
+                if type(target) is dict and len(target) > 1:
+                    items = list(target.items())
+                    target.clear()
+                    target.update(reversed(items))
+                else:
+                    changed = False
+    got = {core: core.json_unchanged(snaps[core], b) for core in (twin, compiled)}
+    assert got[twin] == got[compiled]
+    if got[twin]:
+        assert json.dumps(b) == printed
+    if not changed:
+        assert got[twin]
+    elif edit in ("grow", "set in place", "reorder"):
+        assert not got[twin]
+    assert twin.json_snapshot([(1, 2)]) is None and compiled.json_snapshot({"a": {1, 2}}) is None
 
 
 _said = st.sampled_from(["continue", "go on", "continue ", ""])
