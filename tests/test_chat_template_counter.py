@@ -1582,6 +1582,8 @@ def test_the_tools_are_serialized_again_only_where_they_print_otherwise(families
     assert c._tools_entry(tools) is first and c._tools_entry(list(tools)) is first
     fresh = json.loads(json.dumps(tools))
     assert c._tools_entry(fresh) is first and c._tools_seen[2] is fresh
+    assert c._tools_seen[3] is None  # (a list built anew is compared, not snapshot: ~28 us)
+    assert c._tools_entry(fresh) is first and c._tools_seen[3] is not None  # (passed again: snapshot)
     assert c._tools_entry(fresh) is first
     cost = c.count_tools(fresh, ms)
     assert c.count_messages(ms) + cost == fam.reference(ms, fresh)

@@ -1395,14 +1395,18 @@ class ChatTemplateTokenCounter(_tc.CounterCore):  # type: ignore[misc,name-defin
         against a copy took ~3.4 us and passed an int edited into an equal float in place,
         which prints otherwise), or a list that is ``same_json`` as the entry's copy (equal
         values of equal types, keys in the same order: ~8 us), which the entry then keeps as
-        its list (the next turn passing it again takes the first path)."""
+        its list (the next turn passing it again takes the first path, once its snapshot is
+        taken: at the entry's creation, else when the list it keeps comes a second time)."""
         seen = self._tools_seen
         if seen is not None:
             snap = seen[3]
             if snap is not None and _tc.json_unchanged(snap, tools_schema):
                 return seen[1]
             if _tc.same_json(seen[0], tools_schema):
-                self._tools_seen = (seen[0], seen[1], tools_schema, _tc.json_snapshot(tools_schema))
+                # snapshot a list passed a second time (~28 us for 14 tools: not every turn of an
+                # agent that builds its list anew each turn)
+                snap = _tc.json_snapshot(tools_schema) if tools_schema is seen[2] else None
+                self._tools_seen = (seen[0], seen[1], tools_schema, snap)
                 return seen[1]
         from ._tools_count import iter_functions
 

@@ -546,7 +546,7 @@ class TokenBudgetFilter(_WindowFilter):
         self._list_counts = self._template_counts if type(counter) is ChatTemplateTokenCounter else _list_counter(counter)
         self._set_turn_counts()
         self._forget()
-        self._tools_last: Optional[tuple[Any, tuple[int, bool], Optional[list]]] = None  # (a copy, its entry, json_snapshot)
+        self._tools_last: Optional[tuple[Any, tuple[int, bool], Optional[list], Any]] = None  # (a copy, its entry, a snapshot, the list)
         self._tools_by_json: dict[str, tuple[int, bool]] = {}
         self._tools_cost_now = 0
 
@@ -681,7 +681,9 @@ class TokenBudgetFilter(_WindowFilter):
             if last is not None and last[2] is not None and _tc.json_unchanged(last[2], tools_schema):
                 return last[1]  # (no list or dict of it changed: identity checks, no comparison)
             if last is not None and last[0] == tools_schema:  # C-level deep comparison, no JSON
-                self._tools_last = (last[0], last[1], _tc.json_snapshot(tools_schema))
+                # (a list passed a second time is snapshot, not every list an agent builds anew)
+                snap = _tc.json_snapshot(tools_schema) if tools_schema is last[3] else None
+                self._tools_last = (last[0], last[1], snap, tools_schema)
                 return last[1]
             try:
                 key = json.dumps(tools_schema, sort_keys=True, separators=(",", ":"), default=repr)
@@ -696,7 +698,7 @@ class TokenBudgetFilter(_WindowFilter):
                 self._tools_by_json[key] = got
         if not template:
             # a deep copy: the caller may edit their dicts in place before the next call
-            self._tools_last = (thaw(list(tools_schema)), got, _tc.json_snapshot(tools_schema))
+            self._tools_last = (thaw(list(tools_schema)), got, _tc.json_snapshot(tools_schema), tools_schema)
         return got
 
     def _count_tools(self, tools_schema: Sequence[dict[str, Any]]) -> int:
