@@ -5,6 +5,13 @@ Run from the repository root (valgrind installed, the package built; ~2-3 minute
 
     .venv/bin/python benchmarks/callgrind_turns.py --trace cs --size 24 --families qwen3,deepseek-v3
     .venv/bin/python benchmarks/callgrind_turns.py --trace seeded --size 40 --tools --families gpt-oss
+    .venv/bin/python benchmarks/callgrind_turns.py --trace cs --size 24 --conversations 60 --families qwen3
+
+``--conversations N`` measures the eval regime instead (``test_eval_regime_ratios``): N variants
+of the conversation through one counter, each with a fresh budget filter, its first call and its
+turns; the first half warms the counter, the second half is one region (session 32: Qwen3 cs 24,
+199k instructions a turn against ``HFTokenCounter``'s 112k, 1.77x; 2.0-2.4x in time: the turn
+is bound by cache misses in the counter's large caches more than the hot loop's is).
 
 For each family and counter (``--impls``, default ``chat_template,hf``) it replays the turns of
 ``benchmarks/test_chat_template.py`` (``_round``: append a unit, trim to the budget, count the
@@ -56,6 +63,44 @@ def _measure(fn) -> None:
     libc.qsort(arr, 2, ctypes.sizeof(ctypes.c_int), c)
 
 
+def _eval_regions(tct, args: argparse.Namespace, fam: str, d: str, schemas) -> list:
+    """``--conversations N``: the eval regime (``test_eval_regime_ratios``): N variants of the
+    trace's conversation through one counter per impl, each with a fresh budget filter, its
+    first call and its turns; the first half unmeasured (the counter's set-up, the template's
+    frames and plans), the second half one region. Labels count the measured turns."""
+    import gc
+
+    from jianmu_fast.memory.context import ChatTemplateTokenCounter, HFTokenCounter, TokenBudgetFilter
+
+    before, turns = tct._split(args.size, fam, args.trace)
+    convs = [([tct._variant(m, k) for m in before], [[tct._variant(m, k) for m in u] for u in turns])
+             for k in range(args.conversations)]
+    half = len(convs) // 2
+    labels = []
+    for impl in args.impls.split(","):
+        counter = (ChatTemplateTokenCounter(d, engine="fastokens") if impl == "chat_template"
+                   else HFTokenCounter(os.path.join(d, "tokenizer.json"), engine="fastokens"))
+
+        def replay(part):
+            def run():
+                for start, units in part:
+                    flt = TokenBudgetFilter(tct.BUDGETS[args.trace], counter=counter)
+                    history = list(start)
+                    kept = flt.apply(history, tools_schema=schemas)
+                    counter.count_messages(kept) + flt.tools_cost(schemas, kept)
+                    for unit in units:
+                        history.extend(unit)
+                        kept = flt.apply(history, tools_schema=schemas)
+                        counter.count_messages(kept) + flt.tools_cost(schemas, kept)
+            return run
+
+        replay(convs[:half])()
+        gc.collect()
+        _measure(replay(convs[half:]))
+        labels.append([fam, impl, sum(len(u) for _, u in convs[half:])])
+    return labels
+
+
 def inner(args: argparse.Namespace) -> None:
     """The measured process (under valgrind): one region per family and counter."""
     sys.path.insert(0, HERE)
@@ -69,6 +114,9 @@ def inner(args: argparse.Namespace) -> None:
         if not os.path.exists(os.path.join(d, "tokenizer.json")):
             os.makedirs(d, exist_ok=True)
             tct.mk.model_dir(fam, d)
+        if args.conversations:
+            labels += _eval_regions(tct, args, fam, d, schemas)
+            continue
         _, turns = tct._split(args.size, fam, args.trace)
         half = len(turns) // 2
         for impl in args.impls.split(","):
@@ -104,6 +152,9 @@ def main() -> None:
     p.add_argument("--replays", type=int, default=3,
                    help="rounds per counter, the last one measured (at least 2; default 3)")
     p.add_argument("--out", default=None, help="where the dumps go (default: a new temporary folder)")
+    p.add_argument("--conversations", type=int, default=0,
+                   help="the eval regime instead: this many variants of the conversation through one counter "
+                        "(first calls included; the second half measured)")
     p.add_argument("--inner", action="store_true", help=argparse.SUPPRESS)
     args = p.parse_args()
     if args.replays < 2:
@@ -116,7 +167,8 @@ def main() -> None:
     cmd = ["valgrind", "--tool=callgrind", "--collect-atstart=no", "--toggle-collect=qsort_r",
            "--dump-after=qsort_r", f"--callgrind-out-file={os.path.join(args.out, 'cg')}",
            sys.executable, os.path.abspath(__file__), "--inner", "--trace", args.trace, "--size", str(args.size),
-           "--families", args.families, "--impls", args.impls, "--out", args.out, "--replays", str(args.replays)] + (["--tools"] if args.tools else [])
+           "--families", args.families, "--impls", args.impls, "--out", args.out, "--replays", str(args.replays),
+           "--conversations", str(args.conversations)] + (["--tools"] if args.tools else [])
     with open(os.path.join(args.out, "log"), "w") as log:
         subprocess.run(cmd, check=True, stdout=log, stderr=subprocess.STDOUT)
     with open(os.path.join(args.out, "labels.json")) as f:
@@ -130,7 +182,8 @@ def main() -> None:
     # dumps: qsort calls made while importing)
     regions = totals[-(len(labels) + 1):-1]
     per_turn = {(fam, impl): total / turns for (fam, impl, turns), total in zip(labels, regions)}
-    print(f"{args.trace} {args.size}{' with tools' if args.tools else ''}: k instructions per warm turn (dumps in {args.out})")
+    regime = f", {args.conversations // 2} of {args.conversations} conversations measured" if args.conversations else ""
+    print(f"{args.trace} {args.size}{' with tools' if args.tools else ''}{regime}: k instructions per warm turn (dumps in {args.out})")
     for (fam, impl), v in per_turn.items():
         base = per_turn.get((fam, "hf"))
         ratio = f"  {v / base:.2f}x hf" if base and impl != "hf" else ""
