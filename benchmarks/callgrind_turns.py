@@ -63,6 +63,13 @@ def _measure(fn) -> None:
     libc.qsort(arr, 2, ctypes.sizeof(ctypes.c_int), c)
 
 
+def _turn(counter, flt, history: list, unit: list, schemas) -> None:
+    """A turn: ``unit`` appended, the history trimmed, the request counted (tools included)."""
+    history.extend(unit)
+    kept = flt.apply(history, tools_schema=schemas)
+    counter.count_messages(kept) + flt.tools_cost(schemas, kept)
+
+
 def _eval_regions(tct, args: argparse.Namespace, fam: str, d: str, schemas) -> list:
     """``--conversations N``: the eval regime (``test_eval_regime_ratios``): N variants of the
     trace's conversation through one counter per impl, each with a fresh budget filter, its
@@ -86,12 +93,9 @@ def _eval_regions(tct, args: argparse.Namespace, fam: str, d: str, schemas) -> l
                 for start, units in part:
                     flt = TokenBudgetFilter(tct.BUDGETS[args.trace], counter=counter)
                     history = list(start)
-                    kept = flt.apply(history, tools_schema=schemas)
-                    counter.count_messages(kept) + flt.tools_cost(schemas, kept)
+                    _turn(counter, flt, history, [], schemas)  # (the conversation's first call)
                     for unit in units:
-                        history.extend(unit)
-                        kept = flt.apply(history, tools_schema=schemas)
-                        counter.count_messages(kept) + flt.tools_cost(schemas, kept)
+                        _turn(counter, flt, history, unit, schemas)
             return run
 
         replay(convs[:half])()
@@ -127,9 +131,7 @@ def inner(args: argparse.Namespace) -> None:
                 def replay(units):
                     def run():
                         for unit in units:
-                            history.extend(unit)
-                            kept = flt.apply(history, tools_schema=schemas)
-                            counter.count_messages(kept) + flt.tools_cost(schemas, kept)
+                            _turn(counter, flt, history, unit, schemas)
                     return run
 
                 replay(turns[:half])()
