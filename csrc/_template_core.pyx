@@ -16,8 +16,19 @@ results as the arguments' do (``bool``: a C int, returned to Python as ``True``/
 from cpython.ref cimport PyObject
 
 cdef extern from "Python.h":
+    ctypedef struct PyTypeObject:
+        pass
+    PyTypeObject PyDict_Type
     void PyObject_GC_UnTrack(void *op)
     bint PyObject_GC_IsTracked(object op)
+    # (borrowed references, for _json_unchanged_compiled)
+    PyTypeObject *_TYPE "Py_TYPE" (PyObject *o)
+    PyObject *_TGET "PyTuple_GET_ITEM" (PyObject *p, Py_ssize_t pos)
+    Py_ssize_t _TSIZE "PyTuple_GET_SIZE" (PyObject *p)
+    PyObject *_LGET "PyList_GET_ITEM" (PyObject *p, Py_ssize_t pos)
+    Py_ssize_t _LSIZE "PyList_GET_SIZE" (PyObject *p)
+    int _DNEXT "PyDict_Next" (PyObject *p, Py_ssize_t *ppos, PyObject **pkey, PyObject **pvalue)
+    Py_ssize_t _DSIZE "PyDict_GET_SIZE" (PyObject *p)
 
 
 cdef bint _json_untracked(object o):
@@ -74,19 +85,6 @@ def _settle_entry_compiled(tuple e):
         if ok and PyObject_GC_IsTracked(e):
             PyObject_GC_UnTrack(<void *>e)
     return e
-
-
-cdef extern from "Python.h":
-    ctypedef struct PyTypeObject:
-        pass
-    PyTypeObject PyDict_Type
-    PyTypeObject *_TYPE "Py_TYPE" (PyObject *o)
-    PyObject *_TGET "PyTuple_GET_ITEM" (PyObject *p, Py_ssize_t pos)
-    Py_ssize_t _TSIZE "PyTuple_GET_SIZE" (PyObject *p)
-    PyObject *_LGET "PyList_GET_ITEM" (PyObject *p, Py_ssize_t pos)
-    Py_ssize_t _LSIZE "PyList_GET_SIZE" (PyObject *p)
-    int _DNEXT "PyDict_Next" (PyObject *p, Py_ssize_t *ppos, PyObject **pkey, PyObject **pvalue)
-    Py_ssize_t _DSIZE "PyDict_GET_SIZE" (PyObject *p)
 
 
 def _json_unchanged_compiled(list snap, o):
