@@ -8,7 +8,8 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 PIP_INSTALL := $(PY) -m pip install --quiet --disable-pip-version-check
 EDITABLE := --config-settings editable_mode=compat -e .
-SOURCES := pyproject.toml setup.py $(wildcard csrc/*.pyx)
+# (and the pure-Python twin that csrc/_template_core.pyx includes: editing it rebuilds the core)
+SOURCES := pyproject.toml setup.py $(wildcard csrc/*.pyx) jianmu_fast/_template_core_py.py
 RUN_STAMP := $(VENV)/.jianmu_fast-run-report-installed
 STAMP := $(VENV)/.jianmu_fast-installed
 BENCH_STAMP := $(VENV)/.jianmu_fast-bench-installed

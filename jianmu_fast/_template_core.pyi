@@ -11,10 +11,10 @@ from .message import Message
 __all__ = [
     "CounterCore", "any_lookahead", "any_orphan", "any_system", "args_text", "block_entry", "call_entries", "call_entry", "count_list", "count_messages", "encode_lengths", "end_cost",
     "entries_stable",
-    "entry", "flat_printed", "frame_part", "head_groups", "is_local", "json_snapshot", "json_unchanged", "keep_last", "last_final", "local_pattern", "message_to_template_dict", "message_key", "new_starts", "overlap",
+    "entry", "flat_printed", "frame_part", "head_groups", "holds_token", "is_local", "json_snapshot", "json_unchanged", "keep_last", "last_final", "local_pattern", "message_to_template_dict", "message_key", "new_starts", "overlap",
     "ops_hold", "parse_key", "piece_counts", "plain_entry", "plain_frame", "plan", "plan_groups", "plan_texts", "planned_cost", "planned_costs",
     "prefill_planned", "prefill_units", "put_str", "recall", "role_of", "run_text", "run_text_of",
-    "same_json", "segments", "settle", "settle_entry", "step_costs", "store_all", "tools_signature", "trait", "unit_locality", "unit_parts", "unit_preds", "unit_starts", "unit_succ", "unit_total", "upper_costs",
+    "same_json", "segments", "settle", "settle_entry", "step_costs", "store_all", "token_searches", "tools_signature", "trait", "unit_locality", "unit_parts", "unit_preds", "unit_starts", "unit_succ", "unit_total", "upper_costs",
     "user_repeats",
 ]
 
@@ -49,6 +49,7 @@ class CounterCore:
     _content_format: Any
     _token_head_groups: Any
     _token_firsts: Any
+    _token_searches: tuple[Any, ...]
     _search: Any
     _lock: Any
     _fast: Any
@@ -82,6 +83,8 @@ def upper_costs(self: Any, keys: tuple[str, ...], dicts: Sequence[dict[str, Any]
                 exact: tuple[str, str], caller: Optional[str] = None, final_after: bool = False) -> list[int]: ...
 def run_text(self: Any, run: tuple[Any, str], values: Sequence[str]) -> Optional[str]: ...
 def run_text_of(self: Any, items: tuple[Any, ...], next_token: str, values: Sequence[str]) -> Optional[str]: ...
+def holds_token(self: Any, text: str, next_token: str) -> bool: ...
+def token_searches(contents: Sequence[str]) -> tuple[Any, ...]: ...
 def step_costs(steps: Sequence[tuple[int, Sequence[int], Sequence[int]]], got: Sequence[int]) -> list[int]: ...
 def plan_texts(self: Any, plan: Any, values: Sequence[str]) -> Optional[list[str]]: ...
 def head_groups(heads: tuple[str, ...]) -> Optional[tuple[tuple[str, tuple[str, ...]], ...]]: ...

@@ -39,7 +39,7 @@ METHODS = {"count_messages": "count_messages", "count_list": "_count_list", "pre
 
 
 #: the core's own helpers (called from the methods above, each of the same build)
-HELPERS = {"any_orphan", "any_system", "encode_lengths", "end_cost", "head_groups", "is_local", "json_snapshot", "json_unchanged", "keep_last", "role_of", "unit_locality", "unit_preds", "last_final", "plan_groups",
+HELPERS = {"any_orphan", "any_system", "encode_lengths", "end_cost", "head_groups", "holds_token", "token_searches", "is_local", "json_snapshot", "json_unchanged", "keep_last", "role_of", "unit_locality", "unit_preds", "last_final", "plan_groups",
            "planned_costs", "prefill_planned", "recall", "run_text", "run_text_of", "unit_parts", "unit_succ",
            "local_pattern", "ops_hold", "plain_frame", "same_json", "settle", "settle_entry", "step_costs", "unit_starts", "new_starts"}
 
@@ -358,6 +358,47 @@ def test_head_groups_find_a_head_exactly_where_a_head_is(heads, text):
         assert sorted(h for _, hs in groups for h in hs) == sorted(heads)
         assert all(h[0] == c for c, hs in groups for h in hs)
         assert any(c in text and any(h in text for h in hs) for c, hs in groups) == any(h in text for h in heads)
+
+
+def _token_core(core, tokens):
+    """A ``CounterCore`` of ``core`` holding the added-token fields ``holds_token`` reads for
+    ``tokens``, and the whole tokens' search (``_piecewise_splitter``'s pattern)."""
+    import re as _re
+
+    c = core.CounterCore()
+    c._token_head_groups = core.head_groups(tuple(sorted({t[:2] for t in tokens})))
+    c._token_firsts = "".join(sorted({t[0] for t in tokens if t}))
+    c._token_searches = core.token_searches(tokens)
+    c._search = _re.compile("(" + "|".join(_re.escape(t) for t in sorted(tokens, key=len, reverse=True)) + ")").search
+    return c
+
+
+_TOKEN_ALPHABET = "<[/|tIx>]"
+
+
+@settings(max_examples=int(os.environ.get("JIANMU_FAST_MAX_EXAMPLES", "500")), deadline=None)
+@given(tokens=st.lists(st.text(_TOKEN_ALPHABET, max_size=4), min_size=1, max_size=6).map(lambda ts: sorted(set(ts))),
+       parts=st.lists(st.text(_TOKEN_ALPHABET + " a\n数😀", max_size=8), max_size=8),
+       pad=st.sampled_from([0, 1, 300]), at=st.sampled_from(["start", "end"]), nxt=st.integers(-1, 5))
+@example(tokens=["[INST]", "[/INST]"], parts=["x[IN"], pad=300, at="start", nxt=0)
+@example(tokens=["[INST]", "[/INST]"], parts=["x["], pad=300, at="start", nxt=1)
+def test_holds_token_finds_an_added_token_exactly_where_the_search_does(tokens, parts, pad, at, nxt):
+    """``holds_token`` (a value run's check before it is counted as ordinary text) answers
+    what the whole tokens' search answers -- a token starting in the text, inside it or
+    running into the next token -- on both builds, for short texts (heads first) and long
+    ones (past ``_HEAD_SCAN``: a search per first character)."""
+    text = "".join(parts)
+    filler = "y" * pad
+    text = filler + text if at == "start" else text + filler
+    next_token = tokens[nxt % len(tokens)] if nxt >= 0 else ""
+    probe = _token_core(twin, tokens)
+    if next_token:
+        want = probe._search(text + next_token).start() != len(text)
+    else:
+        want = probe._search(text) is not None
+    assert (len(text) > twin._HEAD_SCAN) == (pad == 300)
+    for core in (twin, compiled):
+        assert core.holds_token(_token_core(core, tokens), text, next_token) is want
 
 
 _scalars = st.one_of(st.none(), st.booleans(), st.integers(-10**20, 10**20), st.floats(),

@@ -697,6 +697,8 @@ class ChatTemplateTokenCounter(_tc.CounterCore):  # type: ignore[misc,name-defin
         contents = [t.content for t in tok.get_added_tokens_decoder().values()]
         self._token_head_groups = _tc.head_groups(tuple(sorted({c[:2] for c in contents})))
         self._token_firsts: str = "".join(sorted({c[0] for c in contents if c}))
+        # the same tokens by first character, a search each (a long run's check: _tc.holds_token)
+        self._token_searches: tuple[tuple[str, Any], ...] = _tc.token_searches(contents)
         self._memo: dict[int, tuple[Any, ...]] = {}  # id(message) -> (weakref, snapshot, dict, key)
         self._by_key: dict[str, dict[str, Any]] = dict(_STANDIN_DICTS)  # message key -> template dict
         self._texts: dict[Any, int] = {}  # key of a rendered conversation -> tokens
