@@ -39,7 +39,7 @@ METHODS = {"count_messages": "count_messages", "count_list": "_count_list", "pre
 
 
 #: the core's own helpers (called from the methods above, each of the same build)
-HELPERS = {"any_orphan", "any_system", "encode_lengths", "end_cost", "head_groups", "holds_token", "token_searches", "is_local", "json_snapshot", "json_unchanged", "keep_last", "role_of", "unit_locality", "unit_preds", "last_final", "plan_groups",
+HELPERS = {"any_orphan", "any_system", "encode_lengths", "end_cost", "head_groups", "holds_token", "json_escaped", "token_searches", "is_local", "json_snapshot", "json_unchanged", "keep_last", "role_of", "unit_locality", "unit_preds", "last_final", "plan_groups",
            "planned_costs", "prefill_planned", "recall", "run_text", "run_text_of", "unit_parts", "unit_succ",
            "local_pattern", "ops_hold", "plain_frame", "same_json", "settle", "settle_entry", "step_costs", "unit_starts", "new_starts"}
 
@@ -358,6 +358,24 @@ def test_head_groups_find_a_head_exactly_where_a_head_is(heads, text):
         assert sorted(h for _, hs in groups for h in hs) == sorted(heads)
         assert all(h[0] == c for c, hs in groups for h in hs)
         assert any(c in text and any(h in text for h in hs) for c, hs in groups) == any(h in text for h in heads)
+
+
+@settings(max_examples=int(os.environ.get("JIANMU_FAST_MAX_EXAMPLES", "500")) * 2, deadline=None)
+@given(v=st.text(st.characters(codec=None) | st.sampled_from(list('"\\/\n\r\t\b\f\x00\x1f\x7f\x80\xff\u2028\ud800😀数é'))),
+       repeat=st.sampled_from([1, 2, 300]))
+@example(v="", repeat=1)
+@example(v="\ud800x\x01", repeat=1)
+def test_json_escaped_is_what_tojson_prints_inside_the_quotes(v, repeat):
+    """``json_escaped`` (a tool output printed by ``tojson`` in a unit's value run) is
+    ``json.dumps(v, ensure_ascii=False)[1:-1]`` on both builds, for strings of every width
+    (ASCII, Latin-1, BMP, astral, lone surrogates) and length, and the compiled one's output
+    is a canonical str (equal and hashing as the encoder's)."""
+    v = v * repeat
+    want = json.dumps(v, ensure_ascii=False)[1:-1]
+    for core in (twin, compiled):
+        got = core.json_escaped(v)
+        assert got == want and hash(got) == hash(want) and type(got) is str
+        assert max(map(ord, got), default=0) == max(map(ord, want), default=0)
 
 
 def _token_core(core, tokens):
