@@ -524,6 +524,8 @@ def _load_dir(path: str) -> tuple[Any, dict[str, str], dict[str, str], Optional[
 _FRAME_TABLES: dict[tuple[Any, ...], dict[Any, Any]] = {}
 #: unit plans (see ``ChatTemplateTokenCounter._plan``), shared as the frame tables are
 _PLAN_TABLES: dict[tuple[Any, ...], dict[Any, Any]] = {}
+#: the value runs of those plans, one object per distinct run (``_build_plan``), shared with them
+_RUN_TABLES: dict[tuple[Any, ...], dict[Any, Any]] = {}
 #: tool lists' probed signature parts (``_tools_parts``) and their marginal costs by prompt
 #: signature (``count_tools``), shared as the frame tables are
 _TOOLS_TABLES: dict[tuple[Any, ...], tuple[dict[Any, Any], dict[Any, Any]]] = {}
@@ -711,6 +713,8 @@ class ChatTemplateTokenCounter(_tc.CounterCore):  # type: ignore[misc,name-defin
         # cost does not depend on their neighbours: the hot loop's one lookup per unit
         self._local_units: dict[tuple[str, ...], tuple[int, ...]] = {}
         self._local: dict[Any, bool] = {}  # role pattern -> neighbour-independent?
+        # value run -> the one object every plan holds for it (_build_plan)
+        self._run_forms: dict[Any, Any] = {}
         # frames are shared by the counters of one tokenizer file, template, special tokens and
         # template variables in this process, so a counter built per task or worker does not
         # learn them again
@@ -724,6 +728,7 @@ class ChatTemplateTokenCounter(_tc.CounterCore):  # type: ignore[misc,name-defin
                 with _TABLES_LOCK:
                     self._frames._frames = _FRAME_TABLES.setdefault(shared, {})
                     self._plans = _PLAN_TABLES.setdefault(shared, {})
+                    self._run_forms = _RUN_TABLES.setdefault(shared, {})
                     self._tools_parts_of, self._marginals = _TOOLS_TABLES.setdefault(shared, ({}, {}))
         # message key -> (_lookahead, its element of _pattern), once _sensitive is known; a unit
         # that is not local: its keys tuple -> (lookahead, False) (_tc.unit_locality)
@@ -983,7 +988,14 @@ class ChatTemplateTokenCounter(_tc.CounterCore):  # type: ignore[misc,name-defin
             minus = tuple(run_ids[r] for r in (prev_runs - runs).elements())
             steps.append((const - prev_const, plus, minus))
             prev_const, prev_runs = const, runs
-        return tuple(ops), tuple(run_ids), tuple(steps)
+        # each run as the one object every plan holds for it: the long runs' caches are keyed by
+        # identity (_tc.run_text: a tool output's escaped text, its count), and a unit costed
+        # again between other neighbours (the first after a moved cut) has other plans with
+        # equal runs -- it found none of them and tokenized its tool outputs again
+        forms = self._run_forms
+        if len(forms) >= 4 * self.cache_size:
+            forms.clear()  # (sharing lost, not counts: a run's identity keys caches, not answers)
+        return tuple(ops), tuple([forms.setdefault(r, r) for r in run_ids]), tuple(steps)
 
     def _tokens(self, keys: tuple[Any, ...], dicts: Optional[list[dict[str, Any]]] = None, tools_key: Any = None,
                 tools: Any = None) -> int:
