@@ -1254,10 +1254,13 @@ def run_text(self: CounterCore, run: tuple, values: Sequence[str]) -> Optional[s
     kept among the ``_LONG_RUNS`` such used last (``self._run_texts``): a unit costed between
     several neighbours, or again by the exact count, escapes, joins and scans it once, and
     counts the same string (``piece_counts`` finds a long one by its identity). Such a run is
-    kept under its own identity and those of its values (hashing a tool output is a pass over
-    it, as long as tokenizing a tenth of it), the entry holding the run and the values
-    themselves: while it lives, no other object has their ids. The same values in other objects (another message
-    with the same output) build the text again."""
+    kept under its form -- its next token, its fixed texts, and for each slot its value's
+    identity (negated, less one, for a ``tojson`` slot) -- not the slots' indexes: another
+    plan's equal run, or a run whose unit's values stand after other values (DeepSeek-V3's
+    unit costed after the real system message: the plan of the two), finds it. The entry holds
+    the values themselves: while it lives, no other object has their ids; hashing a tool
+    output is a pass over it, as long as tokenizing a tenth of it. The same values in other
+    objects (another message with the same output) build the text again."""
     items, next_token = run
     long = False  # (a long value, and every value a str)
     for x in items:
@@ -1269,14 +1272,20 @@ def run_text(self: CounterCore, run: tuple, values: Sequence[str]) -> Optional[s
             long = long or len(v) > _UNCACHED_RUN
     if not long:
         return run_text_of(self, items, next_token, values)
-    held: list = [run]
-    ids: list = [id(run)]
+    held: list = []
+    form: list = [next_token]
     for x in items:
-        if type(x) is not str:
-            v = values[x] if x >= 0 else values[-1 - x]
+        if type(x) is str:
+            form.append(x)
+        elif x >= 0:
+            v = values[x]
             held.append(v)
-            ids.append(id(v))
-    key = tuple(ids)  # (ints: hashed in a few steps, where the run's nested tuple took hundreds, three times a store)
+            form.append(id(v))
+        else:
+            v = values[-1 - x]
+            held.append(v)
+            form.append(-1 - id(v))
+    key = tuple(form)  # (flat: strings whose hashes they keep, and ints)
     memo: dict = self._run_texts
     got = recall(memo, key, None)
     if got is None:

@@ -681,8 +681,8 @@ def test_a_tool_output_is_tokenized_once_however_often_its_unit_is_costed(famili
     final answer: other plans, whose value runs equal the first costing's). Every plan holds
     one object per distinct value run, so the caches keyed by identity (a long run's text, a
     huge piece's count) find it: no tool output is tokenized twice (gpt-oss escapes each with
-    ``tojson``: ~1 ns a character, then tokenizes it); DeepSeek-V3's after the real system
-    message, at most once more. Every count exact; every family. (A first loop learns the template's
+    ``tojson``: ~1 ns a character, then tokenizes it); DeepSeek-V3's first text after the
+    real system message, at most once more (merged with the system prompt's). Every count exact; every family. (A first loop learns the template's
     frames, which renders and tokenizes whole conversations; the second, on a fresh counter
     and new outputs, is the one checked.)"""
     from jianmu_fast._template_base import NOT_YET
@@ -724,8 +724,8 @@ def test_a_tool_output_is_tokenized_once_however_often_its_unit_is_costed(famili
         assert len(kept) < len(ms), name  # (the cut moved)
         long = [t for t in tokenized if len(t) > 2048]
         # (DeepSeek-V3 costs the first unit after a moved cut after the real system message, by
-        # the plan of the two as a conversation's first messages: its runs index the unit's
-        # values after the system message's, other runs, and its outputs may be counted once more)
+        # the plan of the two as a conversation's first messages: the unit's first text may merge
+        # with the system prompt's, a run of both counted anew)
         most = 2 if c._real_system_pred else 1
         assert long and max(long.count(t) for t in long) <= most, (name, [len(t) for t in long])
         # (the plans, not plan_groups' entries beside them: keyed by a tuple opening with "groups")
