@@ -9,7 +9,7 @@ PY := $(VENV)/bin/python
 PIP_INSTALL := $(PY) -m pip install --quiet --disable-pip-version-check
 EDITABLE := --config-settings editable_mode=compat -e .
 # (and the pure-Python twin that csrc/_template_core.pyx includes: editing it rebuilds the core)
-SOURCES := pyproject.toml setup.py $(wildcard csrc/*.pyx) jianmu_fast/_template_core_py.py
+SOURCES := pyproject.toml setup.py $(wildcard csrc/*.pyx) $(wildcard jianmu_fast/_template_core_py.py)
 RUN_STAMP := $(VENV)/.jianmu_fast-run-report-installed
 STAMP := $(VENV)/.jianmu_fast-installed
 BENCH_STAMP := $(VENV)/.jianmu_fast-bench-installed

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import importlib.metadata
 import json
+import os
 import re
 import shutil
 import subprocess
@@ -124,3 +125,10 @@ def test_make_run_installs_cli_and_make_test_adds_dev(tmp_path):
     (venv / ".jianmu_fast-installed").touch()  # as `make test` leaves it
     rerun = dry("run")
     assert "pip install" not in rerun and "jianmu-fast build" in rerun
+    # the pure-Python twin that csrc/_template_core.pyx includes: editing it rebuilds the core
+    twin = tmp_path / "jianmu_fast" / "_template_core_py.py"
+    twin.parent.mkdir()
+    twin.touch()
+    stamp = (venv / ".jianmu_fast-installed").stat().st_mtime
+    os.utime(twin, (stamp + 10, stamp + 10))
+    assert "editable_mode=compat -e .\"[dev]\"" in dry("test")
