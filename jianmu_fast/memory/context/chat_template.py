@@ -988,13 +988,14 @@ class ChatTemplateTokenCounter(_tc.CounterCore):  # type: ignore[misc,name-defin
             minus = tuple(run_ids[r] for r in (prev_runs - runs).elements())
             steps.append((const - prev_const, plus, minus))
             prev_const, prev_runs = const, runs
-        # each run as the one object every plan holds for it: the long runs' caches are keyed by
-        # identity (_tc.run_text: a tool output's escaped text, its count), and a unit costed
-        # again between other neighbours (the first after a moved cut) has other plans with
-        # equal runs -- it found none of them and tokenized its tool outputs again
+        # each run as the one object every plan holds for it (a unit costed again between other
+        # neighbours, the first after a moved cut, has other plans with equal runs: compared by
+        # identity first where planned_costs collects a unit's runs, held once). The long runs'
+        # texts are kept by their form, not by the run object (_tc.run_text), so a run that is
+        # not the shared one (after a clear) is still found there
         forms = self._run_forms
         if len(forms) >= 4 * self.cache_size:
-            forms.clear()  # (sharing lost, not counts: a run's identity keys caches, not answers)
+            forms.clear()  # (sharing lost, not counts)
         return tuple(ops), tuple([forms.setdefault(r, r) for r in run_ids]), tuple(steps)
 
     def _tokens(self, keys: tuple[Any, ...], dicts: Optional[list[dict[str, Any]]] = None, tools_key: Any = None,
