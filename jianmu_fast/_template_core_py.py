@@ -47,7 +47,7 @@ __all__ = [
     "entry", "flat_printed", "frame_part", "head_groups", "holds_token", "is_local", "json_escaped", "json_snapshot", "json_unchanged", "keep_last", "last_final", "local_pattern", "message_to_template_dict", "message_key", "new_starts", "overlap",
     "ops_hold", "parse_key", "piece_counts", "plain_entry", "plain_frame", "plan", "plan_groups", "plan_texts", "planned_cost", "planned_costs",
     "prefill_planned", "prefill_units", "put_str", "recall", "role_of", "run_text", "run_text_of",
-    "same_json", "segments", "settle", "settle_entry", "step_costs", "store_all", "token_searches", "tools_signature", "trait", "unit_locality", "unit_parts", "unit_preds", "unit_starts", "unit_succ", "unit_total", "upper_costs", "user_repeats",
+    "same_json", "segments", "settle", "settle_entry", "step_costs", "store_all", "token_searches", "tools_signature", "trait", "trait_value", "unit_locality", "unit_parts", "unit_preds", "unit_starts", "unit_succ", "unit_total", "upper_costs", "user_repeats",
 ]
 
 _REASONING_FIELDS = ("reasoning_content", "thinking", "reasoning")
@@ -56,6 +56,10 @@ _DUMPS = json.JSONEncoder(ensure_ascii=False).encode
 _ENC_STR = json.encoder.encode_basestring  # (ensure_ascii off: the C encoder where available)
 _REF = weakref.ref
 _BISECT_LEFT = bisect.bisect_left
+#: message traits (``trait``'s), one object per distinct value: a counter keeps one per message
+#: key, and an eval run's messages have a handful of traits between them (no two new tuples a
+#: message for the garbage collector to count and walk); bounded, past it each is its own
+_TRAITS: dict = {}
 _ISLICE = itertools.islice
 _PLAIN_KEYS = frozenset(("role", "content", "name", "tool_call_id"))
 #: ``json.loads``' scanner (its default decoder's: the C one where available), called directly
@@ -1955,7 +1959,7 @@ def entry(self: CounterCore, m: Any, i: int) -> tuple[str, dict[str, Any]]:
         call_text = n_calls > 0 and content != ""
         sensitive: frozenset = self._sensitive  # (trait's lookahead, for a message without reasoning fields)
         look = bool(sensitive) and ((call_text and "call_text" in sensitive) or (think_text and "think_text" in sensitive))
-        t = (look, (role, n_calls, False, call_text, think_text))
+        t = trait_value(look, role, n_calls, False, call_text, think_text)
     else:
         made = False
         got = None if msg.tool_calls else block_entry(msg, self._frames._fields)
@@ -2050,6 +2054,25 @@ def any_lookahead(self: CounterCore, keys: Sequence[str], dicts: Sequence[Mappin
 
 
 @cython.ccall
+def trait_value(look: bool, role: Any, n_calls: int, reasoning: bool, call_text: bool,
+                think_text: bool) -> tuple[bool, tuple[Any, ...]]:
+    """``(look, (role, n_calls, reasoning, call_text, think_text))``, the one object of that
+    value (``_TRAITS``: at most 256 of them; past that, a new tuple each time).
+
+    >>> trait_value(False, "user", 0, False, False, False) is trait_value(False, "user", 0, False, False, False)
+    True
+    """
+    k = (look, role, n_calls, reasoning, call_text, think_text)
+    table: dict = _TRAITS
+    t = table.get(k)
+    if t is None:
+        t = (look, (role, n_calls, reasoning, call_text, think_text))
+        if len(table) < 256:
+            table[k] = t
+    return t
+
+
+@cython.ccall
 def trait(self: CounterCore, k: str, d: Mapping[str, Any]) -> tuple[bool, tuple[Any, ...]]:
     """``(any_lookahead's answer for d, d's element of self._pattern)``, cached per message key."""
     looks: dict = self._looks
@@ -2060,7 +2083,7 @@ def trait(self: CounterCore, k: str, d: Mapping[str, Any]) -> tuple[bool, tuple[
         sensitive = self._sensitive
         look = reasoning or bool(sensitive) and (
             (call_text and "call_text" in sensitive) or (think_text and "think_text" in sensitive))
-        t = (look, (d["role"], len(d.get("tool_calls") or ()), reasoning, call_text, think_text))
+        t = trait_value(look, d["role"], len(d.get("tool_calls") or ()), reasoning, call_text, think_text)
         if len(looks) >= self.cache_size:
             _evict(self, looks)
         looks[k] = t

@@ -8,9 +8,11 @@ must be equal; the trimming filters must keep the budget by exact full rendering
 
 from __future__ import annotations
 
+import gc
 import importlib.util
 import json
 import os
+import weakref
 
 import pytest
 from hypothesis import HealthCheck, given, settings
@@ -883,6 +885,32 @@ def test_a_hot_loop_keeps_what_a_fresh_filter_keeps_one_message_a_turn(families)
                         name, budget, cut)
                     checked += 1
     assert checked > 100
+
+
+def test_a_budget_filter_on_the_counter_is_freed_without_the_garbage_collector(families):
+    """An eval run builds a filter a conversation on one counter: each must go when it is
+    dropped, by reference counting. Until session 34 the filter kept its own bound
+    ``_template_counts`` as an attribute -- a reference cycle -- and every filter lived on,
+    with its records and messages, until the collector's next pass over its generation
+    (the eval regime's young generations held 40 filters after 40 conversations)."""
+    counter = families["qwen3"].counter
+    ms = [Message(role="system", content="You are terse."), Message(role="user", content="Weather in Paris?"),
+          Message(role="assistant", content="Sunny."), Message(role="user", content="And tomorrow?")]
+    was = gc.isenabled()
+    gc.disable()
+    try:
+        refs = []
+        for budget in (40, 10_000):
+            flt = TokenBudgetFilter(budget, counter=counter)
+            kept = flt.apply(ms[:2])
+            kept = flt.apply(ms)
+            assert counter.count_messages(kept) <= budget and kept[-1] is ms[-1]
+            refs.append(weakref.ref(flt))
+            del flt
+        assert [r() for r in refs] == [None, None]
+    finally:
+        if was:
+            gc.enable()
 
 
 def test_the_batch_path_keeps_what_apply_keeps_where_messages_stand_after_different_ones(families):

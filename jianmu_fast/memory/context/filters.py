@@ -543,7 +543,7 @@ class TokenBudgetFilter(_WindowFilter):
         self._count_array = getattr(counter, "count_array", None)
         self._trusted = type(counter) in _TRUSTED_COUNTERS
         # the library's cached counters: a turn's few new messages skip the array round trip
-        self._list_counts = self._template_counts if type(counter) is ChatTemplateTokenCounter else _list_counter(counter)
+        self._list_counts = _list_counter(counter)
         self._set_turn_counts()
         self._forget()
         self._tools_last: Optional[tuple[Any, tuple[int, bool], Optional[list], Any]] = None  # (a copy, its entry, a snapshot, the list)
@@ -565,7 +565,7 @@ class TokenBudgetFilter(_WindowFilter):
         super().__setstate__(state)
         counter = state.get("_counter")
         self._user_counter = counter
-        self._list_counts = self._template_counts if type(counter) is ChatTemplateTokenCounter else _list_counter(counter)
+        self._list_counts = _list_counter(counter)
         self._set_turn_counts()
 
     def _trim_known(self, messages: Sequence[Any], tools_schema: Any, known: Any) -> tuple[list[Message], bool]:
@@ -599,7 +599,11 @@ class TokenBudgetFilter(_WindowFilter):
             ) from exc
 
     def _set_turn_counts(self) -> None:
-        """A library counter counts a turn's messages itself (trusted: ints in range, a list)."""
+        """A library counter counts a turn's messages itself (trusted: ints in range, a list).
+        A ``ChatTemplateTokenCounter``'s are this filter's ``_template_counts``, reached through
+        the class (``_new_counts``): a bound method kept on the instance would be a reference
+        cycle, and every filter (an eval run builds one a conversation) would live on, with its
+        records, until the garbage collector's next pass over its generation."""
         if self._list_counts is not None:
             self._turn_counts = self._list_counts  # type: ignore[method-assign]
         else:
@@ -626,6 +630,8 @@ class TokenBudgetFilter(_WindowFilter):
         fast = self._list_counts
         if fast is not None:
             return fast(new)  # trusted: ints in range, as a plain list
+        if type(self._counter) is ChatTemplateTokenCounter:
+            return self._template_counts(new)  # (None: counted later, see _template_counts)
         return self._counts(new, 0, len(new))
 
     def tools_cost(self, tools_schema: Optional[Sequence[dict[str, Any]]], messages: Optional[Sequence[Any]] = None) -> int:
