@@ -30,6 +30,9 @@ cdef extern from "Python.h":
     Py_ssize_t _LSIZE "PyList_GET_SIZE" (PyObject *p)
     int _DNEXT "PyDict_Next" (PyObject *p, Py_ssize_t *ppos, PyObject **pkey, PyObject **pvalue)
     Py_ssize_t _DSIZE "PyDict_GET_SIZE" (PyObject *p)
+    # (the twin's _weak_ref and _instance_dict, compiled)
+    object PyWeakref_NewRef(object ob, object callback)
+    object PyObject_GenericGetDict(object o, void *context)
 
 
 cdef bint _json_untracked(object o):
@@ -59,19 +62,13 @@ cdef bint _json_untracked(object o):
     return ok
 
 
-def _settle_compiled(o):
-    """``settle`` (see the twin's): ``o``, its JSON containers untracked."""
-    _json_untracked(o)
-    return o
-
-
 import weakref as _weakref
 
 
-def _settle_entry_compiled(tuple e):
-    """``settle_entry`` (see the twin's): a memo entry, its weak reference untracked where it
-    has no callback, the entry where the rest is untracked already (scalars, and containers
-    ``settle`` or CPython untracked)."""
+cdef void _settle_entry_untracked(tuple e):
+    """``settle_entry``'s work (see the twin's): the memo entry's weak reference untracked
+    where it has no callback, the entry where the rest is untracked already (scalars, and
+    containers ``settle`` or CPython untracked)."""
     w = e[0]
     if type(w) is _weakref.ref and w.__callback__ is None:
         if PyObject_GC_IsTracked(w):
@@ -85,7 +82,6 @@ def _settle_entry_compiled(tuple e):
                 ok = False
         if ok and PyObject_GC_IsTracked(e):
             PyObject_GC_UnTrack(<void *>e)
-    return e
 
 
 def _json_unchanged_compiled(list snap, o):

@@ -36,6 +36,8 @@ except ImportError:  # pure Python without Cython installed (a build dependency 
         def declare(*args: Any, **kwargs: Any) -> Any:
             return None
 
+        compiled = False
+
 from .errors import MessageValidationError
 from ._template_base import _ENCODE_PARSED, NOT_YET, Refused, dumps_parsed, freeze, json_inside
 from .message import Message
@@ -47,7 +49,7 @@ __all__ = [
     "entry", "flat_printed", "frame_part", "head_groups", "holds_token", "is_local", "json_escaped", "json_snapshot", "json_unchanged", "keep_last", "last_final", "local_pattern", "message_to_template_dict", "message_key", "new_starts", "overlap",
     "ops_hold", "parse_key", "piece_counts", "plain_entry", "plain_frame", "plan", "plan_groups", "plan_texts", "planned_cost", "planned_costs",
     "prefill_planned", "prefill_units", "put_str", "recall", "role_of", "run_text", "run_text_of",
-    "same_json", "segments", "settle", "settle_entry", "step_costs", "store_all", "token_searches", "tools_signature", "trait", "trait_value", "unit_locality", "unit_parts", "unit_preds", "unit_starts", "unit_succ", "unit_total", "upper_costs", "user_repeats",
+    "same_json", "segments", "settle", "settle_entry", "step_costs", "store_all", "token_searches", "role_positions", "tools_signature", "trait", "trait_value", "unit_locality", "unit_parts", "unit_preds", "unit_starts", "unit_succ", "unit_total", "upper_costs", "user_repeats",
 ]
 
 _REASONING_FIELDS = ("reasoning_content", "thinking", "reasoning")
@@ -80,43 +82,62 @@ except NameError:
         return _ENC_STR(v)[1:-1]  # type: ignore[no-any-return]
 
 
-try:  # the compiled build defines it before including this source (csrc/_template_core.pyx)
-    settle = _settle_compiled  # type: ignore[name-defined]  # noqa: F821
-except NameError:
-    def settle(o: Any) -> Any:
-        """``o``, which the counter keeps as long as its caches do: in the compiled build its
-        containers made only of JSON values (tuples, lists and dicts of strings, numbers,
-        booleans and None; a subclass is left alone) are no longer tracked by the cyclic
-        garbage collector, which cannot find a cycle in them (CPython stops tracking such
-        tuples itself, one nesting level per collection of their generation: a frame part's
-        shape reached the oldest generation still tracked, and such survivors are what bring
-        on the full collections). Nothing to do here: the garbage collector's bookkeeping
-        only, no value changes.
+@cython.ccall
+def settle(o: Any) -> Any:
+    """``o``, which the counter keeps as long as its caches do: in the compiled build its
+    containers made only of JSON values (tuples, lists and dicts of strings, numbers,
+    booleans and None; a subclass is left alone) are no longer tracked by the cyclic
+    garbage collector, which cannot find a cycle in them (CPython stops tracking such
+    tuples itself, one nesting level per collection of their generation: a frame part's
+    shape reached the oldest generation still tracked, and such survivors are what bring
+    on the full collections). Nothing to do here: the garbage collector's bookkeeping
+    only, no value changes.
 
-        >>> settle(("a", (1, None)))
-        ('a', (1, None))
-        """
-        return o
+    >>> settle(("a", (1, None)))
+    ('a', (1, None))
+    """
+    if cython.compiled:  # (csrc/_template_core.pyx defines it before including this source)
+        _json_untracked(o)  # type: ignore[name-defined]  # noqa: F821
+    return o
 
-try:  # (the compiled build's, as settle's)
-    settle_entry = _settle_entry_compiled  # type: ignore[name-defined]  # noqa: F821
-except NameError:
-    def settle_entry(e: tuple) -> tuple:
-        """``e``, a memo entry ``(weak reference, snapshot, template dict, key)``: in the
-        compiled build its weak reference (one without a callback holds nothing strongly, so
-        no cycle runs through it; the collector finds weak references through their
-        referents, not by tracking them) and, where its other fields are untracked already
-        (strings, and a template dict ``settle`` or CPython untracked; the dict is not walked:
-        it may share an unvalidated message's lists), the entry itself are no longer tracked
-        by the cyclic garbage collector. Nothing to do here.
 
-        >>> import weakref
-        >>> class M: pass
-        >>> m = M()
-        >>> settle_entry((weakref.ref(m), None, {"role": "user"}, "k"))[0]() is m
-        True
-        """
-        return e
+@cython.ccall
+def settle_entry(e: tuple) -> tuple:
+    """``e``, a memo entry ``(weak reference, snapshot, template dict, key)``: in the
+    compiled build its weak reference (one without a callback holds nothing strongly, so
+    no cycle runs through it; the collector finds weak references through their
+    referents, not by tracking them) and, where its other fields are untracked already
+    (strings, and a template dict ``settle`` or CPython untracked; the dict is not walked:
+    it may share an unvalidated message's lists), the entry itself are no longer tracked
+    by the cyclic garbage collector. Nothing to do here.
+
+    >>> import weakref
+    >>> class M: pass
+    >>> m = M()
+    >>> settle_entry((weakref.ref(m), None, {"role": "user"}, "k"))[0]() is m
+    True
+    """
+    if cython.compiled:  # (as settle's)
+        _settle_entry_untracked(e)  # type: ignore[name-defined]  # noqa: F821
+    return e
+
+
+@cython.ccall
+def _weak_ref(m: Any) -> Any:
+    """``weakref.ref(m)``: compiled, made by ``PyWeakref_NewRef`` (not a call of the type)."""
+    if cython.compiled:
+        return PyWeakref_NewRef(m, None)  # type: ignore[name-defined]  # noqa: F821
+    return _REF(m)
+
+
+@cython.ccall
+def _instance_dict(m: Any) -> dict:
+    """``m.__dict__`` (a ``Message``'s fields): compiled, read by ``PyObject_GenericGetDict``,
+    past pydantic's ``__getattr__`` hook on the class (which every attribute read goes
+    through first)."""
+    if cython.compiled:
+        return PyObject_GenericGetDict(m, cython.NULL)  # type: ignore[name-defined]  # noqa: F821
+    return m.__dict__  # type: ignore[no-any-return]
 
 
 @cython.auto_pickle(False)  # (the counter pickles by its model folder: its own __getstate__)
@@ -151,6 +172,7 @@ class CounterCore:
     _sensitive = cython.declare(object, visibility="public")
     _last = cython.declare(object, visibility="public")
     _last_ms = cython.declare(object, visibility="public")
+    _role_pos = cython.declare(object, visibility="public")
     _succ_blind = cython.declare(object, visibility="public")
     _final_rule = cython.declare(object, visibility="public")
     _real_system_pred = cython.declare(object, visibility="public")
@@ -291,12 +313,16 @@ _ROLE_PARTS: dict = {}
 
 
 @cython.ccall
-def _role_part(role: Any) -> tuple[Any, str]:
-    """``(("role", ("str", role)), '{"role": <role as JSON>, "content": null')``, cached."""
+def _role_part(role: Any) -> tuple[Any, str, str, Any]:
+    """``(("role", ("str", role)), '{"role": <role as JSON>, "content": null', ...)``, cached;
+    then what ``plain_entry`` makes of a message of that role with text and no other field:
+    its key's head (the key less the text) and its frame shape (one slot, the text)."""
     parts: dict = _ROLE_PARTS  # (typed: its get called directly, not looked up)
     rp = parts.get(role)
     if rp is None:
-        rp = (("role", ("str", role)), '{"role": ' + _ENC_STR(role) + ', "content": null')
+        role_shape = ("role", ("str", role))
+        head = '{"role": ' + _ENC_STR(role) + ', "content": null'
+        rp = (role_shape, head, head + "}\0", (role_shape, ("content", None)))
         if len(parts) < 64:
             parts[role] = rp
     return rp  # type: ignore[no-any-return]
@@ -465,7 +491,7 @@ def call_entry(m: Message) -> Optional[tuple[dict[str, Any], str, tuple[Any, tup
     >>> part[1]
     ('On it.', 'c1', 'f', '{"x": 1}')
     """
-    mf: dict = m.__dict__ if type(m) is Message else _fields_of(m)
+    mf: dict = _instance_dict(m) if type(m) is Message else _fields_of(m)
     tool_calls = mf["tool_calls"]
     if not tool_calls or mf["extra"] or mf["name"] is not None or mf["tool_call_id"] is not None:
         return None
@@ -580,7 +606,7 @@ def _plain_fields(m: Message, content_type: type) -> Optional[tuple[Any, str, Op
     """``(content, role, name, tool_call_id)`` of a message without tool calls or extra fields
     whose content is exactly of ``content_type`` and whose role, name and tool_call_id are
     strings (the last two or None); None for any other message."""
-    mf: dict = m.__dict__ if type(m) is Message else _fields_of(m)
+    mf: dict = _instance_dict(m) if type(m) is Message else _fields_of(m)
     content = mf["content"]
     if type(content) is not content_type or mf["tool_calls"] is not None or mf["extra"]:
         return None
@@ -612,6 +638,10 @@ def plain_entry(m: Message, fields: Sequence[str]) -> Optional[tuple[dict[str, A
         return None
     content, role, name, tcid = got
     rp = _role_part(role)
+    if name is None and tcid is None and content and "content" in fields:
+        # (the usual user, assistant or system message: its key's head and its shape are its
+        # role's, made once; the general path below builds the same)
+        return {"role": role, "content": content}, rp[2] + content, (rp[3], (content,))
     d: dict = {"role": role, "content": content}
     head: list = [rp[1]]  # the key's text, joined once
     values: list = []
@@ -1686,9 +1716,12 @@ def call_entries(self: CounterCore, ms: list[Any]) -> tuple[list[str], list[dict
         elif oq:
             keys = lkeys[oq:] + keys
             dicts = ldicts[oq:] + dicts
-        else:
+        elif keys:
             keys = lkeys + keys
             dicts = ldicts + dicts
+        else:  # the same prompt again (count_tools right after count_messages): its lists, not copies
+            keys = lkeys
+            dicts = ldicts
         seg = self._last
         if seg is None or seg[0] is not lkeys:
             ov = None  # the previous call was not the last segmented one
@@ -1740,39 +1773,102 @@ def tools_signature(self: CounterCore, ms: list[Any], opening: bool, first_user:
     probes found such prompts depend on nothing else either), None otherwise."""
     keys, dicts, _ = call_entries(self, ms)
     n: cython.Py_ssize_t = len(dicts)
-    o: cython.Py_ssize_t = -1  # the first message that is not a system message
-    f: cython.Py_ssize_t = -1  # the first user message
-    j: cython.Py_ssize_t = -1  # the last one
-    i: cython.Py_ssize_t
-    system_keys: list = []
-    users: list = []  # where the user messages stand (one pass over the roles)
-    for i in range(n):
-        role = dicts[i]["role"]
-        if role == "system":
-            system_keys.append(keys[i])
-            continue
-        if o < 0:
-            o = i
-        if role == "user":
-            if f < 0:
-                f = i
-            j = i
-            users.append(i)
-    if o < 0:
-        o = n
+    pos = role_positions(self, keys, dicts)
+    systems: list = pos[0]
+    users: list = pos[1]
+    o: cython.Py_ssize_t = 0  # the first message that is not a system message (systems are sorted)
+    while o < len(systems) and systems[o] == o:
+        o += 1
     head = keys[o] if opening and o < n else None
-    systems = tuple(system_keys)
-    if f < 0:
+    system_keys = tuple([keys[i] for i in systems])
+    if not users:
         if not no_user:
             return None
-        return (keys[0], systems, head, None, None, None, 0, dicts[n - 1]["role"])
+        return (keys[0], system_keys, head, None, None, None, 0, dicts[n - 1]["role"])
+    f: cython.Py_ssize_t = users[0]  # the first user message
+    j: cython.Py_ssize_t = users[len(users) - 1]  # the last one
     last = dicts[j]
     repeats: cython.Py_ssize_t = 0
-    for i in range(len(users) - 1):
-        if dicts[users[i]] == last:
+    u: cython.Py_ssize_t
+    for u in range(len(users) - 1):
+        if dicts[users[u]] == last:
             repeats += 1
-    return (keys[0], systems, head, keys[f] if first_user else None, keys[j] if last_user else None, f == j, repeats,
-            dicts[n - 1]["role"])
+    return (keys[0], system_keys, head, keys[f] if first_user else None, keys[j] if last_user else None, f == j,
+            repeats, dicts[n - 1]["role"])
+
+
+@cython.ccall
+def role_positions(self: CounterCore, keys: list, dicts: list) -> tuple:
+    """``(systems, users)``: the indexes of the system and of the user messages of a prompt
+    (its entries, ``call_entries``'), for ``tools_signature``. Only the roles of messages the
+    last prompt asked about (``self._role_pos``: its keys and answer) did not hold are read:
+    where this prompt is the last one's first ``p`` messages (1 or 0, as ``call_entries``
+    tries them), then its messages from ``q`` on (all of them: the prompt extends it, or its
+    cut moved), then new ones, the positions of the shared ones are the last answer's,
+    shifted; the shared messages are checked by the identity of their keys, key by key (a
+    key is its message's template dict printed: the same key object, the same role).
+    Anything else reads every role."""
+    n: cython.Py_ssize_t = len(keys)
+    systems: list = []
+    users: list = []
+    start: cython.Py_ssize_t = 0  # the first message whose role is read
+    last = self._role_pos
+    if last is not None:
+        pk: list = last[0]
+        k: cython.Py_ssize_t = len(pk)
+        lim: cython.Py_ssize_t = k if k < n else n
+        same: cython.Py_ssize_t = lim  # how many first keys are the last prompt's
+        i: cython.Py_ssize_t
+        t: cython.Py_ssize_t
+        for i in range(lim):
+            if keys[i] is not pk[i]:
+                same = i
+                break
+        p: cython.Py_ssize_t = -1
+        q: cython.Py_ssize_t = -1
+        if same == k:  # the prompt extends the last one
+            p = 0
+            q = 0
+        else:
+            for p in range(1 if same > 0 and n > 1 else 0, -1, -1):  # 1 then 0, as call_entries tries them
+                x = keys[p]
+                q = -1
+                for i in range(p, k):
+                    if pk[i] is x:
+                        q = i
+                        break
+                if q < 0 or k - q > n - p:
+                    q = -1
+                    continue
+                for t in range(q + 1, k):
+                    if keys[t - q + p] is not pk[t]:
+                        q = -1
+                        break
+                if q >= 0:
+                    break
+        if q >= 0:
+            psys: list = last[1]
+            pusers: list = last[2]
+            for i in psys:
+                if i < p:
+                    systems.append(i)
+                elif i >= q:
+                    systems.append(i - q + p)
+            for i in pusers:
+                if i < p:
+                    users.append(i)
+                elif i >= q:
+                    users.append(i - q + p)
+            start = p + k - q
+    for i in range(start, n):
+        role = dicts[i]["role"]
+        if role == "system":
+            systems.append(i)
+        elif role == "user":
+            users.append(i)
+    got = (systems, users)
+    self._role_pos = (keys, systems, users)
+    return got
 
 
 #: the leaves ``json_snapshot`` accepts (immutable: the same object is the same value)
@@ -1942,13 +2038,17 @@ def entry(self: CounterCore, m: Any, i: int) -> tuple[str, dict[str, Any]]:
     else:
         raise MessageValidationError(f"messages[{i}]: expected a Message or a chat-completions dict, got {type(m).__name__}")
     own = msg is m  # (memoized by its identity; a copy made here is keyed by the original's)
+    # (a Message's fields read from its __dict__: an attribute read passes pydantic's hook first)
+    mf: dict = _instance_dict(msg) if type(msg) is Message else _fields_of(msg)
     if self._content_format is not None:  # vLLM's content (see _content_format), where it is not the same
-        c = msg.content
+        c = mf["content"]
         if (c is not None and type(c) is not str) or (c == "" if self._content_format == "openai" else c is None):
             msg = self._formatted(msg, i)
+            mf = _instance_dict(msg) if type(msg) is Message else _fields_of(msg)
+    d: dict
     part = None
     t = None  # its trait (``trait``'s), where the one-pass entries know it
-    made = bool(msg.tool_calls)  # the dict is call_entry's (made here), where it answers
+    made = bool(mf["tool_calls"])  # the dict is call_entry's (made here), where it answers
     got = call_entry(msg) if made else plain_entry(msg, self._frames._fields)
     if got is not None:
         d, key, part = got
@@ -1962,7 +2062,7 @@ def entry(self: CounterCore, m: Any, i: int) -> tuple[str, dict[str, Any]]:
         t = trait_value(look, role, n_calls, False, call_text, think_text)
     else:
         made = False
-        got = None if msg.tool_calls else block_entry(msg, self._frames._fields)
+        got = None if mf["tool_calls"] else block_entry(msg, self._frames._fields)
         if got is not None:  # content blocks (its trait: trait's, when asked)
             d, key, part = got
         else:
@@ -1972,7 +2072,7 @@ def entry(self: CounterCore, m: Any, i: int) -> tuple[str, dict[str, Any]]:
                 part = plain_frame(self._frames._fields, d)
     calls = d.get("tool_calls")
     snap = None  # frozen lists (every validated Message) cannot change: no snapshot
-    if own and (calls is not None or type(m.content) is not str):
+    if own and (calls is not None or type(mf["content"]) is not str):
         if (isinstance(m.content, list) and type(m.content) is not FrozenList) or (
                 m.tool_calls is not None and type(m.tool_calls) is not FrozenList):
             snap = (copy.deepcopy(m.content), copy.deepcopy(m.tool_calls))
@@ -1999,7 +2099,7 @@ def entry(self: CounterCore, m: Any, i: int) -> tuple[str, dict[str, Any]]:
             settle(d)
         if len(memo) >= size:
             _evict(self, memo)
-        memo[mid] = settle_entry((_REF(m), snap, d, key))
+        memo[mid] = settle_entry((_weak_ref(m), snap, d, key))
         by_key: dict = self._by_key
         if len(by_key) >= size:
             _evict(self, by_key)
@@ -2062,8 +2162,15 @@ def trait_value(look: bool, role: Any, n_calls: int, reasoning: bool, call_text:
     >>> trait_value(False, "user", 0, False, False, False) is trait_value(False, "user", 0, False, False, False)
     True
     """
-    k = (look, role, n_calls, reasoning, call_text, think_text)
     table: dict = _TRAITS
+    if not (look or n_calls or reasoning or call_text or think_text):  # (most messages: by role)
+        t = table.get(role)
+        if t is None:
+            t = (False, (role, 0, False, False, False))
+            if len(table) < 256:
+                table[role] = t
+        return t
+    k = (look, role, n_calls, reasoning, call_text, think_text)
     t = table.get(k)
     if t is None:
         t = (look, (role, n_calls, reasoning, call_text, think_text))

@@ -41,7 +41,7 @@ METHODS = {"count_messages": "count_messages", "count_list": "_count_list", "pre
 #: the core's own helpers (called from the methods above, each of the same build)
 HELPERS = {"any_orphan", "any_system", "encode_lengths", "end_cost", "head_groups", "holds_token", "json_escaped", "token_searches", "is_local", "json_snapshot", "json_unchanged", "keep_last", "role_of", "unit_locality", "unit_preds", "last_final", "plan_groups",
            "planned_costs", "prefill_planned", "recall", "run_text", "run_text_of", "unit_parts", "unit_succ",
-           "local_pattern", "ops_hold", "plain_frame", "same_json", "settle", "settle_entry", "step_costs", "trait_value", "unit_starts", "new_starts"}
+           "local_pattern", "ops_hold", "plain_frame", "same_json", "settle", "settle_entry", "role_positions", "step_costs", "trait_value", "unit_starts", "new_starts"}
 
 
 def _bound(core):
@@ -850,3 +850,96 @@ def test_memo_entries_leave_the_collector_and_still_let_their_messages_go(model_
     gc.collect()
     assert [e[0]() for e in entries] == [None] * 3
     assert c.count_messages([Message(role="user", content="hello")]) == want
+
+
+def _signature_by_scan(ms, opening, first_user, last_user, no_user):
+    """``tools_signature``'s answer for ``ms`` by one pass over every role (what it computed
+    before session 34: ``role_positions`` now reads only the roles the last prompt did not hold)."""
+    dicts = [twin.message_to_template_dict(m) for m in ms]
+    keys = [twin.message_key(d) for d in dicts]
+    n = len(dicts)
+    systems = [i for i, d in enumerate(dicts) if d["role"] == "system"]
+    users = [i for i, d in enumerate(dicts) if d["role"] == "user"]
+    o = next((i for i, d in enumerate(dicts) if d["role"] != "system"), n)
+    head = keys[o] if opening and o < n else None
+    if not users:
+        return (keys[0], tuple(keys[i] for i in systems), head, None, None, None, 0, dicts[-1]["role"]) if no_user else None
+    f, j = users[0], users[-1]
+    repeats = sum(dicts[u] == dicts[j] for u in users[:-1])
+    return (keys[0], tuple(keys[i] for i in systems), head, keys[f] if first_user else None,
+            keys[j] if last_user else None, f == j, repeats, dicts[-1]["role"])
+
+
+#: messages of a prompt whose roles and repeats matter to ``tools_signature``: system messages
+#: anywhere, user messages that repeat (equal texts, and one object standing twice)
+_plain_pool = st.lists(st.tuples(st.sampled_from(["system", "user", "user", "assistant"]),
+                                 st.sampled_from(["go on", "hi", "", "数据"])), min_size=2, max_size=14)
+
+
+@needs_compiled_base
+@settings(max_examples=int(os.environ.get("JIANMU_FAST_MAX_EXAMPLES", "150")), deadline=None,
+          suppress_health_check=list(HealthCheck))
+@given(pool=_plain_pool, data=st.data())
+def test_tools_signature_of_successive_prompts_is_a_full_scan(model_dirs, pool, data):
+    """Successive prompts over one history -- extended, the cut moved after a pinned first
+    message or not, shrunk, a message replaced, one object standing twice -- get the
+    signature a full scan of their roles gives, on both builds, whatever the last prompt
+    was (``role_positions`` reuses the positions of the messages it shares with it)."""
+    ms = [Message(role=r, content=t) for r, t in pool]
+    if data.draw(st.booleans()):
+        ms.append(ms[data.draw(st.integers(0, len(ms) - 1))])  # (the same object again)
+    counters = [cls(model_dirs["mistral"]) for cls in (CompiledCounter, TwinCounter)]
+    for _ in range(6):
+        lo = data.draw(st.integers(0, len(ms) - 1))
+        hi = data.draw(st.integers(lo + 1, len(ms)))
+        window = ms[:1] + ms[lo:hi] if data.draw(st.booleans()) and lo > 0 else ms[lo:hi]
+        swap = data.draw(st.one_of(st.none(), st.integers(0, 50)))
+        if swap is not None:
+            window[swap % len(window)] = ms[(swap * 7) % len(ms)]
+        flags = data.draw(st.tuples(st.booleans(), st.booleans(), st.booleans(), st.booleans()))
+        want = _signature_by_scan(window, *flags)
+        for c in counters:
+            assert c._tools_signature(list(window), *flags) == want
+
+
+class _RoleReads(dict):
+    """A template dict counting how often its role is read."""
+
+    reads = [0]
+
+    def __getitem__(self, k):
+        if k == "role":
+            _RoleReads.reads[0] += 1
+        return super().__getitem__(k)
+
+
+@pytest.mark.parametrize("build", [compiled, twin], ids=["compiled", "twin"])
+def test_role_positions_read_only_the_roles_the_last_prompt_did_not_hold(build):
+    """A prompt extending the last one reads its new messages' roles; one whose cut moved after
+    its first message reads the messages after the shared ones; a prompt sharing nothing
+    reads them all (fails where every call scans the whole prompt)."""
+
+    class Core(build.CounterCore):
+        pass
+
+    core = Core()
+    core._role_pos = None
+    roles = ["system", "user", "assistant", "user", "assistant", "system", "user", "tool", "user"]
+    dicts = [_RoleReads(role=r, content=str(i)) for i, r in enumerate(roles)]
+    keys = [f"k{i}" for i in range(len(roles))]
+
+    def positions(ks, ds):
+        _RoleReads.reads[0] = 0
+        got = build.role_positions(core, ks, ds)
+        want = ([i for i, d in enumerate(ds) if dict.__getitem__(d, "role") == "system"],
+                [i for i, d in enumerate(ds) if dict.__getitem__(d, "role") == "user"])
+        assert (list(got[0]), list(got[1])) == want
+        return _RoleReads.reads[0]
+
+    assert positions(keys[:6], dicts[:6]) == 6
+    assert positions(keys[:8], dicts[:8]) == 2  # extended by two
+    assert positions(keys[:8], dicts[:8]) == 0  # the same prompt
+    assert positions(keys[:1] + keys[3:9], dicts[:1] + dicts[3:9]) == 1  # cut after the first, one new
+    assert positions(keys[4:9], dicts[4:9]) == 0  # its cut moved again, nothing new
+    assert positions(keys[2:5], dicts[2:5]) == 3  # not a continuation: every role read
+    assert positions([f"x{i}" for i in range(3)], dicts[:3]) == 3  # new keys (by identity)

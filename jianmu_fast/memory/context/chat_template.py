@@ -740,6 +740,9 @@ class ChatTemplateTokenCounter(_tc.CounterCore):  # type: ignore[misc,name-defin
         # the last count_messages call's messages (a copy; immutable Messages only), keys and dicts:
         # call_entries matches the next call's messages to them by identity (see there)
         self._last_ms: Optional[tuple[list[Any], list[str], list[dict[str, Any]]]] = None
+        # the last prompt tools_signature read the roles of: its keys, where its system and its
+        # user messages stand (role_positions: the next prompt's shared messages are not read)
+        self._role_pos: Optional[tuple[list[str], list[int], list[int]]] = None
         #: units costed before a user stand-in whatever follows them (see _blind_check)
         self._succ_blind = False
         #: a unit costs what it costs before a stand-in of its successor, followed by a final
@@ -1567,6 +1570,7 @@ class ChatTemplateTokenCounter(_tc.CounterCore):  # type: ignore[misc,name-defin
             self._looks = {}
             self._last = None
             self._last_ms = None
+            self._role_pos = None
             self._plans.clear()  # (shared with the counters of this template: a cache all the same)
             self._marginals.clear()  # (shared too)
             self._tools_seen = None
