@@ -1813,6 +1813,8 @@ def role_positions(self: CounterCore, keys: list, dicts: list) -> tuple:
     users: list = []
     start: cython.Py_ssize_t = 0  # the first message whose role is read
     last = self._role_pos
+    if last is not None and last[0] is keys:  # (the same entries: call_entries' for the same prompt)
+        return (last[1], last[2])
     if last is not None:
         pk: list = last[0]
         k: cython.Py_ssize_t = len(pk)

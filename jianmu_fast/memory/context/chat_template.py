@@ -140,6 +140,7 @@ from ..._template_core_py import _has_reasoning, _text_features
 from . import _encodings
 from ._template_frames import Frames
 from ._content_format import check_content_format, content_format_of, openai_content, string_content
+from ..._template_base import NOT_YET
 from ..._template_base import Refused as _Refused
 from ._template_frames import tojson as _frames_tojson
 
@@ -1310,7 +1311,9 @@ class ChatTemplateTokenCounter(_tc.CounterCore):  # type: ignore[misc,name-defin
         key, tools = self._tools_entry(tools_schema)
         if messages:
             ms = list(messages)
-            parts = self._tools_parts(key, tools)
+            parts = self._tools_parts_of.get(key, NOT_YET)  # (_tools_parts' table: probed once per list)
+            if parts is NOT_YET:
+                parts = self._tools_parts(key, tools)
             sig = None
             shape = self._tools_signature(ms, *parts) if parts is not None else None
             if shape is not None:

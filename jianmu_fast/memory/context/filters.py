@@ -634,6 +634,10 @@ class TokenBudgetFilter(_WindowFilter):
             return self._template_counts(new)  # (None: counted later, see _template_counts)
         return self._counts(new, 0, len(new))
 
+    #: ``Records.window``'s ``count`` where no counter's own is kept on the instance (a
+    #: ``ChatTemplateTokenCounter``'s: see ``_set_turn_counts``), one Python call less
+    _turn_counts = _new_counts
+
     def tools_cost(self, tools_schema: Optional[Sequence[dict[str, Any]]], messages: Optional[Sequence[Any]] = None) -> int:
         """What the request's tools cost by this filter's counter (``count_tools``; a counter
         without it: 8 per tool plus ``count_text`` of its compact JSON), cached by content:
