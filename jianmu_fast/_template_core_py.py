@@ -49,7 +49,7 @@ __all__ = [
     "entry", "flat_printed", "frame_part", "head_groups", "holds_token", "is_local", "json_escaped", "json_snapshot", "json_unchanged", "keep_last", "last_final", "local_pattern", "message_to_template_dict", "message_key", "new_starts", "overlap",
     "ops_hold", "parse_key", "piece_counts", "plain_entry", "plain_frame", "plan", "plan_groups", "plan_texts", "planned_cost", "planned_costs",
     "prefill_planned", "prefill_units", "put_str", "recall", "role_of", "run_text", "run_text_of",
-    "same_json", "segments", "settle", "settle_entry", "step_costs", "store_all", "token_searches", "role_positions", "tools_signature", "trait", "trait_value", "unit_locality", "unit_parts", "unit_preds", "unit_starts", "unit_succ", "unit_total", "upper_costs", "user_repeats",
+    "same_json", "segments", "settle", "settle_entry", "shared_run", "step_costs", "store_all", "token_searches", "role_positions", "tools_signature", "trait", "trait_value", "unit_locality", "unit_parts", "unit_preds", "unit_starts", "unit_succ", "unit_total", "upper_costs", "user_repeats",
 ]
 
 _REASONING_FIELDS = ("reasoning_content", "thinking", "reasoning")
@@ -1657,6 +1657,52 @@ def entries_stable(self: CounterCore, ms: Sequence[Any], offset: int = 0) -> tup
 
 
 @cython.ccall
+def shared_run(prev: list, cur: list) -> Optional[tuple]:
+    """``(p, q)`` where ``cur`` is ``prev``'s first ``p`` items, then all of ``prev`` from ``q``
+    on, then new items -- compared by identity, item by item (a few C-level pointer compares
+    per item, no hashing) --, ``p`` 1 then 0 as ``overlap`` tries them (a cut moved after a
+    pinned first message, or with none) and ``(0, 0)`` where ``cur`` extends ``prev``; None
+    where it is neither (``call_entries``' match of a call's messages to the last call's,
+    ``role_positions``' of a prompt's keys to the last prompt's).
+
+    >>> a, b, c, d = "a", "b", "c", "d"
+    >>> shared_run([a, b], [a, b, c]), shared_run([a, b, c], [a, c, d]), shared_run([a, b], [c, a])
+    ((0, 0), (1, 2), None)
+    """
+    k: cython.Py_ssize_t = len(prev)
+    n: cython.Py_ssize_t = len(cur)
+    lim: cython.Py_ssize_t = k if k < n else n
+    same: cython.Py_ssize_t = lim  # how many first items are the previous ones
+    i: cython.Py_ssize_t
+    j: cython.Py_ssize_t
+    t: cython.Py_ssize_t
+    p: cython.Py_ssize_t
+    q: cython.Py_ssize_t
+    for i in range(lim):
+        if cur[i] is not prev[i]:
+            same = i
+            break
+    if same == k:  # cur extends prev
+        return (0, 0)
+    for p in range(1 if same > 0 and n > 1 else 0, -1, -1):
+        x = cur[p]
+        q = -1
+        for j in range(p, k):
+            if prev[j] is x:
+                q = j
+                break
+        if q < 0 or k - q > n - p:
+            continue
+        d = q - p
+        for t in range(q + 1, k):
+            if cur[t - d] is not prev[t]:
+                break
+        else:
+            return (p, q)
+    return None
+
+
+@cython.ccall
 def call_entries(self: CounterCore, ms: list[Any]) -> tuple[list[str], list[dict[str, Any]], Optional[tuple[int, int, int]]]:
     """``_entries(ms)`` for ``count_messages``, and ``overlap``'s answer where the messages
     tell it. When ``ms`` shares messages with the previous call's (the same immutable
@@ -1673,36 +1719,9 @@ def call_entries(self: CounterCore, ms: list[Any]) -> tuple[list[str], list[dict
     ov = None
     if last is not None:
         prev: list = last[0]
-        k = len(prev)
-        n = len(ms)
-        lim = len(prev) if len(prev) < len(ms) else len(ms)
-        same = lim  # how many first messages are the previous ones
-        i: cython.Py_ssize_t
-        j: cython.Py_ssize_t
-        t: cython.Py_ssize_t
-        for i in range(lim):
-            if ms[i] is not prev[i]:
-                same = i
-                break
-        if same == k:  # the prompt extends the previous one
-            ov = (0, 0, k)
-        else:
-            for p in range(1 if same > 0 and n > 1 else 0, -1, -1):  # 1 then 0, as ``overlap`` tries them
-                x = ms[p]
-                q = -1
-                for j in range(p, len(prev)):
-                    if prev[j] is x:
-                        q = j
-                        break
-                if q < 0 or k - q > n - p:
-                    continue
-                d = q - p
-                for t in range(q + 1, len(prev)):
-                    if ms[t - d] is not prev[t]:
-                        break
-                else:
-                    ov = (p, q, k - q)
-                    break
+        run = shared_run(prev, ms)
+        if run is not None:
+            ov = (run[0], run[1], len(prev) - run[1])
     if ov is None:
         keys, dicts, stable = entries_stable(self, ms)
     else:
@@ -1812,56 +1831,31 @@ def role_positions(self: CounterCore, keys: list, dicts: list) -> tuple:
     systems: list = []
     users: list = []
     start: cython.Py_ssize_t = 0  # the first message whose role is read
+    i: cython.Py_ssize_t
+    p: cython.Py_ssize_t
+    q: cython.Py_ssize_t
     last = self._role_pos
     if last is not None and last[0] is keys:  # (the same entries: call_entries' for the same prompt)
         return (last[1], last[2])
     if last is not None:
         pk: list = last[0]
-        k: cython.Py_ssize_t = len(pk)
-        lim: cython.Py_ssize_t = k if k < n else n
-        same: cython.Py_ssize_t = lim  # how many first keys are the last prompt's
-        i: cython.Py_ssize_t
-        t: cython.Py_ssize_t
-        for i in range(lim):
-            if keys[i] is not pk[i]:
-                same = i
-                break
-        p: cython.Py_ssize_t = -1
-        q: cython.Py_ssize_t = -1
-        if same == k:  # the prompt extends the last one
-            p = 0
-            q = 0
-        else:
-            for p in range(1 if same > 0 and n > 1 else 0, -1, -1):  # 1 then 0, as call_entries tries them
-                x = keys[p]
-                q = -1
-                for i in range(p, k):
-                    if pk[i] is x:
-                        q = i
-                        break
-                if q < 0 or k - q > n - p:
-                    q = -1
-                    continue
-                for t in range(q + 1, k):
-                    if keys[t - q + p] is not pk[t]:
-                        q = -1
-                        break
-                if q >= 0:
-                    break
-        if q >= 0:
+        run = shared_run(pk, keys)
+        if run is not None:
+            p = run[0]
+            q = run[1]
             psys: list = last[1]
             pusers: list = last[2]
-            for i in psys:
-                if i < p:
-                    systems.append(i)
-                elif i >= q:
-                    systems.append(i - q + p)
-            for i in pusers:
-                if i < p:
-                    users.append(i)
-                elif i >= q:
-                    users.append(i - q + p)
-            start = p + k - q
+            for x in psys:
+                if x < p:
+                    systems.append(x)
+                elif x >= q:
+                    systems.append(x - q + p)
+            for x in pusers:
+                if x < p:
+                    users.append(x)
+                elif x >= q:
+                    users.append(x - q + p)
+            start = p + len(pk) - q
     for i in range(start, n):
         role = dicts[i]["role"]
         if role == "system":
