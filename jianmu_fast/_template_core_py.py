@@ -48,7 +48,7 @@ __all__ = [
     "entries_stable",
     "entry", "flat_printed", "frame_part", "head_groups", "holds_token", "is_local", "json_escaped", "json_snapshot", "json_unchanged", "keep_last", "last_final", "local_pattern", "message_to_template_dict", "message_key", "new_starts", "overlap",
     "ops_hold", "parse_key", "piece_counts", "plain_entry", "plain_frame", "plan", "plan_groups", "plan_texts", "planned_cost", "planned_costs",
-    "prefill_planned", "prefill_units", "put_str", "recall", "role_of", "run_text", "run_text_of",
+    "prefill_planned", "prefill_units", "put_str", "recall", "repeats_of_last", "role_of", "run_text", "run_text_of",
     "same_json", "segments", "settle", "settle_entry", "shared_run", "step_costs", "store_all", "token_searches", "role_positions", "tools_signature", "trait", "trait_value", "unit_locality", "unit_parts", "unit_preds", "unit_starts", "unit_succ", "unit_total", "upper_costs", "user_repeats",
 ]
 
@@ -1762,17 +1762,27 @@ def user_repeats(self: CounterCore, ms: list[Any]) -> list[int]:
     if not ms:
         return []
     keys, dicts, _ = call_entries(self, ms)
-    j = len(dicts) - 1
-    while j >= 0 and dicts[j]["role"] != "user":
-        j -= 1
-    if j <= 0:
-        return []
-    last = dicts[j]
+    return repeats_of_last(dicts, role_positions(self, keys, dicts)[1])
+
+
+@cython.ccall
+def repeats_of_last(dicts: list, users: list) -> list:
+    """The indexes in ``users`` (where a prompt's user messages stand, in order) of the user
+    messages before the last one whose dicts equal its (``user_repeats``'; ``tools_signature``
+    counts them).
+
+    >>> u, v = {"role": "user", "content": "go"}, {"role": "user", "content": "hi"}
+    >>> repeats_of_last([u, v, dict(u), u], [0, 1, 2, 3])
+    [0, 2]
+    """
     out: list = []
-    i: cython.Py_ssize_t
-    for i in range(j):
-        if dicts[i]["role"] == "user" and dicts[i] == last:
-            out.append(i)
+    if len(users) < 2:
+        return out
+    last = dicts[users[len(users) - 1]]
+    u: cython.Py_ssize_t
+    for u in range(len(users) - 1):
+        if dicts[users[u]] == last:
+            out.append(users[u])
     return out
 
 
@@ -1806,14 +1816,8 @@ def tools_signature(self: CounterCore, ms: list[Any], opening: bool, first_user:
         return (keys[0], system_keys, head, None, None, None, 0, dicts[n - 1]["role"])
     f: cython.Py_ssize_t = users[0]  # the first user message
     j: cython.Py_ssize_t = users[len(users) - 1]  # the last one
-    last = dicts[j]
-    repeats: cython.Py_ssize_t = 0
-    u: cython.Py_ssize_t
-    for u in range(len(users) - 1):
-        if dicts[users[u]] == last:
-            repeats += 1
     return (keys[0], system_keys, head, keys[f] if first_user else None, keys[j] if last_user else None, f == j,
-            repeats, dicts[n - 1]["role"])
+            len(repeats_of_last(dicts, users)), dicts[n - 1]["role"])
 
 
 @cython.ccall

@@ -41,7 +41,7 @@ METHODS = {"count_messages": "count_messages", "count_list": "_count_list", "pre
 #: the core's own helpers (called from the methods above, each of the same build)
 HELPERS = {"any_orphan", "any_system", "encode_lengths", "end_cost", "head_groups", "holds_token", "json_escaped", "token_searches", "is_local", "json_snapshot", "json_unchanged", "keep_last", "role_of", "unit_locality", "unit_preds", "last_final", "plan_groups",
            "planned_costs", "prefill_planned", "recall", "run_text", "run_text_of", "unit_parts", "unit_succ",
-           "local_pattern", "ops_hold", "plain_frame", "same_json", "settle", "settle_entry", "role_positions", "shared_run", "step_costs", "trait_value", "unit_starts", "new_starts"}
+           "local_pattern", "ops_hold", "plain_frame", "same_json", "settle", "settle_entry", "repeats_of_last", "role_positions", "shared_run", "step_costs", "trait_value", "unit_starts", "new_starts"}
 
 
 def _bound(core):
