@@ -33,6 +33,8 @@ cdef extern from "Python.h":
     # (the twin's _weak_ref and _instance_dict, compiled)
     object PyWeakref_NewRef(object ob, object callback)
     object PyObject_GenericGetDict(object o, void *context)
+    # (the twin's _dict_get, compiled: a borrowed reference, NULL with an error or none)
+    PyObject *PyDict_GetItemWithError(object p, object key) except? NULL
 
 
 cdef bint _json_untracked(object o):
@@ -60,6 +62,33 @@ cdef bint _json_untracked(object o):
     if ok:
         PyObject_GC_UnTrack(<void *>o)
     return ok
+
+
+cdef object _dict_get_compiled(object d, object k):
+    """``dict.get(d, k)`` for a dict or a subclass that reads as one (the twin's ``_dict_get``):
+    the C-level look-up, no method call."""
+    cdef PyObject *r = PyDict_GetItemWithError(d, k)
+    if r is NULL:
+        return None
+    return <object>r
+
+
+cdef bint _dict_keys_are(object d, tuple keys) except -1:
+    """``tuple(d) == keys`` for a dict or a subclass that iterates as one (the twin's
+    ``_keys_are``), its keys compared in place: no new tuple."""
+    cdef Py_ssize_t pos = 0
+    cdef Py_ssize_t i = 0
+    cdef PyObject *k
+    cdef PyObject *v
+    if _DSIZE(<PyObject *>d) != len(keys):
+        return False
+    while _DNEXT(<PyObject *>d, &pos, &k, &v):
+        key = <object>k  # (a reference held: == may run a subclass's code)
+        want = keys[i]
+        if key is not want and not (key == want):
+            return False
+        i += 1
+    return True
 
 
 import weakref as _weakref

@@ -131,6 +131,32 @@ def _weak_ref(m: Any) -> Any:
 
 
 @cython.ccall
+def _dict_get(d: Any, k: Any) -> Any:
+    """``dict.get(d, k)`` for a dict or a subclass that reads as one (``FrozenDict``, a
+    validated tool call): compiled, the C-level look-up (no ``get`` method call).
+
+    >>> _dict_get(FrozenDict({"id": "c1"}), "id"), _dict_get({}, "id")
+    ('c1', None)
+    """
+    if cython.compiled:
+        return _dict_get_compiled(d, k)  # type: ignore[name-defined]  # noqa: F821
+    return dict.get(d, k)
+
+
+@cython.ccall
+def _keys_are(d: Any, keys: tuple) -> bool:
+    """``tuple(d) == keys`` (the dict ``d``'s keys, in this order) for a dict or a subclass
+    that iterates as one: compiled, compared in place (no new tuple).
+
+    >>> _keys_are({"id": 1, "type": 2}, ("id", "type")), _keys_are({"type": 2, "id": 1}, ("id", "type"))
+    (True, False)
+    """
+    if cython.compiled:
+        return _dict_keys_are(d, keys)  # type: ignore[name-defined]  # noqa: F821
+    return tuple(d) == keys
+
+
+@cython.ccall
 def _instance_dict(m: Any) -> dict:
     """``m.__dict__`` (a ``Message``'s fields): compiled, read by ``PyObject_GenericGetDict``,
     past pydantic's ``__getattr__`` hook on the class (which every attribute read goes
@@ -507,14 +533,20 @@ def call_entry(m: Message) -> Optional[tuple[dict[str, Any], str, tuple[Any, tup
     values: list = [content] if content else []
     cshapes: list = []
     for call in tool_calls:
-        if len(call) == 3:  # the usual call: {"id": id, "type": "function", "function": {"name", "arguments"}}
-            cid = call.get("id")
-            fn = call.get("function")
-            if (type(cid) is str and cid and call.get("type") == "function" and isinstance(fn, dict)
-                    and len(fn) == 2 and tuple(call) == _STD_CALL_KEYS and tuple(fn) == _STD_FN_KEYS):
-                name = fn["name"]
-                v = fn["arguments"]
-                if type(name) is str and name and type(v) is str and type(call["type"]) is str:
+        tc = type(call)
+        if (tc is FrozenDict or tc is dict) and len(call) == 3:
+            # the usual call: {"id": id, "type": "function", "function": {"name", "arguments"}}
+            # (a validated message's FrozenDict, or a dict: read as dicts, in C)
+            cid = _dict_get(call, "id")
+            fn = _dict_get(call, "function")
+            ctype = _dict_get(call, "type")
+            tf = type(fn)
+            if (type(cid) is str and cid and type(ctype) is str and ctype == "function"
+                    and (tf is FrozenDict or tf is dict) and len(fn) == 2
+                    and _keys_are(call, _STD_CALL_KEYS) and _keys_are(fn, _STD_FN_KEYS)):
+                name = _dict_get(fn, "name")
+                v = _dict_get(fn, "arguments")
+                if type(name) is str and name and type(v) is str:
                     args = _parse_arguments(v)
                     if type(args) is not dict:
                         return None
@@ -2040,6 +2072,7 @@ def entry(self: CounterCore, m: Any, i: int) -> tuple[str, dict[str, Any]]:
     own = msg is m  # (memoized by its identity; a copy made here is keyed by the original's)
     # (a Message's fields read from its __dict__: an attribute read passes pydantic's hook first)
     mf: dict = _instance_dict(msg) if type(msg) is Message else _fields_of(msg)
+    mine: dict = mf  # (m's own fields, for its snapshot below)
     if self._content_format is not None:  # vLLM's content (see _content_format), where it is not the same
         c = mf["content"]
         if (c is not None and type(c) is not str) or (c == "" if self._content_format == "openai" else c is None):
@@ -2072,10 +2105,11 @@ def entry(self: CounterCore, m: Any, i: int) -> tuple[str, dict[str, Any]]:
                 part = plain_frame(self._frames._fields, d)
     calls = d.get("tool_calls")
     snap = None  # frozen lists (every validated Message) cannot change: no snapshot
-    if own and (calls is not None or type(mf["content"]) is not str):
-        if (isinstance(m.content, list) and type(m.content) is not FrozenList) or (
-                m.tool_calls is not None and type(m.tool_calls) is not FrozenList):
-            snap = (copy.deepcopy(m.content), copy.deepcopy(m.tool_calls))
+    if own and (calls is not None or type(mine["content"]) is not str):
+        c0 = mine["content"]
+        t0 = mine["tool_calls"]
+        if (isinstance(c0, list) and type(c0) is not FrozenList) or (t0 is not None and type(t0) is not FrozenList):
+            snap = (copy.deepcopy(c0), copy.deepcopy(t0))
     size = self.cache_size  # (stores without the lock: see _evict)
     if t is not None:
         looks: dict = self._looks
