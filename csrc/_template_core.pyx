@@ -64,6 +64,17 @@ cdef bint _json_untracked(object o):
     return ok
 
 
+cdef int _put_untracked(dict cache, object key, object value) except -1:
+    """``cache[key] = value`` (the twin's ``put_untracked``): an untracked ``cache`` is
+    untracked again after the store where ``key`` and ``value`` are not tracked (CPython
+    tracks a dict as soon as it holds a dict or a list, tracked or not)."""
+    was = PyObject_GC_IsTracked(cache)
+    cache[key] = value
+    if not was and PyObject_GC_IsTracked(cache) and not PyObject_GC_IsTracked(key) and not PyObject_GC_IsTracked(value):
+        PyObject_GC_UnTrack(<void *>cache)
+    return 0
+
+
 cdef object _dict_get_compiled(object d, object k):
     """``dict.get(d, k)`` for a dict or a subclass that reads as one (the twin's ``_dict_get``):
     the C-level look-up, no method call."""

@@ -48,8 +48,8 @@ __all__ = [
     "entries_stable",
     "entry", "flat_printed", "frame_part", "head_groups", "holds_token", "is_local", "json_escaped", "json_snapshot", "json_unchanged", "keep_last", "last_final", "local_pattern", "message_to_template_dict", "message_key", "new_starts", "overlap",
     "ops_hold", "parse_key", "piece_counts", "plain_entry", "plain_frame", "plan", "plan_groups", "plan_texts", "planned_cost", "planned_costs",
-    "prefill_planned", "prefill_units", "put_str", "recall", "repeats_of_last", "role_of", "run_text", "run_text_of",
-    "same_json", "segments", "settle", "settle_entry", "shared_run", "step_costs", "store_all", "token_searches", "role_positions", "tools_signature", "trait", "trait_value", "unit_locality", "unit_parts", "unit_preds", "unit_starts", "unit_succ", "unit_total", "upper_costs", "user_repeats",
+    "prefill_planned", "prefill_units", "put_str", "put_untracked", "recall", "repeats_of_last", "role_of", "run_text", "run_text_of",
+    "same_json", "segments", "settle", "settle_entry", "shed_keys", "holds_message_key", "shared_run", "step_costs", "store_all", "token_searches", "turn_list", "role_positions", "tools_signature", "trait", "trait_value", "unit_locality", "unit_parts", "unit_preds", "unit_starts", "unit_succ", "unit_total", "upper_costs", "user_repeats",
 ]
 
 _REASONING_FIELDS = ("reasoning_content", "thinking", "reasoning")
@@ -123,6 +123,24 @@ def settle_entry(e: tuple) -> tuple:
 
 
 @cython.ccall
+def put_untracked(cache: dict, key: Any, value: Any) -> None:
+    """``cache[key] = value``, for a ``value`` that ``settle`` left untracked (a template
+    dict): in the compiled build a cache the cyclic garbage collector does not track stays
+    untracked (CPython tracks a dict as soon as it holds a dict, whatever that holds), so
+    that a full collection does not walk it -- the counter's caches of an eval run hold
+    tens of thousands of entries, and walking them (a cache miss an entry) made each full
+    collection ~50 ms. Nothing else to do here.
+
+    >>> c = {}; put_untracked(c, "k", {"role": "user"}); c
+    {'k': {'role': 'user'}}
+    """
+    if cython.compiled:
+        _put_untracked(cache, key, value)  # type: ignore[name-defined]  # noqa: F821
+        return
+    cache[key] = value
+
+
+@cython.ccall
 def _weak_ref(m: Any) -> Any:
     """``weakref.ref(m)``: compiled, made by ``PyWeakref_NewRef`` (not a call of the type)."""
     if cython.compiled:
@@ -182,6 +200,8 @@ class CounterCore:
     additive = cython.declare(object, visibility="public")
     _memo = cython.declare(dict, visibility="public")
     _by_key = cython.declare(dict, visibility="public")
+    _key_chars = cython.declare(object, visibility="public")
+    _max_key_chars = cython.declare(object, visibility="public")
     _calls = cython.declare(dict, visibility="public")
     _looks = cython.declare(dict, visibility="public")
     _frame_parts = cython.declare(dict, visibility="public")
@@ -825,6 +845,35 @@ def unit_starts(dicts: Sequence[Mapping[str, Any]]) -> list[int]:
     [0, 1, 3]
     """
     return [0] + new_starts(dicts, 1) if len(dicts) else []
+
+
+def turn_list(self: CounterCore, msgs: Any, k: int, new: list, pinned: int) -> Any:
+    """A budget filter's charges of a turn's new messages ``new`` (``TokenBudgetFilter``'s
+    ``_template_counts`` and ``_slice_list`` in one call: the agent loop's turn): ``count_list``
+    of ``new`` with what their place in ``msgs`` (the filter's input, ``k`` messages recorded
+    before them) tells -- ``start`` at ``k == 0``; ``pred``, the role of ``msgs[k - 1]``
+    ("call" for an assistant message with calls; "any" where messages other than system ones
+    are pinned: ``pinned`` 2); ``opened``, ``msgs`` opens with a system message and only system
+    messages are pinned (``pinned`` 0; 1: none pinned). None where ``new`` is not that slice of
+    ``msgs`` (records patched in place, items coerced to Messages: counted later by the filter);
+    ``NOT_YET`` where ``new`` opens with tool results that continue the unit before them (the
+    filter's own path: they are charged with that unit)."""
+    if msgs is None or not new or len(msgs) - k != len(new) or msgs[k] is not new[0] or msgs[-1] is not new[-1]:
+        return None
+    m = new[0]
+    if k and (_instance_dict(m)["role"] if type(m) is Message else m.role) == "tool":
+        return NOT_YET
+    pred: Optional[str] = None
+    if pinned == 2:
+        pred = "any"
+    elif k:
+        m = msgs[k - 1]
+        if type(m) is Message:
+            f: dict = _instance_dict(m)
+            pred = "call" if f["role"] == "assistant" and f["tool_calls"] else f["role"]
+    first = msgs[0]
+    opened = pinned == 0 and type(first) is Message and _instance_dict(first)["role"] == "system"
+    return count_list(self, new, k == 0, pred, opened)
 
 
 def count_list(self: CounterCore, messages: Sequence[Any], start: bool = True, pred: Optional[str] = None,
@@ -1588,7 +1637,7 @@ def keep_last(self, cache: dict, key: Any, value: Any) -> None:
     if n >= keep:
         for old in list(_ISLICE(cache, max(keep // 4, n - keep + 1))):  # (the oldest)
             del cache[old]
-    cache[key] = value
+    cache[settle(key)] = settle(value)
 
 
 @cython.ccall
@@ -2137,8 +2186,79 @@ def entry(self: CounterCore, m: Any, i: int) -> tuple[str, dict[str, Any]]:
         by_key: dict = self._by_key
         if len(by_key) >= size:
             _evict(self, by_key)
-        by_key[key] = d
+        n = len(by_key)
+        put_untracked(by_key, key, d)
+        if len(by_key) > n:  # (a new key: the characters the caches hold of it)
+            self._key_chars += len(key)
+            if self._key_chars > self._max_key_chars:
+                shed_keys(self)
     return key, d
+
+
+#: the caches of message keys (and of what is made of them: unit keys, renderings) that
+#: ``shed_keys`` thins out, and those it thins out whatever they hold (a value run's text and
+#: its count: a stand-in's is a few characters long; a call id and its message's key)
+_KEYED_CACHES = ("_by_key", "_looks", "_frame_parts", "_units", "_local_units", "_texts")
+_ANY_CACHES = ("_pieces", "_calls")
+
+
+@cython.ccall
+def holds_message_key(k: Any) -> bool:
+    """Whether the cache key ``k`` is a real message's key (it holds a NUL: a stand-in's is a
+    JSON dict without one) or a tuple holding one, a level down (unit keys, a unit cache's
+    ``(unit keys, pred, succ, caller)``, a rendering's ``(keys, None)``).
+
+    >>> holds_message_key('{"role": "user", "content": null}\\0hi'), holds_message_key(('{"role": "user"}', "user"))
+    (True, False)
+    >>> holds_message_key(((".", '{}\\0x'), "first", "user", None))
+    True
+    """
+    if type(k) is str:
+        return "\0" in k
+    if type(k) is tuple:
+        for x in k:
+            if type(x) is str:
+                if "\0" in x:
+                    return True
+            elif type(x) is tuple:
+                for y in x:
+                    if type(y) is str and "\0" in y:
+                        return True
+    return False
+
+
+@cython.ccall
+def shed_keys(self: CounterCore) -> None:
+    """Make room once the message keys ``self._by_key`` holds pass ``self._max_key_chars``
+    characters (``ChatTemplateTokenCounter.MAX_KEY_CHARS``): drop the oldest quarter of what
+    every cache of message keys holds of real messages (``_KEYED_CACHES``; ``holds_message_key``:
+    the stand-ins the template's frames and plans are learned on stay), and the memo entries of
+    messages that are gone; then count the characters again. An eval run's conversations end
+    and are not seen again: without this their keys, template dicts, texts and costs stayed
+    until each cache reached ``cache_size`` entries -- 1.6 kB a message of a customer-service
+    trace, ~100 MB behind 4,000 conversations, more with a coding agent's outputs. A key
+    dropped here and asked for again is computed again (its tokens counted once more)."""
+    i: cython.Py_ssize_t
+    with self._lock:
+        for name in _KEYED_CACHES + _ANY_CACHES:
+            cache: dict = getattr(self, name)
+            drop: list = []
+            want = len(cache) // 4
+            every = name in _ANY_CACHES
+            for k in cache:
+                if len(drop) >= want:
+                    break
+                if every or holds_message_key(k):
+                    drop.append(k)
+            for i in range(len(drop)):
+                cache.pop(drop[i], None)
+        memo: dict = self._memo
+        for mid in [mid for mid, e in memo.items() if e[0]() is None]:
+            del memo[mid]
+        total = 0
+        for k in self._by_key:
+            total += len(k)
+        self._key_chars = total
 
 
 @cython.ccall
@@ -2160,7 +2280,11 @@ def _evict(self: CounterCore, cache: dict, adding: int = 1) -> None:
 def store_all(self: CounterCore, cache: dict, new: Mapping[Any, Any]) -> None:
     """``cache.update(new)`` within ``self.cache_size`` keys: room made by ``_evict``; of a
     batch larger than the whole cache only its last ``cache_size`` entries are kept (a cache
-    holds what it can; a reader finding a key gone computes it again)."""
+    holds what it can; a reader finding a key gone computes it again). Its keys and values
+    are ``settle``d first (key tuples, cost tuples), and ``new`` with them (an empty cache
+    takes the tracking of the dict it is updated from): a cache holding only untracked ones
+    stays untracked (see ``put_untracked``)."""
+    settle(new)
     size = self.cache_size
     n = len(new)
     if n > size:
@@ -2200,14 +2324,14 @@ def trait_value(look: bool, role: Any, n_calls: int, reasoning: bool, call_text:
     if not (look or n_calls or reasoning or call_text or think_text):  # (most messages: by role)
         t = table.get(role)
         if t is None:
-            t = (False, (role, 0, False, False, False))
+            t = settle((False, (role, 0, False, False, False)))
             if len(table) < 256:
                 table[role] = t
         return t
     k = (look, role, n_calls, reasoning, call_text, think_text)
     t = table.get(k)
     if t is None:
-        t = (look, (role, n_calls, reasoning, call_text, think_text))
+        t = settle((look, (role, n_calls, reasoning, call_text, think_text)))
         if len(table) < 256:
             table[k] = t
     return t
@@ -2250,10 +2374,10 @@ def unit_locality(self: CounterCore, keys: tuple, dicts: Sequence[Mapping[str, A
         return got  # type: ignore[no-any-return]
     if is_local(self, keys, dicts):
         return (False, True)
-    got = (any_lookahead(self, keys, dicts), False)
+    got = settle((any_lookahead(self, keys, dicts), False))
     if len(looks) >= self.cache_size:
         _evict(self, looks)
-    looks[keys] = got
+    looks[settle(keys)] = got
     return got
 
 

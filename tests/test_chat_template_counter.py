@@ -913,6 +913,40 @@ def test_a_budget_filter_on_the_counter_is_freed_without_the_garbage_collector(f
             gc.enable()
 
 
+@pytest.mark.parametrize("name", ["qwen3", "deepseek-v3", "gpt-oss"])
+def test_the_key_caches_stay_within_max_key_chars_and_the_counts_stay_exact(families, name):
+    """An eval run's conversations end and are not seen again: what the counter caches by
+    message key is thinned out (the oldest quarter of each such cache, the memo entries of
+    messages that are gone) once its keys pass ``MAX_KEY_CHARS`` characters, where it grew
+    until ``cache_size`` entries before (~100 MB behind 4,000 customer-service conversations).
+    Thinned out every few conversations here: every prompt's count is still a fresh counter's,
+    the filter keeps the same prompts, and the keys held stay near the bound."""
+    fam = families[name]
+    small = type("SmallKeys", (type(fam.counter),), {"MAX_KEY_CHARS": 3_000})(fam.path, engine=fam.engine)
+    reference = type(fam.counter)(fam.path, engine=fam.engine)
+    calls = [{"id": "call_{k}", "type": "function", "function": {"name": "get_weather", "arguments": '{"city": "Paris"}'}}]
+    seen = 0
+    for k in range(30):
+        call = [{**calls[0], "id": f"call_{k}"}]
+        ms = [Message(role="system", content="You are terse. " * 4),
+              Message(role="user", content=f"Weather in Paris, take {k}? " * 3),
+              Message(role="assistant", content="", tool_calls=call),
+              Message(role="tool", content=f'{{"temp": {k}, "sky": "clear"}}' * 3, tool_call_id=f"call_{k}"),
+              Message(role="assistant", content=f"It is {k} degrees. " * 4),
+              Message(role="user", content=f"And tomorrow, {k}?")]
+        budget = reference.count_messages(ms) - (20 if k % 2 else 0)
+        flt, ref_flt = TokenBudgetFilter(budget, counter=small), TokenBudgetFilter(budget, counter=reference)
+        for n in (2, 4, 5, 6):
+            kept = flt.apply(ms[:n])
+            assert kept == ref_flt.apply(ms[:n])
+            assert small.count_messages(kept) == reference.count_messages(kept)
+        seen += len(ms)
+        assert small._key_chars == sum(len(key) for key in small._by_key)
+        assert small._key_chars <= 3_000 + 400, small._key_chars
+    assert len(small._by_key) < seen // 2 and len(small._memo) < seen // 2
+    assert len(reference._by_key) > seen * 2 // 3
+
+
 def test_the_batch_path_keeps_what_apply_keeps_where_messages_stand_after_different_ones(families):
     """The batch path counts each distinct message once, where it first stands; a chat template
     charges a message by where it stands, so when one message object stands after different

@@ -35,13 +35,13 @@ METHODS = {"count_messages": "count_messages", "count_list": "_count_list", "pre
            "entries_stable": "_entries_stable", "call_entries": "_call_entries", "entry": "_entry",
            "any_lookahead": "_any_lookahead", "trait": "_trait", "overlap": "_overlap", "segments": "_segments",
            "unit_total": "_unit_total", "store_all": "_store_all", "user_repeats": "_user_repeats",
-           "tools_signature": "_tools_signature"}
+           "tools_signature": "_tools_signature", "turn_list": "_turn_list"}
 
 
 #: the core's own helpers (called from the methods above, each of the same build)
 HELPERS = {"any_orphan", "any_system", "encode_lengths", "end_cost", "head_groups", "holds_token", "json_escaped", "token_searches", "is_local", "json_snapshot", "json_unchanged", "keep_last", "role_of", "unit_locality", "unit_preds", "last_final", "plan_groups",
            "planned_costs", "prefill_planned", "recall", "run_text", "run_text_of", "unit_parts", "unit_succ",
-           "local_pattern", "ops_hold", "plain_frame", "same_json", "settle", "settle_entry", "repeats_of_last", "role_positions", "shared_run", "step_costs", "trait_value", "unit_starts", "new_starts"}
+           "local_pattern", "ops_hold", "plain_frame", "same_json", "settle", "settle_entry", "put_untracked", "shed_keys", "holds_message_key", "repeats_of_last", "role_positions", "shared_run", "step_costs", "trait_value", "unit_starts", "new_starts"}
 
 
 def _bound(core):
@@ -824,6 +824,50 @@ def test_the_caches_keep_call_messages_untracked_by_the_collector(model_dirs, fa
     c.count_messages(ms[:2] + [loose, Message(role="tool", content="r", tool_call_id="c2")])
     assert c._memo[id(loose)][2]["tool_calls"][0]["meta"] is mine and gc.is_tracked(mine)
     assert gc.is_tracked(c._memo[id(loose)])  # (its entry holds that dict: tracked too)
+
+
+#: the compiled counter's caches of message keys, unit keys and texts (grown by every new
+#: message of an eval run: tens of thousands of entries each)
+_KEY_CACHES = ("_memo", "_by_key", "_texts", "_units", "_local_units", "_looks", "_frame_parts", "_calls",
+               "_pieces", "_long_pieces", "_run_texts")
+
+
+@needs_compiled_base
+@pytest.mark.parametrize("family", ["qwen3", "deepseek-v3", "gpt-oss"])
+def test_the_caches_themselves_stay_untracked_by_the_collector(model_dirs, family):
+    """The compiled counter's caches hold untracked keys and values only (settled strings,
+    tuples, template dicts), and stay untracked themselves after a conversation's turns through
+    the budget filter and its counts (trimmed and not): a full collection does not walk their
+    entries -- with an eval run's caches that walk, a cache miss an entry, was what a full
+    collection cost. Fails where a store tracks a cache again: a template dict into
+    ``_by_key`` (CPython tracks a dict that holds a dict), a new unit key or cost tuple into
+    ``_units``. A cache holding a caller's own tracked object is tracked (the collector must
+    see through it)."""
+    import gc
+
+    call = [{"id": "c1", "type": "function", "function": {"name": "f", "arguments": '{"q": [1, {"a": "b"}]}'}}]
+    ms = [Message(role="system", content="s" * 40), Message(role="user", content="u " * 30),
+          Message(role="assistant", content=None, tool_calls=call),
+          Message(role="tool", content="r " * 50, tool_call_id="c1"),
+          Message(role="assistant", content="done " * 20), Message(role="user", content="next " * 10)]
+    gc.disable()  # (CPython's own untracking of old dicts and tuples left out)
+    try:
+        c = CompiledCounter(model_dirs[family])
+        for budget in (10_000, c.count_messages(ms) - 30):
+            flt = TokenBudgetFilter(budget, counter=c)
+            for k in (2, 4, 5, 6):
+                c.count_messages(flt.apply(ms[:k]))
+        assert len(c._units) and len(c._by_key) > 4
+        assert [name for name in _KEY_CACHES if gc.is_tracked(getattr(c, name))] == []
+        mine = [1, 2]
+        calls = [{"id": "c2", "type": "function", "function": {"name": "f", "arguments": "{}"}, "meta": mine}]
+        loose = Message.model_construct(role="assistant", content="", tool_calls=calls, name=None, tool_call_id=None,
+                                        extra={}, id="m1", metadata={})
+        c.count_messages(ms[:2] + [loose, Message(role="tool", content="r", tool_call_id="c2")])
+        assert gc.is_tracked(c._by_key) and any(d["tool_calls"][0].get("meta") is mine
+                                                for d in c._by_key.values() if "tool_calls" in d)
+    finally:
+        gc.enable()
 
 
 @needs_compiled_base

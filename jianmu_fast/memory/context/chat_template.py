@@ -576,6 +576,12 @@ class ChatTemplateTokenCounter(_tc.CounterCore):  # type: ignore[misc,name-defin
     #: ``engine="auto"`` moves to fastokens once the counter has tokenized this many characters
     #: (renderings' pieces not cached yet), as ``HFTokenCounter.AUTO_FASTOKENS_CHARS``
     AUTO_FASTOKENS_CHARS = 5_000_000
+    #: the message keys (a message's template dict printed) the caches hold, in characters,
+    #: before the oldest quarter of what is cached by key is dropped (``_tc.shed_keys``): an
+    #: eval run's finished conversations are not kept until ``cache_size`` entries (~25 MB at
+    #: the bound on a customer-service trace, where 65,536 entries were ~100 MB); a coding
+    #: agent's conversation of 150 messages and 30k tokens holds ~0.15 M of them
+    MAX_KEY_CHARS = 1 << 23
 
     def __init__(
         self,
@@ -703,7 +709,10 @@ class ChatTemplateTokenCounter(_tc.CounterCore):  # type: ignore[misc,name-defin
         # the same tokens by first character, a search each (a long run's check: _tc.holds_token)
         self._token_searches: tuple[tuple[str, Any], ...] = _tc.token_searches(contents)
         self._memo: dict[int, tuple[Any, ...]] = {}  # id(message) -> (weakref, snapshot, dict, key)
-        self._by_key: dict[str, dict[str, Any]] = dict(_STANDIN_DICTS)  # message key -> template dict
+        # message key -> template dict (untracked by the garbage collector: see _tc.put_untracked)
+        self._by_key: dict[str, dict[str, Any]] = _tc.settle(dict(_STANDIN_DICTS))
+        self._key_chars = sum(map(len, self._by_key))  # characters of the keys it holds (see MAX_KEY_CHARS)
+        self._max_key_chars = int(self.MAX_KEY_CHARS)
         self._texts: dict[Any, int] = {}  # key of a rendered conversation -> tokens
         # (unit keys, pred, succ) -> per-message costs, a tuple: the cyclic garbage collector
         # stops tracking a tuple of ints, not a list, and an eval run of thousands of
@@ -782,6 +791,7 @@ class ChatTemplateTokenCounter(_tc.CounterCore):  # type: ignore[misc,name-defin
     # the hot path, from jianmu_fast._template_core (tests/test_template_core.py binds each build's)
     count_messages = _tc.count_messages
     _count_list = _tc.count_list
+    _turn_list = _tc.turn_list
     _prefill_units = _tc.prefill_units
     _plan = _tc.plan
     _plan_texts = _tc.plan_texts
@@ -1566,7 +1576,8 @@ class ChatTemplateTokenCounter(_tc.CounterCore):  # type: ignore[misc,name-defin
         """Forget cached renderings and costs (the tokenizer and template stay loaded)."""
         with self._lock:
             self._memo = {}
-            self._by_key = dict(_STANDIN_DICTS)
+            self._by_key = _tc.settle(dict(_STANDIN_DICTS))
+            self._key_chars = sum(map(len, self._by_key))
             self._texts = {}
             self._units = {}
             self._local_units = {}

@@ -57,6 +57,7 @@ from operator import countOf
 import numpy as np
 
 from ... import _backend
+from ..._template_base import NOT_YET
 from ...errors import ContextBudgetError, JianmuError, TrimmingError
 from ...message import Message
 from ...message.model import coerce_message, thaw
@@ -73,6 +74,7 @@ MAX_VALUE = _backend.MAX_VALUE
 _tc = _backend.template_core()
 #: counters whose counts are always ints in range (never re-checked)
 _SYSTEM_ONLY = frozenset(("system",))
+_NOT_YET = NOT_YET  # (turn_list's: a turn's charges left to the filter's own path)
 _TRUSTED_COUNTERS = (SimpleTokenCounter, TiktokenTokenCounter, HFTokenCounter)
 _CACHED_COUNTERS = (TiktokenTokenCounter, HFTokenCounter)
 _ZERO = np.zeros(1, dtype=np.int64)
@@ -630,8 +632,15 @@ class TokenBudgetFilter(_WindowFilter):
         fast = self._list_counts
         if fast is not None:
             return fast(new)  # trusted: ints in range, as a plain list
-        if type(self._counter) is ChatTemplateTokenCounter:
-            return self._template_counts(new)  # (None: counted later, see _template_counts)
+        counter = self._counter
+        if type(counter) is ChatTemplateTokenCounter:
+            # (None: counted later, see _template_counts; the usual turn in one compiled call,
+            # _template_counts' and _slice_list's: results continuing a unit take their path)
+            rec = self._rec
+            pinned = self._pinned_roles
+            got = counter._turn_list(self._turn_msgs, rec.n if rec is not None else 0, new,
+                                     0 if pinned == _SYSTEM_ONLY else 1 if pinned <= _SYSTEM_ONLY else 2)
+            return self._template_counts(new) if got is _NOT_YET else got
         return self._counts(new, 0, len(new))
 
     #: ``Records.window``'s ``count`` where no counter's own is kept on the instance (a
