@@ -453,3 +453,48 @@ def test_eval_regime_ratios(model_dirs, family, capsys):
     REPORT.append(line)
     with capsys.disabled():
         print("\n" + line)
+
+
+STREAM_CONVERSATIONS = int(os.environ.get("JIANMU_FAST_CT_STREAM_CONVERSATIONS", "3000"))
+STREAM_CHUNK = 250
+
+
+@pytest.mark.parametrize("family", ["qwen3", "deepseek-v3"])
+def test_eval_regime_streamed(model_dirs, family, capsys):
+    """The eval regime as a long run streams it: ``STREAM_CONVERSATIONS`` customer-service
+    conversations (``_variant``), ``STREAM_CHUNK`` at a time loaded (made) and then run through
+    one counter of each kind (a fresh budget filter each, its first call and turns, the
+    collector on: what ``test_eval_regime_ratios`` times), each chunk's loading untimed. Prints
+    each counter's time per turn in the first and the last fifth of the run, their ratio, and
+    what the template counter's caches hold at the end (message keys, their characters: bounded
+    by ``MAX_KEY_CHARS``). Session 35: the caches grew until ``cache_size`` entries (~100 MB
+    behind 4,000 conversations) and the turns slowed from ~2x to ~4x ``HFTokenCounter``'s."""
+    engine = "fastokens" if "fastokens" in ENGINES else "tokenizers"
+    before, turns = _split(24, family, "cs")
+    path = model_dirs[family]
+    counters = {"chat_template": ChatTemplateTokenCounter(path, engine=engine),
+                "hf": HFTokenCounter(os.path.join(path, "tokenizer.json"), engine=engine)}
+    warm = [([_variant(m, -k) for m in before], [[_variant(m, -k) for m in u] for u in turns]) for k in (1, 2, 3)]
+    for counter in counters.values():
+        _eval_round(counter, "cs", family, warm)  # (the counter's set-up, the templates' frames)
+    per: dict = {impl: [] for impl in counters}
+    for s in range(0, STREAM_CONVERSATIONS, STREAM_CHUNK):
+        convs = [([_variant(m, k) for m in before], [[_variant(m, k) for m in u] for u in turns])
+                 for k in range(s, s + STREAM_CHUNK)]
+        for impl, counter in counters.items():
+            per[impl].append(_eval_round(counter, "cs", family, convs)[0])
+        del convs
+    fifth = max(1, len(per["hf"]) // 5)
+    first = {impl: sum(v[:fifth]) / fifth for impl, v in per.items()}
+    last = {impl: sum(v[-fifth:]) / fifth for impl, v in per.items()}
+    ct = counters["chat_template"]
+    line = (f"chat template ({family}), eval regime streamed: {STREAM_CONVERSATIONS} conversations, {STREAM_CHUNK} "
+            f"made at a time ({engine}): per turn chat_template {first['chat_template'] * 1e6:.1f} -> "
+            f"{last['chat_template'] * 1e6:.1f} us, hf {first['hf'] * 1e6:.1f} -> {last['hf'] * 1e6:.1f} us (first -> "
+            f"last fifth), chat_template/hf {first['chat_template'] / first['hf']:.2f} -> "
+            f"{last['chat_template'] / last['hf']:.2f}; the counter's caches hold {len(ct._by_key)} message keys, "
+            f"{ct._key_chars:,} characters (bound {ct.MAX_KEY_CHARS:,})")
+    REPORT.append(line)
+    with capsys.disabled():
+        print("\n" + line)
+    assert ct._key_chars <= ct.MAX_KEY_CHARS + max(map(len, ct._by_key))
