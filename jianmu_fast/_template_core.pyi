@@ -13,8 +13,8 @@ __all__ = [
     "entries_stable",
     "entry", "flat_printed", "frame_part", "head_groups", "holds_token", "is_local", "json_escaped", "json_snapshot", "json_unchanged", "keep_last", "last_final", "local_pattern", "message_to_template_dict", "message_key", "new_starts", "overlap",
     "ops_hold", "parse_key", "piece_counts", "plain_entry", "plain_frame", "plan", "plan_groups", "plan_texts", "planned_cost", "planned_costs",
-    "prefill_planned", "prefill_units", "put_str", "recall", "repeats_of_last", "role_of", "run_text", "run_text_of",
-    "same_json", "segments", "settle", "settle_entry", "shared_run", "step_costs", "store_all", "token_searches", "role_positions", "tools_signature", "trait", "trait_value", "unit_locality", "unit_parts", "unit_preds", "unit_starts", "unit_succ", "unit_total", "upper_costs",
+    "prefill_planned", "prefill_units", "put_str", "put_untracked", "recall", "repeats_of_last", "role_of", "run_text", "run_text_of",
+    "same_json", "segments", "settle", "settle_entry", "shed_keys", "holds_message_key", "shared_run", "step_costs", "store_all", "token_searches", "turn_list", "role_positions", "tools_signature", "trait", "trait_value", "unit_locality", "unit_parts", "unit_preds", "unit_starts", "unit_succ", "unit_total", "upper_costs",
     "user_repeats",
 ]
 
