@@ -847,7 +847,7 @@ def unit_starts(dicts: Sequence[Mapping[str, Any]]) -> list[int]:
     return [0] + new_starts(dicts, 1) if len(dicts) else []
 
 
-def turn_list(self: CounterCore, msgs: Any, k: int, new: list, pinned: int) -> Any:
+def turn_list(self: CounterCore, msgs: Any, k: int, new: Sequence[Any], pinned: int) -> Any:
     """A budget filter's charges of a turn's new messages ``new`` (``TokenBudgetFilter``'s
     ``_template_counts`` and ``_slice_list`` in one call: the agent loop's turn): ``count_list``
     of ``new`` with what their place in ``msgs`` (the filter's input, ``k`` messages recorded
