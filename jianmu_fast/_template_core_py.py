@@ -2177,21 +2177,23 @@ def entry(self: CounterCore, m: Any, i: int) -> tuple[str, dict[str, Any]]:
                 if len(calls_of) >= size:
                     _evict(self, calls_of)
                 calls_of[call["id"]] = key
+    if made:  # (call_entry's: dicts and lists made here, of strings and parsed JSON)
+        settle(d)
     if own:
-        if made:  # (call_entry's: dicts and lists made here, of strings and parsed JSON)
-            settle(d)
         if len(memo) >= size:
             _evict(self, memo)
         memo[mid] = settle_entry((_weak_ref(m), snap, d, key))
-        by_key: dict = self._by_key
-        if len(by_key) >= size:
-            _evict(self, by_key)
-        n = len(by_key)
-        put_untracked(by_key, key, d)
-        if len(by_key) > n:  # (a new key: the characters the caches hold of it)
-            self._key_chars += len(key)
-            if self._key_chars > self._max_key_chars:
-                shed_keys(self)
+    # (a chat-completions dict's too: its template dict is made of the Message it was
+    # validated into, not of the caller's objects; its key is counted toward MAX_KEY_CHARS)
+    by_key: dict = self._by_key
+    if len(by_key) >= size:
+        _evict(self, by_key)
+    n = len(by_key)
+    put_untracked(by_key, key, d)
+    if len(by_key) > n:  # (a new key: the characters the caches hold of it)
+        self._key_chars += len(key)
+        if self._key_chars > self._max_key_chars:
+            shed_keys(self)
     return key, d
 
 

@@ -941,6 +941,13 @@ def test_the_key_caches_stay_within_max_key_chars_and_the_counts_stay_exact(fami
             assert kept == ref_flt.apply(ms[:n])
             assert small.count_messages(kept) == reference.count_messages(kept)
         seen += len(ms)
+        # the same conversation as chat-completions dicts (validated into Messages of the
+        # counter's own, memoized by no one's identity): its keys count toward the bound too
+        dicts = [{"role": m.role, "content": m.content, **({"tool_calls": list(m.tool_calls)} if m.tool_calls else {}),
+                  **({"tool_call_id": m.tool_call_id} if m.tool_call_id else {})} for m in ms]
+        dicts[1]["content"] += " (again)"
+        assert small.count_messages(dicts) == reference.count_messages(dicts)
+        assert any(key.endswith(" (again)") for key in small._by_key)  # (kept, and counted, as the newest)
         assert small._key_chars == sum(len(key) for key in small._by_key)
         assert small._key_chars <= 3_000 + 400, small._key_chars
     assert len(small._by_key) < seen // 2 and len(small._memo) < seen // 2
