@@ -49,7 +49,7 @@ __all__ = [
     "entry", "flat_printed", "frame_part", "head_groups", "holds_token", "is_local", "json_escaped", "json_snapshot", "json_unchanged", "keep_last", "last_final", "local_pattern", "message_to_template_dict", "message_key", "new_starts", "overlap",
     "ops_hold", "parse_key", "piece_counts", "plain_entry", "plain_frame", "plan", "plan_groups", "plan_texts", "planned_cost", "planned_costs",
     "prefill_planned", "prefill_units", "put_str", "put_untracked", "recall", "repeats_of_last", "role_of", "run_text", "run_text_of",
-    "same_json", "segments", "settle", "settle_entry", "shed_keys", "holds_message_key", "shared_run", "step_costs", "store_all", "token_searches", "turn_list", "slice_charges", "role_positions", "tools_signature", "trait", "trait_value", "unit_locality", "unit_parts", "unit_preds", "unit_starts", "unit_succ", "unit_total", "upper_costs", "user_repeats",
+    "same_json", "segments", "settle", "settle_entry", "shed_keys", "holds_message_key", "shared_run", "step_costs", "store_all", "token_searches", "turn_list", "role_positions", "tools_signature", "trait", "trait_value", "unit_locality", "unit_parts", "unit_preds", "unit_starts", "unit_succ", "unit_total", "upper_costs", "user_repeats",
 ]
 
 _REASONING_FIELDS = ("reasoning_content", "thinking", "reasoning")
@@ -849,39 +849,31 @@ def unit_starts(dicts: Sequence[Mapping[str, Any]]) -> list[int]:
 
 def turn_list(self: CounterCore, msgs: Any, k: int, new: Sequence[Any], pinned: int) -> Any:
     """A budget filter's charges of a turn's new messages ``new`` (``TokenBudgetFilter``'s
-    ``_template_counts`` in one call: the agent loop's turn): ``slice_charges`` of ``new``,
-    ``msgs[k:]`` (the filter's input, ``k`` messages recorded before them). None where ``new``
-    is not that slice of ``msgs`` (records patched in place, items coerced to Messages: counted
-    later by the filter); ``NOT_YET`` where ``new`` opens with tool results that continue the
-    unit before them (the filter's own path: they are charged with that unit)."""
+    ``_template_counts`` and ``_slice_list`` in one call: the agent loop's turn): ``count_list``
+    of ``new`` with what their place in ``msgs`` (the filter's input, ``k`` messages recorded
+    before them) tells -- ``start`` at ``k == 0``; ``pred``, the role of ``msgs[k - 1]``
+    ("call" for an assistant message with calls; "any" where messages other than system ones
+    are pinned: ``pinned`` 2); ``opened``, ``msgs`` opens with a system message and only system
+    messages are pinned (``pinned`` 0; 1: none pinned). None where ``new`` is not that slice of
+    ``msgs`` (records patched in place, items coerced to Messages: counted later by the filter);
+    ``NOT_YET`` where ``new`` opens with tool results that continue the unit before them (the
+    filter's own path: they are charged with that unit)."""
     if msgs is None or not new or len(msgs) - k != len(new) or msgs[k] is not new[0] or msgs[-1] is not new[-1]:
         return None
     m = new[0]
     if k and (_instance_dict(m)["role"] if type(m) is Message else m.role) == "tool":
         return NOT_YET
-    return slice_charges(self, msgs, k, new, pinned)
-
-
-def slice_charges(self: CounterCore, msgs: Sequence[Any], a: int, part: Sequence[Any], pinned: int) -> list:
-    """``count_list(part, start, pred, opened)`` for ``part = msgs[a:hi]`` (a budget filter's
-    charges of the slice; ``a`` a unit start) with what the slice's place in ``msgs`` tells:
-    ``start``, ``msgs[a]`` is the conversation's first message; ``pred``, the role of
-    ``msgs[a - 1]`` ("call" for an assistant message with calls), None (every neighbour) at
-    ``a == 0``, "any" (every unit, every neighbour) where messages other than system ones are
-    pinned (``pinned`` 2: a kept prompt may put any unit after the last of them); ``opened``,
-    ``msgs`` opens with a system message and only system messages are pinned (``pinned`` 0;
-    1: none pinned): every kept prompt keeps it, no other message stands first."""
     pred: Optional[str] = None
     if pinned == 2:
         pred = "any"
-    elif a:
-        m = msgs[a - 1]
+    elif k:
+        m = msgs[k - 1]
         if type(m) is Message:
             f: dict = _instance_dict(m)
             pred = "call" if f["role"] == "assistant" and f["tool_calls"] else f["role"]
-    first = msgs[0] if len(msgs) else None
+    first = msgs[0]
     opened = pinned == 0 and type(first) is Message and _instance_dict(first)["role"] == "system"
-    return count_list(self, part, a == 0, pred, opened)
+    return count_list(self, new, k == 0, pred, opened)
 
 
 def count_list(self: CounterCore, messages: Sequence[Any], start: bool = True, pred: Optional[str] = None,

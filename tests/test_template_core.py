@@ -35,7 +35,7 @@ METHODS = {"count_messages": "count_messages", "count_list": "_count_list", "pre
            "entries_stable": "_entries_stable", "call_entries": "_call_entries", "entry": "_entry",
            "any_lookahead": "_any_lookahead", "trait": "_trait", "overlap": "_overlap", "segments": "_segments",
            "unit_total": "_unit_total", "store_all": "_store_all", "user_repeats": "_user_repeats",
-           "tools_signature": "_tools_signature", "turn_list": "_turn_list", "slice_charges": "_slice_charges"}
+           "tools_signature": "_tools_signature", "turn_list": "_turn_list"}
 
 
 #: the core's own helpers (called from the methods above, each of the same build)
@@ -485,20 +485,6 @@ def test_flat_printed_is_the_regular_expression(text):
     want = twin._FLAT_PRINTED.fullmatch(text) is not None
     assert twin.flat_printed(text) is want
     assert compiled.flat_printed(text) is want
-
-
-@given(st.lists(st.sampled_from(["id", "type", "function", "name", "arguments", "x"]), unique=True, max_size=4),
-       st.sampled_from([("id", "type", "function"), ("name", "arguments"), ()]), st.booleans())
-def test_the_call_dict_reads_are_dict_reads_on_both_builds(ks, keys, frozen):
-    """``_keys_are`` is ``tuple(d) == keys`` and ``_dict_get`` is ``dict.get`` on both builds,
-    for a dict and a validated message's ``FrozenDict`` (``call_entry``'s reads of a call)."""
-    from jianmu_fast.message.model import FrozenDict
-
-    d = {k: i for i, k in enumerate(ks)}
-    d = FrozenDict(d) if frozen else d
-    for core in (twin, compiled):
-        assert core._keys_are(d, keys) == (tuple(d) == keys)
-        assert [core._dict_get(d, k) for k in ("id", "type", "x", "nope")] == [d.get(k) for k in ("id", "type", "x", "nope")]
 
 
 @settings(max_examples=int(os.environ.get("JIANMU_FAST_MAX_EXAMPLES", "500")), deadline=None)

@@ -792,7 +792,6 @@ class ChatTemplateTokenCounter(_tc.CounterCore):  # type: ignore[misc,name-defin
     count_messages = _tc.count_messages
     _count_list = _tc.count_list
     _turn_list = _tc.turn_list
-    _slice_charges = _tc.slice_charges
     _prefill_units = _tc.prefill_units
     _plan = _tc.plan
     _plan_texts = _tc.plan_texts

@@ -637,7 +637,9 @@ class TokenBudgetFilter(_WindowFilter):
             # (None: counted later, see _template_counts; the usual turn in one compiled call,
             # _template_counts' and _slice_list's: results continuing a unit take their path)
             rec = self._rec
-            got = counter._turn_list(self._turn_msgs, rec.n if rec is not None else 0, new, self._pinned_code())
+            pinned = self._pinned_roles
+            got = counter._turn_list(self._turn_msgs, rec.n if rec is not None else 0, new,
+                                     0 if pinned == _SYSTEM_ONLY else 1 if pinned <= _SYSTEM_ONLY else 2)
             return self._template_counts(new) if got is _NOT_YET else got
         return self._counts(new, 0, len(new))
 
@@ -852,15 +854,26 @@ class TokenBudgetFilter(_WindowFilter):
         return a, self._slice_list(msgs, a, msgs[a:hi])
 
     def _slice_list(self, msgs: list[Any], a: int, part: list[Any]) -> list[int]:
-        """The counter's charges of ``part = msgs[a:hi]`` (``a`` a unit start) where it stands in
-        ``msgs`` (its ``slice_charges``: start, the role before it, the pinned system message)."""
-        return self._counter._slice_charges(msgs, a, part, self._pinned_code())  # type: ignore[no-any-return]
-
-    def _pinned_code(self) -> int:
-        """What is pinned, as ``slice_charges`` takes it: 0 the system messages, 1 nothing, 2
-        messages of other roles."""
+        """The counter's ``count_list(part, start, pred, opened)`` for ``part = msgs[a:hi]`` (its
+        charges of the slice; ``a`` a unit start) with what the slice's place in ``msgs`` tells:
+        ``start``, ``msgs[a]`` is the conversation's first message; ``pred``, the role of
+        ``msgs[a - 1]`` ("call" for an assistant message with calls), None (every neighbour) at
+        ``a == 0``, "any" (every unit, every neighbour) when messages other than system ones are
+        pinned (a kept prompt may put any unit after the last of them); ``opened``, ``msgs``
+        opens with a system message and only system messages are pinned (every kept prompt keeps
+        it: no other message stands first). One Python call a turn (the hot loop's
+        ``_template_counts``)."""
         pinned = self._pinned_roles
-        return 0 if pinned == _SYSTEM_ONLY else 1 if pinned <= _SYSTEM_ONLY else 2
+        first = msgs[0] if msgs else None
+        opened = pinned == _SYSTEM_ONLY and type(first) is Message and first.role == "system"
+        pred: Optional[str] = None
+        if not pinned <= _SYSTEM_ONLY:
+            pred = "any"
+        elif a:
+            m = msgs[a - 1]
+            if type(m) is Message:
+                pred = "call" if m.role == "assistant" and m.tool_calls else m.role
+        return self._counter._count_list(part, a == 0, pred, opened)  # type: ignore[no-any-return]
 
     def _checked(self, counts: Any, lo: int) -> np.ndarray:
         """A custom counter's counts as int64, each an int in ``[0, 2**53]`` (else TrimmingError)."""
