@@ -849,8 +849,8 @@ def unit_starts(dicts: Sequence[Mapping[str, Any]]) -> list[int]:
 
 def turn_list(self: CounterCore, msgs: Any, k: int, new: Sequence[Any], pinned: int) -> Any:
     """A budget filter's charges of a turn's new messages ``new`` (``TokenBudgetFilter``'s
-    ``_template_counts`` and ``_slice_list`` in one call: the agent loop's turn): ``count_list``
-    of ``new`` with what their place in ``msgs`` (the filter's input, ``k`` messages recorded
+    ``_template_counts`` and ``_slice_list`` in one call: the agent loop's turn): the counter's
+    own ``_count_list`` (a subclass's override is asked too, as ``_slice_list`` asks it) of ``new`` with what their place in ``msgs`` (the filter's input, ``k`` messages recorded
     before them) tells -- ``start`` at ``k == 0``; ``pred``, the role of ``msgs[k - 1]``
     ("call" for an assistant message with calls; "any" where messages other than system ones
     are pinned: ``pinned`` 2); ``opened``, ``msgs`` opens with a system message and only system
@@ -873,7 +873,7 @@ def turn_list(self: CounterCore, msgs: Any, k: int, new: Sequence[Any], pinned: 
             pred = "call" if f["role"] == "assistant" and f["tool_calls"] else f["role"]
     first = msgs[0]
     opened = pinned == 0 and type(first) is Message and _instance_dict(first)["role"] == "system"
-    return count_list(self, new, k == 0, pred, opened)
+    return self._count_list(new, k == 0, pred, opened)  # (the counter's own: a subclass may override it)
 
 
 def count_list(self: CounterCore, messages: Sequence[Any], start: bool = True, pred: Optional[str] = None,

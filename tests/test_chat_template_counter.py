@@ -763,15 +763,20 @@ def test_charges_bound_every_cut_after_a_system_prompt(families):
             charges = {"count_array": c.count_array(ms).tolist()}
             for label, counter, roles in (("pinned", pinned, ("system",)), ("loose", loose, ())):
                 opened: list = []
+                asked: list = []  # (how many messages each call charged)
                 charge = counter._count_list  # (what the filter asks its charges with: opened)
-                counter._count_list = lambda *a, charge=charge, opened=opened: opened.append(a[3]) or charge(*a)
+                counter._count_list = lambda *a, charge=charge, opened=opened, asked=asked: (
+                    opened.append(a[3]) or asked.append(len(a[0])) or charge(*a))
                 flt = TokenBudgetFilter(10**6, counter=counter, pinned_roles=roles)
                 for j in range(2, len(ms) + 1):
                     if ms[j - 1].role in ("user", "tool"):
                         assert flt.apply(ms[:j]) == ms[:j]
                 charges[label] = flt._rec.counts.tolist()
-                # (every turn's new messages charged, opened exactly where the system prompt is pinned)
+                # (every turn's new messages charged by the counter's own _count_list -- a
+                # subclass's override is asked on every turn --, opened exactly where the
+                # system prompt is pinned)
                 assert opened and set(opened) == {label == "pinned"}, (name, label)
+                assert sum(asked) >= len(ms), (name, label, asked)
             if name in ("gpt-oss", "deepseek-v3"):  # unpinned later: charged as a first too from then on
                 flt.pinned_roles = ("system",)
                 assert flt.apply(ms) == ms and flt._rec.counts.tolist() == charges["pinned"]

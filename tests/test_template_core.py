@@ -487,6 +487,20 @@ def test_flat_printed_is_the_regular_expression(text):
     assert compiled.flat_printed(text) is want
 
 
+@given(st.lists(st.sampled_from(["id", "type", "function", "name", "arguments", "x"]), unique=True, max_size=4),
+       st.sampled_from([("id", "type", "function"), ("name", "arguments"), ()]), st.booleans())
+def test_the_call_dict_reads_are_dict_reads_on_both_builds(ks, keys, frozen):
+    """``_keys_are`` is ``tuple(d) == keys`` and ``_dict_get`` is ``dict.get`` on both builds,
+    for a dict and a validated message's ``FrozenDict`` (``call_entry``'s reads of a call)."""
+    from jianmu_fast.message.model import FrozenDict
+
+    d = {k: i for i, k in enumerate(ks)}
+    d = FrozenDict(d) if frozen else d
+    for core in (twin, compiled):
+        assert core._keys_are(d, keys) == (tuple(d) == keys)
+        assert [core._dict_get(d, k) for k in ("id", "type", "x", "nope")] == [d.get(k) for k in ("id", "type", "x", "nope")]
+
+
 @settings(max_examples=int(os.environ.get("JIANMU_FAST_MAX_EXAMPLES", "500")), deadline=None)
 @given(s=st.one_of(st.text(max_size=80), st.text(st.characters(max_codepoint=0x7f), max_size=70),
                    st.sampled_from(["", "call_1", 'a"b', "a\\b", "\x00", "\x1f", "\x7f", "\u2028", "x" * 64, "x" * 65,
