@@ -157,6 +157,12 @@ def main() -> None:
     p.add_argument("--conversations", type=int, default=0,
                    help="the eval regime instead: this many variants of the conversation through one counter "
                         "(first calls included; the second half measured)")
+    p.add_argument("--cache-sim", action="store_true",
+                   help="also simulate the caches (32 KiB L1s, --l2-bytes as the last level) and print each "
+                        "counter's L1 and last-level misses per turn")
+    p.add_argument("--l2-bytes", type=int, default=512 * 1024,
+                   help="the simulated last-level cache with --cache-sim (default 512 KiB: a core's L2 on the "
+                        "2-core AMD EPYC machines of session 36; valgrind's default is the machine's L3)")
     p.add_argument("--inner", action="store_true", help=argparse.SUPPRESS)
     args = p.parse_args()
     if args.replays < 2:
@@ -167,7 +173,9 @@ def main() -> None:
     args.out = args.out or tempfile.mkdtemp(prefix="callgrind_turns.")
     os.makedirs(args.out, exist_ok=True)
     cmd = ["valgrind", "--tool=callgrind", "--collect-atstart=no", "--toggle-collect=qsort_r",
-           "--dump-after=qsort_r", f"--callgrind-out-file={os.path.join(args.out, 'cg')}",
+           "--dump-after=qsort_r", f"--callgrind-out-file={os.path.join(args.out, 'cg')}"] + (
+        ["--cache-sim=yes", "--I1=32768,8,64", "--D1=32768,8,64", f"--LL={args.l2_bytes},8,64"] if args.cache_sim else []) + [
+
            sys.executable, os.path.abspath(__file__), "--inner", "--trace", args.trace, "--size", str(args.size),
            "--families", args.families, "--impls", args.impls, "--out", args.out, "--replays", str(args.replays),
            "--conversations", str(args.conversations)] + (["--tools"] if args.tools else [])
@@ -177,19 +185,31 @@ def main() -> None:
         labels = json.load(f)
     dumps = sorted(glob.glob(os.path.join(args.out, "cg.*")), key=lambda q: int(q.rsplit(".", 1)[1]))
     totals = []
+    events: list = []  # (with --cache-sim: each dump's events by name)
     for q in dumps:
         with open(q) as f:
-            totals.append(int(re.search(r"^summary: (\d+)", f.read(), re.M).group(1)))  # type: ignore[union-attr]
+            text = f.read()
+        summary = [int(x) for x in re.search(r"^summary: ([\d ]+)$", text, re.M).group(1).split()]  # type: ignore[union-attr]
+        names = re.search(r"^events: (.+)$", text, re.M).group(1).split()  # type: ignore[union-attr]
+        totals.append(summary[0])
+        events.append(dict(zip(names, summary)))
     # the last dump is the process's exit; the regions are the len(labels) before it (earlier
     # dumps: qsort calls made while importing)
     regions = totals[-(len(labels) + 1):-1]
     per_turn = {(fam, impl): total / turns for (fam, impl, turns), total in zip(labels, regions)}
+    misses = {(fam, impl): {k: v / turns for k, v in ev.items()}
+              for (fam, impl, turns), ev in zip(labels, events[-(len(labels) + 1):-1])}
     regime = f", {args.conversations // 2} of {args.conversations} conversations measured" if args.conversations else ""
     print(f"{args.trace} {args.size}{' with tools' if args.tools else ''}{regime}: k instructions per warm turn (dumps in {args.out})")
     for (fam, impl), v in per_turn.items():
         base = per_turn.get((fam, "hf"))
         ratio = f"  {v / base:.2f}x hf" if base and impl != "hf" else ""
         print(f"  {fam:14s} {impl:14s} {v / 1000:8.1f}{ratio}")
+        if args.cache_sim:
+            m = misses[(fam, impl)]
+            print(f"  {'':14s} {'':14s} misses per turn: L1 instr {m.get('I1mr', 0):.0f}, L1 data {m.get('D1mr', 0) + m.get('D1mw', 0):.0f}; "
+                  f"last level ({args.l2_bytes // 1024} KiB) instr {m.get('ILmr', 0):.0f}, data read {m.get('DLmr', 0):.0f}, "
+                  f"data write {m.get('DLmw', 0):.0f}")
 
 
 if __name__ == "__main__":

@@ -2514,10 +2514,18 @@ def overlap(self: CounterCore, keys: list[str]) -> Optional[tuple[int, int, int]
     k, n = len(lkeys), len(keys)
     if k <= n and keys[:k] == lkeys:
         return 0, 0, k
+    j: cython.Py_ssize_t
     for p in ([1, 0] if n > 1 and k and keys[0] == lkeys[0] else [0]):
-        try:
-            q = lkeys.index(keys[p], p)
-        except ValueError:
+        # (lkeys.index(x, p), without its ValueError where x is not there -- a new
+        # conversation's first call: the error's message printed a message key)
+        x = keys[p]
+        q = -1
+        for j in range(p, k):
+            y = lkeys[j]
+            if y is x or y == x:
+                q = j
+                break
+        if q < 0:
             continue
         m = k - q
         if m <= n - p and keys[p:p + m] == lkeys[q:]:
