@@ -175,7 +175,6 @@ def main() -> None:
     cmd = ["valgrind", "--tool=callgrind", "--collect-atstart=no", "--toggle-collect=qsort_r",
            "--dump-after=qsort_r", f"--callgrind-out-file={os.path.join(args.out, 'cg')}"] + (
         ["--cache-sim=yes", "--I1=32768,8,64", "--D1=32768,8,64", f"--LL={args.l2_bytes},8,64"] if args.cache_sim else []) + [
-
            sys.executable, os.path.abspath(__file__), "--inner", "--trace", args.trace, "--size", str(args.size),
            "--families", args.families, "--impls", args.impls, "--out", args.out, "--replays", str(args.replays),
            "--conversations", str(args.conversations)] + (["--tools"] if args.tools else [])

@@ -850,7 +850,8 @@ def unit_starts(dicts: Sequence[Mapping[str, Any]]) -> list[int]:
 def turn_list(self: CounterCore, msgs: Any, k: int, new: Sequence[Any], pinned: int) -> Any:
     """A budget filter's charges of a turn's new messages ``new`` (``TokenBudgetFilter``'s
     ``_template_counts`` and ``_slice_list`` in one call: the agent loop's turn): the counter's
-    own ``_count_list`` (a subclass's override is asked too, as ``_slice_list`` asks it) of ``new`` with what their place in ``msgs`` (the filter's input, ``k`` messages recorded
+    own ``_count_list`` (a subclass's override is asked too, as ``_slice_list`` asks it) of
+    ``new`` with what their place in ``msgs`` (the filter's input, ``k`` messages recorded
     before them) tells -- ``start`` at ``k == 0``; ``pred``, the role of ``msgs[k - 1]``
     ("call" for an assistant message with calls; "any" where messages other than system ones
     are pinned: ``pinned`` 2); ``opened``, ``msgs`` opens with a system message and only system
