@@ -1666,6 +1666,47 @@ def test_tools_cost_of_prompts_without_a_user_message_is_looked_up_and_exact(fam
             assert looked_up >= 6, name
 
 
+def test_a_new_tools_signature_is_costed_on_a_short_prompt_with_that_signature(families):
+    """A long prompt whose tools signature is new (a new conversation, a cut moved past a user
+    message: Llama 3.1 prints the tools into the first message after the system prompt) gets
+    its tools' marginal cost from a short prompt of the same signature (its first units, those
+    around the last user message, its last unit), not from rendering it whole: exact against
+    transformers on every family, and taken on Llama 3.1, with the messages the counter was
+    asked about before and after (its incremental state) unchanged."""
+    rest: list[Message] = []
+    for i in range(5):
+        rest.append(Message(role="user", content=["Fix the build.", " And the docs\n", "数据?"][i % 3]))
+        for j in range(2):
+            cid = f"c{i}_{j}"
+            rest.append(Message(role="assistant", content=None, tool_calls=[
+                {"id": cid, "type": "function", "function": {"name": "get_weather", "arguments": '{"city": "Oslo"}'}}]))
+            rest.append(Message(role="tool", content=f"result {i} {j}\n", tool_call_id=cid, name="get_weather"))
+        rest.append(Message(role="assistant", content=f"Step {i} done."))
+    system = Message(role="system", content="You are a coding agent.")
+    for name, fam in families.items():
+        c = fam.fresh()
+        c._marginals.clear()  # (shared by the counters of a template: no signature seen yet)
+        got: list = []
+        short = c._short_marginal
+        c._short_marginal = lambda *a, **k: got.append(short(*a, **k)) or got[-1]
+        checked = 0
+        for cut in range(0, len(rest) - 8):
+            if rest[cut].role == "tool":
+                continue
+            p = [system] + rest[cut:]
+            ref = fam.reference(p, TOOLS)
+            if isinstance(ref, Exception):
+                continue
+            n = c.count_messages(p)
+            assert n + c.count_tools(TOOLS, p) == ref, (name, cut)
+            assert c._last_ms is None or c._last_ms[0] == p, name  # (the short prompt's signature left no trace)
+            assert n + c.count_tools(TOOLS, p) == ref, (name, cut)  # (now looked up)
+            checked += 1
+        assert checked >= 10, name
+        if name == "llama3.1":
+            assert sum(x is not None for x in got) >= 5, got
+
+
 def test_tools_whose_cost_depends_on_more_than_the_signature_are_rendered_whole(model_dirs):
     """A template printing the tools with something of every message (here a mark per
     message) fails the probes: its tools are never looked up by signature, and every count is

@@ -13,7 +13,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from jianmu_fast.memory.context import ChatTemplateTokenCounter
-from jianmu_fast.memory.context._template_frames import Frames, Probe
+from jianmu_fast.memory.context._template_frames import Frames, Probe, remember_json, tojson
 from jianmu_fast.message import Message
 
 _HERE = os.path.join(os.path.dirname(__file__), "data", "chat_templates")
@@ -255,3 +255,18 @@ def test_templates_that_read_a_tool_call(tok, name):
     with_calls = [key for key in kept if any(type(shape) is tuple and any(
         type(f) is tuple and f[0] == "tool_calls" for f in shape) for shape in key)]
     assert bool(with_calls) == (name in _CALLS_ASSEMBLED), with_calls
+
+
+def test_tojson_keeps_its_outputs_only_for_the_objects_registered():
+    """``remember_json``: a registered object's ``tojson`` output is kept per options (the
+    same text as ``json.dumps`` for each, a list of separators too); an object not registered
+    is printed each time (a change to it shows)."""
+    tool = {"type": "function", "function": {"name": "f", "parameters": {"x": [1, "数"]}}}
+    remember_json([tool])
+    for opts in ({}, {"indent": 4}, {"indent": 2, "separators": [",", ": "]}, {"sort_keys": True}):
+        want = json.dumps(tool, ensure_ascii=False, **opts)
+        assert tojson(tool, **opts) == want and tojson(tool, **opts) == want, opts
+    free = {"a": 1}
+    assert tojson(free, indent=4) == json.dumps(free, indent=4)
+    free["a"] = 2
+    assert tojson(free, indent=4) == json.dumps(free, indent=4)

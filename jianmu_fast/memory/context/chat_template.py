@@ -128,6 +128,7 @@ import json
 import os
 import threading
 import weakref
+from bisect import bisect_right as _bisect_right
 from datetime import datetime
 from typing import Any, Iterable, Mapping, Optional, Sequence
 
@@ -142,6 +143,7 @@ from ._template_frames import Frames
 from ._content_format import check_content_format, content_format_of, openai_content, string_content
 from ..._template_base import NOT_YET
 from ..._template_base import Refused as _Refused
+from ._template_frames import remember_json as _remember_json
 from ._template_frames import tojson as _frames_tojson
 
 #: the hot path (``jianmu_fast._template_core``, compiled, or its twin ``_template_core_py``):
@@ -1332,7 +1334,9 @@ class ChatTemplateTokenCounter(_tc.CounterCore):  # type: ignore[misc,name-defin
                 if got is not None:
                     return got
             keys, dicts = self._entries(ms)
-            got = self._full(keys, dicts, tools, key) - self.count_messages(ms)
+            got = self._short_marginal(ms, dicts, parts, shape, tools, key) if shape is not None else None
+            if got is None:
+                got = self._full(keys, dicts, tools, key) - self.count_messages(ms)
             if sig is not None:
                 self._store_all(self._marginals, {sig: got})
             return got
@@ -1443,9 +1447,76 @@ class ChatTemplateTokenCounter(_tc.CounterCore):  # type: ignore[misc,name-defin
 
         iter_functions(tools_schema)
         tools = json.loads(json.dumps(list(tools_schema)))
+        # (the list, each tool and its function: what templates print with tojson)
+        _remember_json([tools, *tools, *(t["function"] for t in tools if isinstance(t, dict)
+                                           and isinstance(t.get("function"), dict))])
         entry = (json.dumps(tools), tools)
         self._tools_seen = (copy.deepcopy(tools_schema), entry, tools_schema, _tc.json_snapshot(tools_schema))
         return entry
+
+    def _short_marginal(self, ms: list[Any], dicts: list[dict[str, Any]], parts: tuple, shape: tuple, tools: Any,
+                        key: str) -> Optional[int]:
+        """``count_tools``' marginal for a prompt whose tools signature (``shape``) is not cached
+        yet, from a shorter prompt with the same signature: its first units up to the one after
+        the first user message, the units around the last user message, and its last unit
+        (with every user message equal to the last one). A signature names all that the
+        marginal depends on (what the probes checked, and what the cache of marginals
+        relies on: a prompt seen before with that signature answers for this one), so the
+        short prompt's marginal is this one's; it renders a few messages instead of the whole
+        prompt (Llama 3.1 prints the tools into the first user message: every new
+        conversation, and every cut the trimming moves, is a new signature). None where the
+        short prompt is not shorter, has another signature, or the template refuses it (then
+        the whole prompt is rendered)."""
+        n = len(dicts)
+        if n < 8:
+            return None
+        starts = [i for i in range(n) if i == 0 or dicts[i]["role"] != "tool"]
+        users = [i for i in range(n) if dicts[i]["role"] == "user"]
+        unit_of = {}  # a unit start -> its index in starts
+        for u, a in enumerate(starts):
+            unit_of[a] = u
+        keep: set[int] = set()
+
+        def take(u: int) -> None:
+            if 0 <= u < len(starts):
+                keep.add(u)
+
+        o = 0  # the first message that is not a system message
+        while o < n and dicts[o]["role"] == "system":
+            o += 1
+        # the unit of the first user message (of the first message after the system ones, where
+        # no user message is left) and the one after it
+        lead = unit_of[users[0]] if users else _bisect_right(starts, min(o, n - 1)) - 1
+        for u in range(lead + 2):
+            take(u)
+        for i in range(n):
+            if dicts[i]["role"] == "system":
+                take(unit_of[i])
+        if users:
+            last = dicts[users[-1]]
+            for i in users:
+                if dicts[i] == last:
+                    u = unit_of[i]
+                    take(u - 1)
+                    take(u)
+                    take(u + 1)
+        take(len(starts) - 1)
+        if len(keep) == len(starts):
+            return None
+        bounds = starts + [n]
+        short = [m for u in sorted(keep) for m in ms[bounds[u]:bounds[u + 1]]]
+        saved = (self._last_ms, self._role_pos)  # (the signature's call asks the caches of the last prompt)
+        try:
+            same = self._tools_signature(short, *parts) == shape
+        finally:
+            self._last_ms, self._role_pos = saved
+        if not same:
+            return None
+        keys, sdicts = self._entries(short)
+        try:
+            return self._full(keys, sdicts, tools, key) - self._full(keys, sdicts)
+        except MessageValidationError:
+            return None
 
     def _tools_parts(self, key: str, tools: list[Any]) -> Optional[tuple[bool, bool, bool, bool]]:
         """Whether the marginal cost of ``tools`` depends on the prompt's first message that is
