@@ -2150,6 +2150,10 @@ def entry(self: CounterCore, m: Any, i: int) -> tuple[str, dict[str, Any]]:
             d, key, part = got
         else:
             d = message_to_template_dict(msg)
+            if d["role"] == "assistant" and _has_reasoning(d) and "reasoning" not in self._sensitive:
+                # a template that prints none of an assistant's reasoning (``_reads_reasoning``):
+                # the dict without it renders the same, and is a frame's like any other message's
+                d = {k: v for k, v in d.items() if k not in _REASONING_FIELDS}
             key = message_key(d)
             if "\0" in key and "tool_calls" not in d:  # its frame part now (frame_part's), in the same section
                 part = plain_frame(self._frames._fields, d)
@@ -2300,8 +2304,8 @@ def store_all(self: CounterCore, cache: dict, new: Mapping[Any, Any]) -> None:
 
 @cython.ccall
 def any_lookahead(self: CounterCore, keys: Sequence[str], dicts: Sequence[Mapping[str, Any]]) -> bool:
-    """Whether a message of ``dicts`` is one ``count_messages`` renders whole for (reasoning,
-    a text feature in ``self._sensitive``: ``self._lookahead(d)`` but for call text counted
+    """Whether a message of ``dicts`` is one ``count_messages`` renders whole for (reasoning
+    the template reads, a text feature in ``self._sensitive``: ``self._lookahead(d)`` but for call text counted
     under ``_final_rule``), cached per message key."""
     looks: dict = self._looks
     i: cython.Py_ssize_t
@@ -2349,7 +2353,7 @@ def trait(self: CounterCore, k: str, d: Mapping[str, Any]) -> tuple[bool, tuple[
         reasoning = _has_reasoning(d)
         call_text, think_text = _text_features(d)
         sensitive = self._sensitive
-        look = reasoning or bool(sensitive) and (
+        look = (reasoning and ("reasoning" in sensitive or d["role"] != "assistant")) or bool(sensitive) and (
             (call_text and "call_text" in sensitive) or (think_text and "think_text" in sensitive))
         t = trait_value(look, d["role"], len(d.get("tool_calls") or ()), reasoning, call_text, think_text)
         if len(looks) >= self.cache_size:

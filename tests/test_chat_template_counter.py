@@ -418,6 +418,39 @@ def test_reasoning_and_final_assistant_fall_back_exactly(families):
     assert "<think>\n\n</think>\n\nhello" in rendered
 
 
+def test_reasoning_a_template_prints_none_of_is_counted_from_segments(families):
+    """Llama 3.1, Mistral, Hermes and DeepSeek-V3 print nothing of an assistant message's
+    reasoning (``_reads_reasoning``, probed at construction): an agent loop whose assistant
+    messages carry it (what vLLM's reasoning parsers and DeepSeek's API return) is counted from
+    cached segments, not rendered whole -- and exactly; Qwen3 and gpt-oss read it (Qwen3 strips
+    it before the last user query): their calls with reasoning are rendered whole, exactly."""
+    reads = {n for n, f in families.items() if "reasoning" in f.counter._sensitive}
+    assert reads == {"qwen3", "gpt-oss"}, reads
+    think = {"reasoning_content": "The user wants the weather; call the tool."}
+    ms = [Message(role="system", content="You are terse."), Message(role="user", content="Weather in Oslo?")]
+    for i in range(4):
+        args = json.dumps({"city": f"c{i}"})
+        ms.append(Message(role="assistant", content=None, extra=think, tool_calls=[
+            {"id": f"c{i}", "type": "function", "function": {"name": "get_weather", "arguments": args}}]))
+        ms.append(Message(role="tool", content=f"r{i}", tool_call_id=f"c{i}", name="get_weather"))
+        if i == 1:
+            ms.append(Message(role="assistant", content="Sunny.", extra={"thinking": "Answer now."}))
+            ms.append(Message(role="user", content="And tomorrow?"))
+    for name, fam in families.items():
+        c = fam.fresh()
+        full = c._full
+        whole: list = []
+        c._full = lambda *a, **k: whole.append(1) or full(*a, **k)
+        for k in range(2, len(ms) + 1):
+            if ms[k - 1].role in ("user", "tool"):
+                assert c.count_messages(ms[:k]) == fam.reference(ms[:k]), (name, k)
+        assert bool(whole) == (name in reads), (name, len(whole))
+        # (where it prints none, the template dict leaves it out: the message is a frame's)
+        plain = Message(role="assistant", content="Sunny.")
+        d_with, d_without = c._entries([plain.model_copy(update={"extra": think}), plain])[1]
+        assert (d_with == d_without) == (name not in reads), name
+
+
 @st.composite
 def hostile_conversations(draw):
     """``conversations()`` with what templates read as something else: a user text wrapped in

@@ -69,8 +69,9 @@ checked with the real system message standing before a unit that follows one
 **When it falls back to full rendering** (``count_messages``, decided per call): when the
 template failed the additivity self-check run at construction (a few probe conversations whose
 segment sums must equal their full rendering; in both forms above), when a message carries
-reasoning (``reasoning_content``/``thinking``/``reasoning``: Qwen3 strips it before the last
-user query), when a message carries text the template was found (by more probes at
+reasoning (``reasoning_content``/``thinking``/``reasoning``) and the template reads it (probed
+at construction: Qwen3 strips it before the last user query, gpt-oss shows it while no final
+answer follows; a template that prints none of it counts such messages from segments), when a message carries text the template was found (by more probes at
 construction) to render by what follows it -- Qwen3 reads ``</think>`` in an assistant text
 as reasoning --, when a system message follows the first and the probes found the template
 to join their texts (DeepSeek-V3: a later system message's first tokens depend on where the
@@ -137,7 +138,7 @@ import numpy as np
 from ...errors import MessageValidationError, TokenizerLoadError
 from ...message import Message
 from ... import _backend
-from ..._template_core_py import _has_reasoning, _text_features
+from ..._template_core_py import _REASONING_FIELDS, _has_reasoning, _text_features
 from . import _encodings
 from ._template_frames import Frames
 from ._content_format import check_content_format, content_format_of, openai_content, string_content
@@ -226,6 +227,14 @@ _SHORT = 256
 
 _CALL1 = [{"id": "p1", "type": "function", "function": {"name": "get", "arguments": '{"q": "a b"}'}}]
 _CALL2 = _CALL1 + [{"id": "p2", "type": "function", "function": {"name": "put", "arguments": '{"n": 2}'}}]
+#: the conversations ``_reads_reasoning`` renders with reasoning on their assistant messages and
+#: without (answers and calls before and after the last user message, a last answer, a last call)
+_REASONING_PROBES: list[list[tuple[Any, ...]]] = [
+    [("user", "one"), ("assistant", "two"), ("user", "three"), ("assistant", "four")],
+    [("system", "sys"), ("user", "find a"), ("call", _CALL1), ("tool", "p1", "result one"), ("assistant", "done"),
+     ("user", "and b"), ("call", _CALL1, "Checking."), ("tool", "p1", "result two")],
+    [("user", "go"), ("call", _CALL1, "Let me check."), ("tool", "p1", "r"), ("call", _CALL1)],
+]
 #: the additivity self-check's probe conversations: (role, text), ("call", calls[, text]),
 #: ("tool", call id, text)
 _PROBES: list[list[tuple[Any, ...]]] = [
@@ -771,8 +780,11 @@ class ChatTemplateTokenCounter(_tc.CounterCore):  # type: ignore[misc,name-defin
         #: here; a call with such a message is rendered whole, like one with reasoning)
         self._sensitive: frozenset[str] = frozenset()
         self.additive: bool = self._self_check() or self._blind_check()
+        if self._reads_reasoning():  # (else a message's reasoning changes nothing: counted as any other)
+            self._sensitive = frozenset({"reasoning"})
         if self.additive:
-            self._sensitive = frozenset(f for f, probes in _FEATURE_PROBES.items() if not self._probes_add_up(probes))
+            self._sensitive = self._sensitive | frozenset(
+                f for f, probes in _FEATURE_PROBES.items() if not self._probes_add_up(probes))
             if "call_text" in self._sensitive:
                 self._final_check()
             if self._sensitive & {"after_system", "call_after_system"}:
@@ -1173,11 +1185,11 @@ class ChatTemplateTokenCounter(_tc.CounterCore):  # type: ignore[misc,name-defin
         return tuple((d["role"], len(d.get("tool_calls") or ()), _has_reasoning(d), *_text_features(d)) for d in dicts)
 
     def _lookahead(self, d: Mapping[str, Any]) -> bool:
-        """Whether what message ``d`` costs may depend on messages after its unit: reasoning,
-        or a text feature the self-check found the template to look ahead for (rendered whole
+        """Whether what message ``d`` costs may depend on messages after its unit: reasoning
+        the template reads (``_reads_reasoning``), or a text feature the self-check found the template to look ahead for (rendered whole
         by ``count_messages``), or a call's text under ``_final_rule`` (counted from segments,
         charged the most it costs by ``count_array``)."""
-        if _has_reasoning(d):
+        if _has_reasoning(d) and ("reasoning" in self._sensitive or d.get("role") != "assistant"):
             return True
         if self._final_rule and _text_features(d)[0]:
             return True
@@ -1505,18 +1517,16 @@ class ChatTemplateTokenCounter(_tc.CounterCore):  # type: ignore[misc,name-defin
             return None
         bounds = starts + [n]
         short = [m for u in sorted(keep) for m in ms[bounds[u]:bounds[u + 1]]]
-        saved = (self._last_ms, self._role_pos)  # (the signature's call asks the caches of the last prompt)
+        saved = (self._last, self._last_ms, self._role_pos)  # (what the calls below keep of the last prompt)
         try:
-            same = self._tools_signature(short, *parts) == shape
-        finally:
-            self._last_ms, self._role_pos = saved
-        if not same:
-            return None
-        keys, sdicts = self._entries(short)
-        try:
-            return self._full(keys, sdicts, tools, key) - self._full(keys, sdicts)
+            if self._tools_signature(short, *parts) != shape:
+                return None
+            keys, sdicts = self._entries(short)
+            return self._full(keys, sdicts, tools, key) - self.count_messages(short)  # (one rendering)
         except MessageValidationError:
             return None
+        finally:
+            self._last, self._last_ms, self._role_pos = saved
 
     def _tools_parts(self, key: str, tools: list[Any]) -> Optional[tuple[bool, bool, bool, bool]]:
         """Whether the marginal cost of ``tools`` depends on the prompt's first message that is
@@ -1688,6 +1698,50 @@ class ChatTemplateTokenCounter(_tc.CounterCore):  # type: ignore[misc,name-defin
         """Do segment sums equal full renderings on a few probe conversations? A template that
         refuses a probe is not judged on it; one that refuses every probe is not additive."""
         return self._probes_add_up(_PROBES, need_one=True)
+
+    def _reads_reasoning(self) -> bool:
+        """Whether the template prints anything of an assistant message's reasoning
+        (``reasoning_content``, ``thinking`` or ``reasoning``, aliased as transformers does):
+        conversations of ``_REASONING_PROBES`` rendered with reasoning on every assistant
+        message (answers and calls, with text and without, before and after the last user
+        message, last or not; with tools and without) and without it. Any rendering that
+        differs, or one the template refuses only with reasoning (or every probe refused),
+        says it does: then a call with reasoning is rendered whole (Qwen3 strips it before the
+        last user query, gpt-oss shows it while no final answer follows); else an assistant
+        message's reasoning is left out of its template dict (``_tc.entry``: it renders the
+        same, and the message is a frame's like any other) -- Llama 3.1, Mistral, Hermes and
+        DeepSeek-V3 print none of it. Reasoning on another role's message is always rendered
+        whole (not probed)."""
+        tools = [{"type": "function", "function": {"name": "get", "description": "Get a value.",
+                                                   "parameters": {"type": "object", "properties": {}}}}]
+        judged = 0
+        for probe in _REASONING_PROBES:
+            for field in _REASONING_FIELDS:
+                plain: list[dict[str, Any]] = []
+                thought: list[dict[str, Any]] = []
+                for item in probe:
+                    if item[0] == "call":
+                        m = Message(role="assistant", content=item[2] if len(item) > 2 else None, tool_calls=item[1])
+                    elif item[0] == "tool":
+                        m = Message(role="tool", content=item[2], tool_call_id=item[1], name="get")
+                    else:
+                        m = Message(role=item[0], content=item[1])
+                    plain.append(_tc.message_to_template_dict(m))
+                    if m.role == "assistant":
+                        m = m.model_copy(update={"extra": {field: "Let me think it over."}})
+                    thought.append(_tc.message_to_template_dict(m))
+                for t in (None, tools):
+                    try:
+                        text = self._render(plain, t, True)
+                    except _Refused:
+                        continue
+                    try:
+                        if self._render(thought, t, True) != text:
+                            return True
+                    except _Refused:
+                        return True
+                    judged += 1
+        return judged == 0  # (a template that refuses every probe proves nothing: it may read it)
 
     def _final_check(self) -> None:
         """Does a call's text add up when each unit is costed before stand-ins of its successor
