@@ -522,11 +522,12 @@ _STD_CALL_SHAPE = (("id", None), ("type", ("str", "function")),
 
 
 @cython.ccall
-def call_entry(m: Message) -> Optional[tuple[dict[str, Any], str, tuple[Any, tuple[str, ...]]]]:
+def call_entry(m: Message, bare: bool = False) -> Optional[tuple[dict[str, Any], str, tuple[Any, tuple[str, ...]]]]:
     """``(message_to_template_dict(m), message_key(d), Frames().frame_of(d))`` in one pass
     for the usual tool-call message (calls with ``str`` ids, types and function names,
-    ``arguments`` a string; no ``name``, ``tool_call_id`` or extra fields): the arguments are
-    parsed once and printed once, for the key and the frame's slot. None for any other message.
+    ``arguments`` a string; no ``name``, ``tool_call_id`` or extra fields -- ``bare``: its
+    extra fields left out): the arguments are parsed once and printed once, for the key and
+    the frame's slot. None for any other message.
 
     >>> call = [{"id": "c1", "type": "function", "function": {"name": "f", "arguments": '{"x": 1}'}}]
     >>> from jianmu_fast.message import ai
@@ -539,7 +540,7 @@ def call_entry(m: Message) -> Optional[tuple[dict[str, Any], str, tuple[Any, tup
     """
     mf: dict = _instance_dict(m) if type(m) is Message else _fields_of(m)
     tool_calls = mf["tool_calls"]
-    if not tool_calls or mf["extra"] or mf["name"] is not None or mf["tool_call_id"] is not None:
+    if not tool_calls or (mf["extra"] and not bare) or mf["name"] is not None or mf["tool_call_id"] is not None:
         return None
     content = mf["content"]
     if content is None:
@@ -654,13 +655,14 @@ def call_entry(m: Message) -> Optional[tuple[dict[str, Any], str, tuple[Any, tup
 
 
 @cython.ccall
-def _plain_fields(m: Message, content_type: type) -> Optional[tuple[Any, str, Optional[str], Optional[str]]]:
+def _plain_fields(m: Message, content_type: type, bare: bool = False) -> Optional[tuple[Any, str, Optional[str], Optional[str]]]:
     """``(content, role, name, tool_call_id)`` of a message without tool calls or extra fields
-    whose content is exactly of ``content_type`` and whose role, name and tool_call_id are
-    strings (the last two or None); None for any other message."""
+    (``bare``: its extra fields left out) whose content is exactly of ``content_type`` and
+    whose role, name and tool_call_id are strings (the last two or None); None for any other
+    message."""
     mf: dict = _instance_dict(m) if type(m) is Message else _fields_of(m)
     content = mf["content"]
-    if type(content) is not content_type or mf["tool_calls"] is not None or mf["extra"]:
+    if type(content) is not content_type or mf["tool_calls"] is not None or (mf["extra"] and not bare):
         return None
     role = mf["role"]
     name = mf["name"]
@@ -672,10 +674,11 @@ def _plain_fields(m: Message, content_type: type) -> Optional[tuple[Any, str, Op
 
 
 @cython.ccall
-def plain_entry(m: Message, fields: Sequence[str]) -> Optional[tuple[dict[str, Any], str, tuple[Any, tuple[str, ...]]]]:
+def plain_entry(m: Message, fields: Sequence[str], bare: bool = False) -> Optional[tuple[dict[str, Any], str, tuple[Any, tuple[str, ...]]]]:
     """``(d, message_key(d), plain_frame(fields, d))`` for ``d = message_to_template_dict(m)``
-    in one pass, for a plain text message (``str`` content, no tool calls, no extra fields,
-    ``name`` and ``tool_call_id`` strings or None); None for any other message.
+    in one pass, for a plain text message (``str`` content, no tool calls, no extra fields --
+    ``bare``: its extra fields left out --, ``name`` and ``tool_call_id`` strings or None);
+    None for any other message.
 
     >>> from jianmu_fast.message import tool
     >>> m = tool("ok", tool_call_id="c1")
@@ -685,7 +688,7 @@ def plain_entry(m: Message, fields: Sequence[str]) -> Optional[tuple[dict[str, A
     >>> part == plain_frame(("content", "name", "tool_call_id"), d)
     True
     """
-    got = _plain_fields(m, str)
+    got = _plain_fields(m, str, bare)
     if got is None:
         return None
     content, role, name, tcid = got
@@ -775,6 +778,19 @@ def block_entry(m: Message, fields: Sequence[str]) -> Optional[tuple[dict[str, A
             else:
                 shape.append((k, ("str", v)))
     return d, message_key(d), (tuple(shape), tuple(values))
+
+
+@cython.ccall
+def _only_reasoning(extra: dict) -> bool:
+    """Whether every extra field is a reasoning field (``_REASONING_FIELDS``).
+
+    >>> _only_reasoning({"reasoning_content": "hm", "thinking": None}), _only_reasoning({"refusal": "no"})
+    (True, False)
+    """
+    for k in extra:
+        if k not in _REASONING_FIELDS:
+            return False
+    return True
 
 
 @cython.ccall
@@ -2132,7 +2148,11 @@ def entry(self: CounterCore, m: Any, i: int) -> tuple[str, dict[str, Any]]:
     part = None
     t = None  # its trait (``trait``'s), where the one-pass entries know it
     made = bool(mf["tool_calls"])  # the dict is call_entry's (made here), where it answers
-    got = call_entry(msg) if made else plain_entry(msg, self._frames._fields)
+    extra = mf["extra"]
+    # an assistant's reasoning where the template prints none of it (``_reads_reasoning``):
+    # the message as without it (the dicts and keys below leave it out)
+    bare = bool(extra) and mf["role"] == "assistant" and "reasoning" not in self._sensitive and _only_reasoning(extra)
+    got = call_entry(msg, bare) if made else plain_entry(msg, self._frames._fields, bare)
     if got is not None:
         d, key, part = got
         role = d["role"]
@@ -2305,8 +2325,8 @@ def store_all(self: CounterCore, cache: dict, new: Mapping[Any, Any]) -> None:
 @cython.ccall
 def any_lookahead(self: CounterCore, keys: Sequence[str], dicts: Sequence[Mapping[str, Any]]) -> bool:
     """Whether a message of ``dicts`` is one ``count_messages`` renders whole for (reasoning
-    the template reads, a text feature in ``self._sensitive``: ``self._lookahead(d)`` but for call text counted
-    under ``_final_rule``), cached per message key."""
+    the template reads, a text feature in ``self._sensitive``: ``self._lookahead(d)`` but for
+    call text counted under ``_final_rule``), cached per message key."""
     looks: dict = self._looks
     i: cython.Py_ssize_t
     for i in range(min(len(keys), len(dicts))):

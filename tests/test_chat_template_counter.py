@@ -420,10 +420,11 @@ def test_reasoning_and_final_assistant_fall_back_exactly(families):
 
 def test_reasoning_a_template_prints_none_of_is_counted_from_segments(families):
     """Llama 3.1, Mistral, Hermes and DeepSeek-V3 print nothing of an assistant message's
-    reasoning (``_reads_reasoning``, probed at construction): an agent loop whose assistant
-    messages carry it (what vLLM's reasoning parsers and DeepSeek's API return) is counted from
-    cached segments, not rendered whole -- and exactly; Qwen3 and gpt-oss read it (Qwen3 strips
-    it before the last user query): their calls with reasoning are rendered whole, exactly."""
+    reasoning (``_reads_reasoning``, probed at construction): it is left out of the message's
+    template dict, and an agent loop whose assistant messages carry it (what vLLM's reasoning
+    parsers and DeepSeek's API return) is counted from cached segments, not rendered whole --
+    exactly. Qwen3 keeps reasoning after the last user query only, gpt-oss a call's while no
+    final answer follows: their calls with reasoning are rendered whole, exactly."""
     reads = {n for n, f in families.items() if "reasoning" in f.counter._sensitive}
     assert reads == {"qwen3", "gpt-oss"}, reads
     think = {"reasoning_content": "The user wants the weather; call the tool."}

@@ -133,7 +133,9 @@ def _conversation(draw):
             ms.append(Message(role="assistant", content=draw(st.one_of(st.none(), _text)), tool_calls=calls, extra=extra))
             ms.extend(results)
         else:
-            ms.append(Message(role="assistant", content=draw(_text)))
+            extra = {draw(st.sampled_from(["reasoning_content", "thinking"])): draw(_text)} \
+                if draw(st.integers(0, 5)) == 0 else {}
+            ms.append(Message(role="assistant", content=draw(_text), extra=extra))
             if kind == 1:
                 ms.append(Message(role="user", content=draw(_content)))
     return ms
@@ -334,6 +336,10 @@ def test_compiled_message_helpers_equal_the_twin(ms):
             assert compiled.plain_entry(m, ("content",)) == (d, key, twin.plain_frame(("content",), d))
         else:
             assert type(m.content) is not str or m.tool_calls is not None or m.extra
+        # (bare: the message as without its extra fields, on both builds)
+        plain = m.model_copy(update={"extra": {}})
+        assert compiled.call_entry(m, True) == twin.call_entry(m, True) == twin.call_entry(plain)
+        assert compiled.plain_entry(m, fields, True) == twin.plain_entry(m, fields, True) == twin.plain_entry(plain, fields)
         blocks = twin.block_entry(m, fields)
         assert compiled.block_entry(m, fields) == blocks
         if blocks is not None:  # the one-pass entry of a message with content blocks: the generic path's

@@ -71,15 +71,16 @@ template failed the additivity self-check run at construction (a few probe conve
 segment sums must equal their full rendering; in both forms above), when a message carries
 reasoning (``reasoning_content``/``thinking``/``reasoning``) and the template reads it (probed
 at construction: Qwen3 strips it before the last user query, gpt-oss shows it while no final
-answer follows; a template that prints none of it counts such messages from segments), when a message carries text the template was found (by more probes at
-construction) to render by what follows it -- Qwen3 reads ``</think>`` in an assistant text
-as reasoning --, when a system message follows the first and the probes found the template
-to join their texts (DeepSeek-V3: a later system message's first tokens depend on where the
-text before it ends), when a tool result follows a message other than its call's unit (hostile
-order) and the probes found the template to render it by what came before (DeepSeek-V3,
-gpt-oss), or when the conversation does not end on a user or tool message (Qwen3
-renders a final assistant message differently). Everything else -- the agent-loop calls,
-which end on a user or tool message -- is counted from cached segments, exactly.
+answer follows; a template that prints none of it counts such messages from segments), when a
+message carries text the template was found (by more probes at construction) to render by
+what follows it -- Qwen3 reads ``</think>`` in an assistant text as reasoning --, when a
+system message follows the first and the probes found the template to join their texts
+(DeepSeek-V3: a later system message's first tokens depend on where the text before it ends),
+when a tool result follows a message other than its call's unit (hostile order) and the
+probes found the template to render it by what came before (DeepSeek-V3, gpt-oss), or when
+the conversation does not end on a user or tool message (Qwen3 renders a final assistant
+message differently). Everything else -- the agent-loop calls, which end on a user or tool
+message -- is counted from cached segments, exactly.
 
 ``count_messages([])`` is the largest fixed cost a request can have (the template's text around
 the messages and its generation prompt, and what it adds at the end: Qwen3 gives a final
@@ -780,7 +781,7 @@ class ChatTemplateTokenCounter(_tc.CounterCore):  # type: ignore[misc,name-defin
         #: here; a call with such a message is rendered whole, like one with reasoning)
         self._sensitive: frozenset[str] = frozenset()
         self.additive: bool = self._self_check() or self._blind_check()
-        if self._reads_reasoning():  # (else a message's reasoning changes nothing: counted as any other)
+        if self._reads_reasoning():  # (else an assistant's reasoning changes nothing: left out, see there)
             self._sensitive = frozenset({"reasoning"})
         if self.additive:
             self._sensitive = self._sensitive | frozenset(
@@ -1186,8 +1187,9 @@ class ChatTemplateTokenCounter(_tc.CounterCore):  # type: ignore[misc,name-defin
 
     def _lookahead(self, d: Mapping[str, Any]) -> bool:
         """Whether what message ``d`` costs may depend on messages after its unit: reasoning
-        the template reads (``_reads_reasoning``), or a text feature the self-check found the template to look ahead for (rendered whole
-        by ``count_messages``), or a call's text under ``_final_rule`` (counted from segments,
+        the template reads (``_reads_reasoning``; on a message of another role, any), or a
+        text feature the self-check found the template to look ahead for (rendered whole by
+        ``count_messages``), or a call's text under ``_final_rule`` (counted from segments,
         charged the most it costs by ``count_array``)."""
         if _has_reasoning(d) and ("reasoning" in self._sensitive or d.get("role") != "assistant"):
             return True
@@ -1317,8 +1319,9 @@ class ChatTemplateTokenCounter(_tc.CounterCore):  # type: ignore[misc,name-defin
         first message after them and its first and last user messages (each of these three
         where the probes show it matters), how many user messages repeat the last one and the
         last message's role (``tools_signature``), the cost is cached by those (a hot-loop turn
-        looks it up: no rendering); otherwise, and for a prompt not seen in that shape yet, the
-        whole request is rendered with the tools.
+        looks it up: no rendering), and a prompt of a new signature is costed on a short prompt
+        of that signature (``_short_marginal``: its first units, those around its last user
+        message and its last unit); otherwise the whole request is rendered with the tools.
 
         A model that names a ``"tool_use"`` template besides its default one (Hermes 2 Pro,
         Command R) is rendered by it when the request carries tools (``tools`` not None, an
