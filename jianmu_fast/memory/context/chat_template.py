@@ -228,6 +228,22 @@ _SHORT = 256
 
 _CALL1 = [{"id": "p1", "type": "function", "function": {"name": "get", "arguments": '{"q": "a b"}'}}]
 _CALL2 = _CALL1 + [{"id": "p2", "type": "function", "function": {"name": "put", "arguments": '{"n": 2}'}}]
+def _probe_messages(probe: Sequence[tuple[Any, ...]]) -> list[Message]:
+    """The messages of a probe conversation (``_PROBES``' items: ``(role, text)``, ``("call",
+    calls[, text])``, ``("tool", call id, text)``; a result of ``p1`` names ``get``, any other
+    ``put``)."""
+    ms = []
+    for item in probe:
+        if item[0] == "call":
+            ms.append(Message(role="assistant", content=item[2] if len(item) > 2 else None, tool_calls=item[1]))
+        elif item[0] == "tool":
+            name = "get" if item[1] == "p1" else "put"
+            ms.append(Message(role="tool", content=item[2], tool_call_id=item[1], name=name))
+        else:
+            ms.append(Message(role=item[0], content=item[1]))
+    return ms
+
+
 #: the conversations ``_reads_reasoning`` renders with reasoning on their assistant messages and
 #: without (answers and calls before and after the last user message, a last answer, a last call)
 _REASONING_PROBES: list[list[tuple[Any, ...]]] = [
@@ -1487,10 +1503,10 @@ class ChatTemplateTokenCounter(_tc.CounterCore):  # type: ignore[misc,name-defin
             return None
         starts = [i for i in range(n) if i == 0 or dicts[i]["role"] != "tool"]
         users = [i for i in range(n) if dicts[i]["role"] == "user"]
-        unit_of = {}  # a unit start -> its index in starts
-        for u, a in enumerate(starts):
-            unit_of[a] = u
         keep: set[int] = set()
+
+        def unit_of(i: int) -> int:  # the index in starts of the unit holding message i
+            return _bisect_right(starts, i) - 1
 
         def take(u: int) -> None:
             if 0 <= u < len(starts):
@@ -1501,17 +1517,17 @@ class ChatTemplateTokenCounter(_tc.CounterCore):  # type: ignore[misc,name-defin
             o += 1
         # the unit of the first user message (of the first message after the system ones, where
         # no user message is left) and the one after it
-        lead = unit_of[users[0]] if users else _bisect_right(starts, min(o, n - 1)) - 1
+        lead = unit_of(users[0] if users else min(o, n - 1))
         for u in range(lead + 2):
             take(u)
         for i in range(n):
             if dicts[i]["role"] == "system":
-                take(unit_of[i])
+                take(unit_of(i))
         if users:
             last = dicts[users[-1]]
             for i in users:
                 if dicts[i] == last:
-                    u = unit_of[i]
+                    u = unit_of(i)
                     take(u - 1)
                     take(u)
                     take(u + 1)
@@ -1722,13 +1738,7 @@ class ChatTemplateTokenCounter(_tc.CounterCore):  # type: ignore[misc,name-defin
             for field in _REASONING_FIELDS:
                 plain: list[dict[str, Any]] = []
                 thought: list[dict[str, Any]] = []
-                for item in probe:
-                    if item[0] == "call":
-                        m = Message(role="assistant", content=item[2] if len(item) > 2 else None, tool_calls=item[1])
-                    elif item[0] == "tool":
-                        m = Message(role="tool", content=item[2], tool_call_id=item[1], name="get")
-                    else:
-                        m = Message(role=item[0], content=item[1])
+                for m in _probe_messages(probe):
                     plain.append(_tc.message_to_template_dict(m))
                     if m.role == "assistant":
                         m = m.model_copy(update={"extra": {field: "Let me think it over."}})
@@ -1795,16 +1805,7 @@ class ChatTemplateTokenCounter(_tc.CounterCore):  # type: ignore[misc,name-defin
     def _probes_add_up(self, probes: Sequence[Sequence[tuple[Any, ...]]], need_one: bool = False) -> bool:
         judged = 0
         for probe in probes:
-            ms = []
-            for item in probe:
-                if item[0] == "call":
-                    text = item[2] if len(item) > 2 else None
-                    ms.append(Message(role="assistant", content=text, tool_calls=item[1]))
-                elif item[0] == "tool":
-                    name = "get" if item[1] == "p1" else "put"
-                    ms.append(Message(role="tool", content=item[2], tool_call_id=item[1], name=name))
-                else:
-                    ms.append(Message(role=item[0], content=item[1]))
+            ms = _probe_messages(probe)
             keys, dicts = self._entries(ms)
             try:
                 full = self._tokens(tuple(keys), dicts)
