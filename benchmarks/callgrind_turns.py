@@ -146,7 +146,7 @@ def inner(args: argparse.Namespace) -> None:
 
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--trace", default="cs", choices=["seeded", "cs", "coding"])
+    p.add_argument("--trace", default="cs", choices=["seeded", "cs", "coding", "cs-reasoning", "coding-reasoning"])
     p.add_argument("--size", type=int, default=24)
     p.add_argument("--tools", action="store_true", help="the requests carry the trace's tools")
     p.add_argument("--families", default="qwen3,deepseek-v3")

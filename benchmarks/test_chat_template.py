@@ -82,7 +82,8 @@ PEERS = ["transformers"] if importlib.util.find_spec("transformers") else []
 BUDGET = 8_000
 #: the budget of each trace's prompts: a coding agent's newest tool round alone takes up to
 #: ~9k tokens with the 14 tools in Hermes' format (``test_regimes.py`` gives it 16,000 too)
-BUDGETS = {"seeded": BUDGET, "cs": BUDGET, "coding": 16_000, "cs-blocks": BUDGET}
+BUDGETS = {"seeded": BUDGET, "cs": BUDGET, "coding": 16_000, "cs-blocks": BUDGET, "cs-reasoning": BUDGET,
+           "coding-reasoning": 16_000}
 TURNS = 10
 ROUNDS = int(os.environ.get("JIANMU_FAST_CT_ROUNDS", "15"))
 SIZES = [40, 600]
@@ -95,7 +96,26 @@ CASES = [("seeded", size) for size in SIZES] + [("cs", 24), ("coding", 150)]
 
 def _trace_name(trace: str) -> str:
     return {"seeded": "", "cs": "customer-service regime, ", "coding": "coding regime, ",
-            "cs-blocks": "customer-service regime as content blocks, "}[trace]
+            "cs-blocks": "customer-service regime as content blocks, ",
+            "cs-reasoning": "customer-service regime with reasoning, ",
+            "coding-reasoning": "coding regime with reasoning, "}[trace]
+
+
+def _base_trace(trace: str) -> str:
+    """The trace a variant (``-blocks``, ``-reasoning``) is made of."""
+    return trace.removesuffix("-blocks").removesuffix("-reasoning")
+
+
+#: words a model's reasoning is made of in the "-reasoning" traces (varied per message)
+_THOUGHTS = ("the user wants", "check the order first", "which tool fits", "the result says", "so the next step is",
+             "compare it with the policy", "no need to ask again", "summarize for them", "the file has", "run the tests")
+
+
+def _reasoning(m: Message, n: int) -> str:
+    """The reasoning an assistant message ``n`` of a trace carries: ~150-600 characters, opened
+    and closed by a newline (what vLLM's reasoning parsers return between ``<think>`` tags)."""
+    words = [_THOUGHTS[(n * 7 + i * 3) % len(_THOUGHTS)] for i in range(4 + (n * 5) % 16)]
+    return "\n" + f"Message {n}: " + ", ".join(words) + ".\n"
 FAMILIES = ["qwen3", "hermes", "llama3.1", "mistral", "gpt-oss", "deepseek-v3"]
 #: the request's tools in the "tools" rows: a schema per function the conversation calls
 TOOLS = conversation_tools()
@@ -153,6 +173,9 @@ def _messages(trace: str) -> list[Message]:
         return [m.model_copy(update={"content": [{"type": "text", "text": m.content}]})
                 if m.role in ("user", "tool") and isinstance(m.content, str) and m.content else m
                 for m in _messages(trace[:-len("-blocks")])]
+    if trace.endswith("-reasoning"):  # every assistant message with its reasoning (see _reasoning)
+        return [m.model_copy(update={"extra": {**m.extra, "reasoning_content": _reasoning(m, n)}})
+                if m.role == "assistant" else m for n, m in enumerate(_messages(trace[:-len("-reasoning")]))]
     if trace == "seeded":
         return conversation(2_000)
     from test_regimes import history  # the [bench] extra (LangChain peers) imports there
@@ -333,10 +356,21 @@ def test_block_ratios(model_dirs, family, capsys):
     _report_ratios(model_dirs, family, "cs-blocks", False, capsys)
 
 
+@pytest.mark.parametrize("family", ["qwen3", "deepseek-v3", "gpt-oss"])
+@pytest.mark.parametrize("trace", ["cs-reasoning", "coding-reasoning"])
+def test_reasoning_ratios(model_dirs, family, trace, capsys):
+    """The two regimes' hot loops with reasoning on every assistant message (what vLLM's
+    reasoning parsers and DeepSeek's API return): Qwen3 prints it after the last user query
+    (counted from segments since session 38: the units after it costed with no query after
+    them), DeepSeek-V3 prints none of it (left out of the template dict since session 37),
+    gpt-oss shows it while no final answer follows (its calls with reasoning rendered whole)."""
+    _report_ratios(model_dirs, family, trace, False, capsys)
+
+
 def _report_ratios(model_dirs, family, trace, tools, capsys):
     lines = []
     default = ChatTemplateTokenCounter(model_dirs[family]).engine_in_use  # what engine="auto" picks here
-    for size in [n for t, n in CASES if t == trace.removesuffix("-blocks")]:
+    for size in [n for t, n in CASES if t == _base_trace(trace)]:
         r = {}
         for engine in ENGINES:
             for impl in ("chat_template", "hf", "full_render"):
@@ -391,6 +425,8 @@ def _variant(m: Message, k: int) -> Message:
         upd["tool_calls"] = [{**c, "id": f"{c['id']}_{k}"} for c in m.tool_calls]
     if m.tool_call_id:
         upd["tool_call_id"] = f"{m.tool_call_id}_{k}"
+    if isinstance(m.extra.get("reasoning_content"), str):
+        upd["extra"] = {**m.extra, "reasoning_content": f"{m.extra['reasoning_content']}#{k}\n"}
     if not upd:
         return m
     return Message(**{**m.model_dump(exclude={"id", "metadata"}, exclude_none=True), **upd})
@@ -426,16 +462,18 @@ def _eval_round(counter, trace: str, family: str, convs) -> tuple[float, int]:
     return total / n, full[0]
 
 
-@pytest.mark.parametrize("family", ["qwen3", "mistral", "gpt-oss", "deepseek-v3"])
-def test_eval_regime_ratios(model_dirs, family, capsys):
+@pytest.mark.parametrize("family,trace", [(f, "cs") for f in ("qwen3", "mistral", "gpt-oss", "deepseek-v3")]
+                         + [(f, "cs-reasoning") for f in ("qwen3", "deepseek-v3")])
+def test_eval_regime_ratios(model_dirs, family, trace, capsys):
     """The customer-service regime as an eval run sends it: ``EVAL_CONVERSATIONS`` variants of
     its 24-message conversation (``_variant``) through one counter, each turn as in
     ``test_ratios`` (no tools), each conversation's first call included, the garbage collector
     on -- what the rounds above hide: they build a fresh counter each and collect before
     timing. Prints the time per turn of each counter (fastokens where installed) and their
-    ratio, and the full collections during the replay."""
+    ratio, and the full collections during the replay. ``cs-reasoning``: every assistant
+    message with its reasoning, each conversation's its own."""
     engine = "fastokens" if "fastokens" in ENGINES else "tokenizers"
-    before, turns = _split(24, family, "cs")
+    before, turns = _split(24, family, trace)
     convs = [([_variant(m, k) for m in before], [[_variant(m, k) for m in u] for u in turns])
              for k in range(EVAL_CONVERSATIONS)]
     path = model_dirs[family]
@@ -443,11 +481,12 @@ def test_eval_regime_ratios(model_dirs, family, capsys):
     for impl in ("chat_template", "hf"):
         counter = (ChatTemplateTokenCounter(path, engine=engine) if impl == "chat_template"
                    else HFTokenCounter(os.path.join(path, "tokenizer.json"), engine=engine))
-        _eval_round(counter, "cs", family, convs[:3])  # (the counter's set-up, the templates' frames)
+        _eval_round(counter, trace, family, convs[:3])  # (the counter's set-up, the templates' frames)
         gc.collect()
-        got[impl] = _eval_round(counter, "cs", family, convs[3:])
+        got[impl] = _eval_round(counter, trace, family, convs[3:])
     (ct, ct_full), (hf, hf_full) = got["chat_template"], got["hf"]
-    line = (f"chat template ({family}), eval regime: {len(convs) - 3} customer-service conversations of 24 messages "
+    line = (f"chat template ({family}), eval regime: {len(convs) - 3} customer-service conversations of 24 messages"
+            f"{' with reasoning' if trace == 'cs-reasoning' else ''} "
             f"through one counter ({engine}): per turn chat_template {ct * 1e6:.1f} us, hf {hf * 1e6:.1f} us, "
             f"chat_template/hf = {ct / hf:.2f} (each conversation's first call included); full collections {ct_full} / {hf_full}")
     REPORT.append(line)

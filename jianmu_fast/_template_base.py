@@ -3,9 +3,10 @@ its compiled twin (``_template_core``): one definition of each, outside the ``me
 package (the cores import nothing from it, so importing them never starts that package)."""
 
 import json
-from typing import Any
+import threading
+from typing import Any, Optional
 
-__all__ = ["NOT_YET", "Refused", "dumps_parsed", "freeze", "json_inside"]
+__all__ = ["DERIVED", "NOT_YET", "Refused", "derivation_id", "dumps_parsed", "freeze", "json_inside"]
 
 
 class Refused(Exception):
@@ -56,3 +57,32 @@ def json_inside(v: str) -> str:
     'a \\\\"b\\\\"'
     """
     return json.dumps(v, ensure_ascii=False)[1:-1]
+
+
+#: a frame's slot numbers at and past this are *derived*: ``slot + k * DERIVED`` is what the
+#: derivation ``k`` (``_DERIVATIONS[k]``: a strip method's name and its ``chars``) makes of field
+#: ``slot`` (``_template_frames``: a template that strips a field prints the stripped value)
+DERIVED = 1 << 24
+#: the derivations by number (from 1), and their numbers by ``(name, chars)``; a process's
+#: templates strip with a handful of them between them (``derivation_id`` adds a new one)
+_DERIVATIONS: list = [None]
+_DERIVATION_IDS: dict = {}
+_DERIVATION_LOCK = threading.Lock()
+
+
+def derivation_id(name: str, chars: Optional[str]) -> int:
+    """The number of the derivation ``str.<name>(value, chars)`` (``name``: "strip", "lstrip"
+    or "rstrip"), given one the first time it is asked for.
+
+    >>> k = derivation_id("strip", "\\n"); k == derivation_id("strip", "\\n") and _DERIVATIONS[k] == ("strip", "\\n")
+    True
+    """
+    key = (name, chars)
+    k = _DERIVATION_IDS.get(key)
+    if k is None:
+        with _DERIVATION_LOCK:
+            k = _DERIVATION_IDS.get(key)
+            if k is None:
+                _DERIVATIONS.append(key)
+                k = _DERIVATION_IDS[key] = len(_DERIVATIONS) - 1
+    return k  # type: ignore[no-any-return]

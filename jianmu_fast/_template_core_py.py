@@ -39,16 +39,16 @@ except ImportError:  # pure Python without Cython installed (a build dependency 
         compiled = False
 
 from .errors import MessageValidationError
-from ._template_base import _ENCODE_PARSED, NOT_YET, Refused, dumps_parsed, freeze, json_inside
+from ._template_base import _DERIVATIONS, _ENCODE_PARSED, DERIVED, NOT_YET, Refused, derivation_id, dumps_parsed, freeze, json_inside
 from .message import Message
 from .message.model import FrozenDict, FrozenList, coerce_message, thaw
 
 __all__ = [
-    "CounterCore", "any_lookahead", "any_orphan", "any_system", "args_text", "block_entry", "call_entries", "call_entry", "count_list", "count_messages", "encode_lengths", "end_cost",
+    "CounterCore", "any_lookahead", "any_orphan", "any_whole", "holds_kept", "last_user", "plain_query", "any_system", "args_text", "block_entry", "call_entries", "call_entry", "count_list", "count_messages", "encode_lengths", "end_cost",
     "entries_stable",
     "entry", "flat_printed", "frame_part", "head_groups", "holds_token", "is_local", "json_escaped", "json_snapshot", "json_unchanged", "keep_last", "last_final", "local_pattern", "message_to_template_dict", "message_key", "new_starts", "overlap",
-    "ops_hold", "parse_key", "piece_counts", "plain_entry", "plain_frame", "plan", "plan_groups", "plan_texts", "planned_cost", "planned_costs",
-    "prefill_planned", "prefill_units", "put_str", "put_untracked", "recall", "repeats_of_last", "role_of", "run_text", "run_text_of",
+    "ops_hold", "parse_key", "slot_value", "derivation_id", "DERIVED", "piece_counts", "plain_entry", "plain_frame", "plan", "plan_groups", "plan_texts", "planned_cost", "planned_costs",
+    "prefill_planned", "prefill_units", "put_str", "put_untracked", "reasoning_entry", "recall", "repeats_of_last", "role_of", "run_text", "run_text_of",
     "same_json", "segments", "settle", "settle_entry", "shed_keys", "holds_message_key", "shared_run", "step_costs", "store_all", "token_searches", "turn_list", "role_positions", "tools_signature", "trait", "trait_value", "unit_locality", "unit_parts", "unit_preds", "unit_starts", "unit_succ", "unit_total", "upper_costs", "user_repeats",
 ]
 
@@ -58,6 +58,9 @@ _DUMPS = json.JSONEncoder(ensure_ascii=False).encode
 _ENC_STR = json.encoder.encode_basestring  # (ensure_ascii off: the C encoder where available)
 _REF = weakref.ref
 _BISECT_LEFT = bisect.bisect_left
+_BISECT_RIGHT = bisect.bisect_right
+#: a position no message reaches (``segments``: no user message, no unit kept)
+_NEVER = 1 << 62
 #: message traits (``trait``'s), one object per distinct value: a counter keeps one per message
 #: key, and an eval run's messages have a handful of traits between them (no two new tuples a
 #: message for the garbage collector to count and walk); bounded, past it each is its own
@@ -221,6 +224,7 @@ class CounterCore:
     _role_pos = cython.declare(object, visibility="public")
     _succ_blind = cython.declare(object, visibility="public")
     _final_rule = cython.declare(object, visibility="public")
+    _query_rule = cython.declare(object, visibility="public")
     _real_system_pred = cython.declare(object, visibility="public")
     _plan_ok = cython.declare(object, visibility="public")
     _content_format = cython.declare(object, visibility="public")
@@ -781,6 +785,48 @@ def block_entry(m: Message, fields: Sequence[str]) -> Optional[tuple[dict[str, A
 
 
 @cython.ccall
+def reasoning_entry(got: tuple, field: str, r: str) -> tuple:
+    """``(d, key, part)`` of an assistant message whose one extra field, ``field`` (one of
+    ``_REASONING_FIELDS``), holds the reasoning ``r``, made from its bare one-pass entry ``got``
+    (``call_entry``'s or ``plain_entry``'s with ``bare``): ``d`` as transformers aliases it
+    (``thinking`` first, ``reasoning_content`` last, a ``reasoning`` field before it), its
+    ``message_key`` and its frame part (``r`` a slot in each of them, or a constant where it is
+    empty; see ``chat_template._FRAME_FIELDS``).
+
+    >>> from jianmu_fast.message import ai
+    >>> m = ai("Sunny.", extra={"reasoning": "hm"})
+    >>> d, key, part = reasoning_entry(plain_entry(m, ("content",), True), "reasoning", "hm")
+    >>> d == message_to_template_dict(m) and list(d) == list(message_to_template_dict(m)) and key == message_key(d)
+    True
+    >>> part[1]
+    ('hm', 'Sunny.', 'hm', 'hm')
+    """
+    d0: dict = got[0]
+    key0: str = got[1]
+    shape0: tuple = got[2][0]
+    values0: tuple = got[2][1]
+    d: dict = {"thinking": r}
+    d.update(d0)
+    if field == "reasoning":
+        d["reasoning"] = r
+    d["reasoning_content"] = r
+    h = key0.find("\0")  # (the JSON part ends on its "}": a one-pass entry's content is a str)
+    e = _ENC_STR(r)
+    mid = ', "reasoning": ' + e if field == "reasoning" else ""
+    key = '{"thinking": ' + e + ", " + key0[1:h - 1] + mid + ', "reasoning_content": ' + e + "}" + key0[h:]
+    if r:
+        more = (("reasoning", None),) if field == "reasoning" else ()
+        shape = (("thinking", None),) + shape0 + more + (("reasoning_content", None),)
+        values = (r,) + values0 + ((r, r) if field == "reasoning" else (r,))
+    else:
+        c = ("str", r)
+        more = (("reasoning", c),) if field == "reasoning" else ()
+        shape = (("thinking", c),) + shape0 + more + (("reasoning_content", c),)
+        values = values0
+    return d, key, (shape, values)
+
+
+@cython.ccall
 def _only_reasoning(extra: dict) -> bool:
     """Whether every extra field is a reasoning field (``_REASONING_FIELDS``).
 
@@ -1272,8 +1318,15 @@ def upper_costs(self: CounterCore, keys: tuple, dicts: Sequence[dict[str, Any]],
     assistant's text after some neighbours only, which merges with the text's first token
     or not)."""
     reasoning, local = unit_locality(self, keys, dicts)
+    stripped = None
     if reasoning:  # kept after the last user query (nothing closes the unit), or stripped
-        succs = list(succs) + ["open"]
+        if self._query_rule and caller is None and local_pattern(self, keys, dicts):
+            # stripped (a user stand-in after it) it costs the same after any neighbour: once,
+            # in the smallest context; kept, where nothing follows it
+            stripped = (self._canonical(dicts[0]["role"]), "user")
+            succs = ["open"]
+        else:
+            succs = list(succs) + ["open"]
     elif local:
         try:
             best = list(self._unit_cost(keys, self._canonical(dicts[0]["role"]), "user", caller=caller))
@@ -1304,6 +1357,8 @@ def upper_costs(self: CounterCore, keys: tuple, dicts: Sequence[dict[str, Any]],
         # message no more (Qwen3's empty think block: 4 tokens under); after a real assistant
         # message no query between, the unit is kept as it is after a user query
         others.append(("user", "open"))
+    if stripped is not None and stripped != exact_key and stripped not in others:
+        others.append(stripped)
     units: dict = self._units
     planned: list
     if caller is None:
@@ -1397,7 +1452,7 @@ def run_text(self: CounterCore, run: tuple, values: Sequence[str]) -> Optional[s
     long = False  # (a long value, and every value a str)
     for x in items:
         if type(x) is not str:
-            v = values[x] if x >= 0 else values[-1 - x]
+            v = slot_value(values, x if x >= 0 else -1 - x)
             if type(v) is not str:
                 long = False
                 break
@@ -1410,11 +1465,11 @@ def run_text(self: CounterCore, run: tuple, values: Sequence[str]) -> Optional[s
         if type(x) is str:
             form.append(x)
         elif x >= 0:
-            v = values[x]
+            v = slot_value(values, x)
             held.append(v)
             form.append(id(v))
         else:
-            v = values[-1 - x]
+            v = slot_value(values, -1 - x)
             held.append(v)
             form.append(-1 - id(v))
     key = tuple(form)  # (flat: strings whose hashes they keep, and ints)
@@ -1435,9 +1490,9 @@ def run_text_of(self: CounterCore, items: tuple, next_token: str, values: Sequen
         if type(x) is str:
             pieces.append(x)
         elif x >= 0:
-            pieces.append(values[x])
+            pieces.append(slot_value(values, x))
         else:  # a tojson slot: json_inside(v), escaped here for a str
-            v = values[-1 - x]
+            v = slot_value(values, -1 - x)
             pieces.append(json_escaped(v) if type(v) is str else json_inside(v))
     text = "".join(pieces)
     if holds_token(self, text, next_token):
@@ -1535,6 +1590,26 @@ def head_groups(heads: tuple) -> Optional[tuple]:
 
 
 @cython.ccall
+def slot_value(values: Sequence[str], x: int) -> Any:
+    """The value of a frame's slot ``x`` (``>= 0``) for the field ``values``: a field's own, or
+    what a derivation makes of it (see ``DERIVED``).
+
+    >>> slot_value(["a", "\\nb\\n"], 1 + derivation_id("lstrip", "\\n") * DERIVED)
+    'b\\n'
+    """
+    if x < DERIVED:
+        return values[x]
+    k = x // DERIVED
+    name, chars = _DERIVATIONS[k]
+    v = values[x - k * DERIVED]
+    if name == "strip":
+        return v.strip(chars)
+    if name == "lstrip":
+        return v.lstrip(chars)
+    return v.rstrip(chars)
+
+
+@cython.ccall
 def ops_hold(ops: Sequence[tuple[Any, ...]], values: Sequence[str]) -> bool:
     """Whether a frame's recorded truth tests and predicates (``ops``), replayed on the
     field ``values``, give the recorded answers (then the template takes the same path).
@@ -1545,13 +1620,11 @@ def ops_hold(ops: Sequence[tuple[Any, ...]], values: Sequence[str]) -> bool:
     False
     """
     for slot, name, args, res in ops:
-        v = values[slot]
+        v = slot_value(values, slot)
         if name == "__bool__":
             got = len(v) > 0
         elif name == "__dictbool__":
             got = v != "{}"
-        elif name[0] == "=":
-            got = getattr(str, name[1:])(v) == v
         else:
             got = getattr(str, name)(v, *args)
         if got != res:
@@ -2151,18 +2224,31 @@ def entry(self: CounterCore, m: Any, i: int) -> tuple[str, dict[str, Any]]:
     extra = mf["extra"]
     # an assistant's reasoning where the template prints none of it (``_reads_reasoning``):
     # the message as without it (the dicts and keys below leave it out)
-    bare = bool(extra) and mf["role"] == "assistant" and "reasoning" not in self._sensitive and _only_reasoning(extra)
+    sensitive: frozenset = self._sensitive
+    bare = bool(extra) and mf["role"] == "assistant" and _only_reasoning(extra)
+    # where the template reads it, one reasoning field holding a str: the one-pass entry of
+    # the message without it, the reasoning put in (``reasoning_entry``)
+    thought = None
+    if bare and "reasoning" in sensitive:
+        if len(extra) == 1:
+            for k, v in extra.items():
+                if type(v) is str:
+                    thought = (k, v)
+        bare = thought is not None
     got = call_entry(msg, bare) if made else plain_entry(msg, self._frames._fields, bare)
     if got is not None:
+        if thought is not None:
+            got = reasoning_entry(got, thought[0], thought[1])
         d, key, part = got
         role = d["role"]
         content = d["content"]
         n_calls = len(d.get("tool_calls") or ())
         think_text = role == "assistant" and content != "" and "</think>" in content
         call_text = n_calls > 0 and content != ""
-        sensitive: frozenset = self._sensitive  # (trait's lookahead, for a message without reasoning fields)
-        look = bool(sensitive) and ((call_text and "call_text" in sensitive) or (think_text and "think_text" in sensitive))
-        t = trait_value(look, role, n_calls, False, call_text, think_text)
+        # (trait's lookahead: reasoning the template reads, or a text feature it looks ahead for)
+        look = thought is not None or (bool(sensitive) and (
+            (call_text and "call_text" in sensitive) or (think_text and "think_text" in sensitive)))
+        t = trait_value(look, role, n_calls, thought is not None, call_text, think_text)
     else:
         made = False
         got = None if mf["tool_calls"] else block_entry(msg, self._frames._fields)
@@ -2170,7 +2256,7 @@ def entry(self: CounterCore, m: Any, i: int) -> tuple[str, dict[str, Any]]:
             d, key, part = got
         else:
             d = message_to_template_dict(msg)
-            if d["role"] == "assistant" and _has_reasoning(d) and "reasoning" not in self._sensitive:
+            if d["role"] == "assistant" and _has_reasoning(d) and "reasoning" not in sensitive:
                 # a template that prints none of an assistant's reasoning (``_reads_reasoning``):
                 # the dict without it renders the same, and is a frame's like any other message's
                 d = {k: v for k, v in d.items() if k not in _REASONING_FIELDS}
@@ -2339,6 +2425,75 @@ def any_lookahead(self: CounterCore, keys: Sequence[str], dicts: Sequence[Mappin
 
 
 @cython.ccall
+def any_whole(self: CounterCore, keys: Sequence[str], dicts: Sequence[Mapping[str, Any]]) -> bool:
+    """Whether ``count_messages`` renders a conversation holding ``dicts`` whole for one of
+    them: ``any_lookahead``, but under ``_query_rule`` an assistant message's reasoning and
+    ``</think>`` text are counted from segments (kept or stripped by where the last user
+    message stands: ``segments``), and do not count here."""
+    if not self._query_rule:
+        return any_lookahead(self, keys, dicts)
+    looks: dict = self._looks
+    call_text = "call_text" in self._sensitive
+    i: cython.Py_ssize_t
+    for i in range(min(len(keys), len(dicts))):
+        t = looks.get(keys[i])
+        if t is None:
+            t = trait(self, keys[i], dicts[i])
+        if t[0]:
+            f = t[1]
+            if f[0] != "assistant" or (call_text and f[3]):
+                return True
+    return False
+
+
+@cython.ccall
+def holds_kept(self: CounterCore, keys: Sequence[str], dicts: Sequence[Mapping[str, Any]]) -> bool:
+    """Whether an assistant message of ``dicts`` has reasoning or ``</think>`` text that the
+    template prints by where the last user message stands (``_query_rule``: such a unit after
+    it is costed between stand-ins with no user message after it, ``segments``)."""
+    looks: dict = self._looks
+    i: cython.Py_ssize_t
+    for i in range(min(len(keys), len(dicts))):
+        t = looks.get(keys[i])
+        if t is None:
+            t = trait(self, keys[i], dicts[i])
+        if t[0]:
+            f = t[1]
+            if f[0] == "assistant" and (f[2] or f[4]):
+                return True
+    return False
+
+
+@cython.ccall
+def last_user(dicts: Sequence[Mapping[str, Any]], lo: int, hi: int) -> int:
+    """The index of the last user message in ``dicts[lo:hi]``; -1 where there is none.
+
+    >>> last_user([{"role": "user"}, {"role": "assistant"}, {"role": "tool"}], 0, 3)
+    0
+    """
+    i: cython.Py_ssize_t
+    for i in range(hi - 1, lo - 1, -1):
+        if dicts[i]["role"] == "user":
+            return i
+    return -1
+
+
+@cython.ccall
+def plain_query(d: Mapping[str, Any]) -> bool:
+    """Whether the user message ``d`` is a query as Qwen3's template finds the last one: its
+    content a string not wrapped in ``<tool_response>`` tags (those are tool results a client
+    sent as user messages).
+
+    >>> plain_query({"role": "user", "content": "hi"}), plain_query({"role": "user", "content": "<tool_response>x</tool_response>"})
+    (True, False)
+    """
+    c = d.get("content")
+    if type(c) is not str:
+        return False
+    return not (c.startswith("<tool_response>") and c.endswith("</tool_response>"))
+
+
+@cython.ccall
 def trait_value(look: bool, role: Any, n_calls: int, reasoning: bool, call_text: bool,
                 think_text: bool) -> tuple[bool, tuple[Any, ...]]:
     """``(look, (role, n_calls, reasoning, call_text, think_text))``, the one object of that
@@ -2460,12 +2615,12 @@ def count_messages(self: CounterCore, messages: Iterable[Any]) -> int:
     later_system = "later_system" in sensitive
     orphan_tool = "orphan_tool" in sensitive
     if ov is None:
-        if any_lookahead(self, keys, dicts) or (later_system and any_system(dicts, 1)) or (
+        if any_whole(self, keys, dicts) or (later_system and any_system(dicts, 1)) or (
                 orphan_tool and any_orphan(dicts, 0)):
             return self._full(keys, dicts)
     else:
         p, _, m = ov
-        if (p and any_lookahead(self, keys[:p], dicts[:p])) or any_lookahead(self, keys[p + m:], dicts[p + m:]):
+        if (p and any_whole(self, keys[:p], dicts[:p])) or any_whole(self, keys[p + m:], dicts[p + m:]):
             return self._full(keys, dicts)
         if (later_system and any_system(dicts, max(p + m, 1))) or (orphan_tool and any_orphan(dicts, p + m)):
             return self._full(keys, dicts)
@@ -2615,6 +2770,21 @@ def segments(self: CounterCore, ms: Sequence[Any], keys: list[str], dicts: list[
                 final = last[4] - q + p if last[4] >= q else last_final(dicts, 0, p)
         else:
             final = last_final(dicts, 0, n)
+    # where the last user message stands, for a template that prints an assistant's reasoning
+    # only after it (``_query_rule``: the units after it that hold such reasoning are costed
+    # with no user message after them; found as ``final`` is)
+    query = -1
+    if self._query_rule:
+        if last is not None and ov is not None:
+            p, q, m = ov
+            query = last_user(dicts, p + m, n)
+            if query < 0:
+                query = last[5] - q + p if last[5] >= q else last_user(dicts, 0, p)
+        else:
+            query = last_user(dicts, 0, n)
+        if query >= 0 and not plain_query(dicts[query]) and holds_kept(self, keys, dicts):
+            # (the template looks further back for its query: rendered whole)
+            raise Refused("the last user message is not a plain query")
     if last is not None and ov is not None:
         p, q, m = ov
         lstarts, lcosts = last[1], last[2]
@@ -2627,6 +2797,17 @@ def segments(self: CounterCore, ms: Sequence[Any], keys: list[str], dicts: list[
             lf = _BISECT_LEFT(lstarts, last[4])
             if lf < ul:
                 ul = lf
+        if self._query_rule:
+            # a unit (at ``s`` in the previous call) is kept after ``s > last[5]`` there, after
+            # ``s - q + p > query`` here: those where the two differ cost again (a new user
+            # message: the previous one's kept units are stripped now; a cut that drops the
+            # only one: none is kept)
+            t_old = last[5] if last[5] >= 0 else _NEVER
+            t_new = query + q - p if query >= 0 else _NEVER
+            if t_old != t_new:
+                lf = _BISECT_RIGHT(lstarts, t_old if t_old < t_new else t_new)
+                if lf < ul:
+                    ul = lf
         if uq < ul:
             head = _BISECT_LEFT(starts, lstarts[uq] - q + p)
             reused = lcosts[uq:ul]
@@ -2638,15 +2819,15 @@ def segments(self: CounterCore, ms: Sequence[Any], keys: list[str], dicts: list[
                 total -= lcosts[u]
     costs: list = []
     for u in range(head):
-        c = unit_total(self, keys, dicts, starts, u, n, final)
+        c = unit_total(self, keys, dicts, starts, u, n, final, query)
         costs.append(c)
         total += c
     costs += reused
     for u in range(tail, len(starts)):
-        c = unit_total(self, keys, dicts, starts, u, n, final)
+        c = unit_total(self, keys, dicts, starts, u, n, final, query)
         costs.append(c)
         total += c
-    self._last = (keys, starts, costs, total, final)
+    self._last = (keys, starts, costs, total, final, query)
     end = end_cost(self, dicts[-1]["role"])
     if end is None:
         raise Refused("no end cost")
@@ -2671,13 +2852,26 @@ def last_final(dicts: Sequence[Mapping[str, Any]], lo: int, hi: int) -> int:
 
 @cython.ccall
 def unit_total(self: CounterCore, keys: list[str], dicts: list[dict[str, Any]], starts: list[int], u: int, n: int,
-               final: int = -1) -> int:
+               final: int = -1, query: int = -1) -> int:
     """What unit ``u`` (of ``starts``) costs in the conversation ``keys``; ``final``: where the
     conversation's last final answer stands, for a template that looks ahead for one
-    (``_final_rule``; -1: none, or not asked)."""
+    (``_final_rule``; -1: none, or not asked); ``query``: where its last user message stands,
+    for a template that prints an assistant's reasoning only after it (``_query_rule``; -1:
+    none, or not asked)."""
     a = starts[u]
     b = starts[u + 1] if u + 1 < len(starts) else n
     ukeys = tuple(keys[a:b])
+    if 0 <= query < a and holds_kept(self, ukeys, dicts[a:b]):
+        # after the last user message, its reasoning kept: costed with no user message after
+        # it (stand-ins of its successor, then a call and its result; see _POST)
+        if self._real_system_pred and dicts[a - 1]["role"] == "system":
+            raise Refused("a unit with reasoning after a system message")
+        succ = "kept" if b == n else dicts[b]["role"] + "_kept"
+        pred = role_of(dicts[a - 1])
+        unit = self._units.get((ukeys, pred, succ, None))
+        if unit is None:
+            unit = self._unit_cost(ukeys, pred, succ)
+        return sum(unit)
     # after a system message, where the template prints their texts with nothing between: the
     # real system message stands before the unit (whose first tokens may merge with its text)
     after_system = self._real_system_pred and a > 0 and dicts[a - 1]["role"] == "system"
@@ -2707,7 +2901,10 @@ def unit_total(self: CounterCore, keys: list[str], dicts: list[dict[str, Any]], 
         return sum(unit)
     if not after_system and local_pattern(self, ukeys, dicts[a:b]):  # any neighbours will do: share the cache entry
         unit = self._unit_cost(ukeys, self._canonical(dicts[a]["role"]), "user")
-        if dicts[a]["role"] != "tool":
+        # (not a unit whose cost here is one of several: reasoning stripped before the last user
+        # message under _query_rule, kept after it -- the charges, which take the cache of local
+        # units for the unit's one cost, charge it the most of those)
+        if dicts[a]["role"] != "tool" and not any_lookahead(self, ukeys, dicts[a:b]):
             self._remember_local(ukeys, unit)
     else:
         unit = self._unit_cost(ukeys, pred, succ, caller)

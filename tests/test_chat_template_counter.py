@@ -423,8 +423,10 @@ def test_reasoning_a_template_prints_none_of_is_counted_from_segments(families):
     reasoning (``_reads_reasoning``, probed at construction): it is left out of the message's
     template dict, and an agent loop whose assistant messages carry it (what vLLM's reasoning
     parsers and DeepSeek's API return) is counted from cached segments, not rendered whole --
-    exactly. Qwen3 keeps reasoning after the last user query only, gpt-oss a call's while no
-    final answer follows: their calls with reasoning are rendered whole, exactly."""
+    exactly. Qwen3 keeps reasoning after the last user query only (``_query_rule``: counted
+    from segments too, the units after it costed with no user message after them); gpt-oss
+    shows a call's while no final answer follows: its calls with reasoning are rendered whole,
+    exactly."""
     reads = {n for n, f in families.items() if "reasoning" in f.counter._sensitive}
     assert reads == {"qwen3", "gpt-oss"}, reads
     think = {"reasoning_content": "The user wants the weather; call the tool."}
@@ -445,11 +447,69 @@ def test_reasoning_a_template_prints_none_of_is_counted_from_segments(families):
         for k in range(2, len(ms) + 1):
             if ms[k - 1].role in ("user", "tool"):
                 assert c.count_messages(ms[:k]) == fam.reference(ms[:k]), (name, k)
-        assert bool(whole) == (name in reads), (name, len(whole))
+        assert bool(whole) == (name == "gpt-oss"), (name, len(whole))
         # (where it prints none, the template dict leaves it out: the message is a frame's)
         plain = Message(role="assistant", content="Sunny.")
         d_with, d_without = c._entries([plain.model_copy(update={"extra": think}), plain])[1]
         assert (d_with == d_without) == (name not in reads), name
+
+
+def test_reasoning_after_the_last_query_is_counted_from_segments(families):
+    """Qwen3 prints an assistant's reasoning (stripped of newlines at its ends) only after the
+    last user query, and nothing of it before. Under ``_query_rule`` an agent loop whose calls
+    carry reasoning is counted from segments, exactly: the units after the last user message
+    costed with no user message after them; a new user message strips them (costed again); a
+    cut that drops the last user message keeps none; a last user message that is no query to
+    the template (a ``<tool_response>`` text) renders whole. The reasoning units are assembled
+    from frames, not rendered: their reasoning and text are derived slots (``strip('\\n')``,
+    ``lstrip('\\n')``)."""
+    fam = families["qwen3"]
+    assert fam.counter._query_rule
+    assert not any(f.counter._query_rule for n, f in families.items() if n != "qwen3")
+    c = fam.fresh()
+    full = c._full
+    whole: list = []
+    c._full = lambda *a, **k: whole.append(1) or full(*a, **k)
+
+    def call(i: int, text=None) -> list:
+        args = json.dumps({"city": f"c{i}"})
+        return [Message(role="assistant", content=text, extra={"reasoning_content": f"\nStep {i}: look it up.\n"},
+                        tool_calls=[{"id": f"c{i}", "type": "function",
+                                     "function": {"name": "get_weather", "arguments": args}}]),
+                Message(role="tool", content=f"r{i}", tool_call_id=f"c{i}", name="get_weather")]
+
+    ms = [Message(role="system", content="You are terse."), Message(role="user", content="Weather in Oslo?")]
+    for i in range(8):
+        ms += call(i, "Checking." if i % 3 == 1 else None)
+        if i == 3:
+            ms.append(Message(role="assistant", content="\n\nSunny.", extra={"reasoning_content": "Answer now."}))
+            ms.append(Message(role="user", content="And tomorrow?"))
+        assert c.count_messages(ms) == fam.reference(ms), i
+    # a cut that keeps the system message and the last three units (no user message left)
+    cut = ms[:1] + ms[-6:]
+    assert c.count_messages(cut) == fam.reference(cut)
+    assert c.count_messages(ms) == fam.reference(ms)
+    assert whole == []
+    # the reasoning frames were learned once: a new conversation's reasoning units assemble
+    rendered = c._frames.stats()["rendered"]
+    again = [m.model_copy(update={"extra": {"reasoning_content": f"\n{m.extra['reasoning_content']} more\n"}})
+             if m.extra else m for m in ms]
+    for k in range(2, len(again) + 1):
+        if again[k - 1].role in ("user", "tool"):
+            assert c.count_messages(again[:k]) == fam.reference(again[:k]), k
+    assert c._frames.stats()["rendered"] == rendered
+    assert whole == []
+    # a last user message Qwen3 does not take for a query: rendered whole, exactly
+    wrapped = ms + [Message(role="user", content="<tool_response>late</tool_response>")]
+    assert c.count_messages(wrapped) == fam.reference(wrapped)
+    assert whole == [1]
+    # a unit counted stripped (a user message after it) is not a local unit of one cost: its
+    # charge where it is kept still bounds (the hostile test found it charged as stripped)
+    d = fam.fresh()
+    unit = call(9)
+    d.count_messages([ms[1]] + unit + [Message(role="user", content="z")])
+    kept = [ms[1]] + unit
+    assert d.count_messages([]) + int(d.count_array(kept).sum()) >= d.count_messages(kept) == fam.reference(kept)
 
 
 @st.composite

@@ -41,7 +41,9 @@ METHODS = {"count_messages": "count_messages", "count_list": "_count_list", "pre
 #: the core's own helpers (called from the methods above, each of the same build)
 HELPERS = {"any_orphan", "any_system", "encode_lengths", "end_cost", "head_groups", "holds_token", "json_escaped", "token_searches", "is_local", "json_snapshot", "json_unchanged", "keep_last", "role_of", "unit_locality", "unit_preds", "last_final", "plan_groups",
            "planned_costs", "prefill_planned", "recall", "run_text", "run_text_of", "unit_parts", "unit_succ",
-           "local_pattern", "ops_hold", "plain_frame", "same_json", "settle", "settle_entry", "put_untracked", "shed_keys", "holds_message_key", "repeats_of_last", "role_positions", "shared_run", "step_costs", "trait_value", "unit_starts", "new_starts"}
+           "local_pattern", "ops_hold", "plain_frame", "same_json", "settle", "settle_entry", "put_untracked", "shed_keys", "holds_message_key", "repeats_of_last", "role_positions", "shared_run", "step_costs", "trait_value", "unit_starts", "new_starts",
+           "any_whole", "holds_kept", "last_user", "plain_query", "slot_value", "reasoning_entry", "DERIVED",
+           "derivation_id"}
 
 
 def _bound(core):
@@ -129,11 +131,12 @@ def _conversation(draw):
                 args = draw(st.one_of(st.dictionaries(_text, _text, max_size=2).map(json.dumps), st.just("not json")))
                 calls.append({"id": f"call_{n}", "type": "function", "function": {"name": "get_weather", "arguments": args}})
                 results.append(Message(role="tool", content=draw(_content), tool_call_id=f"call_{n}", name="get_weather"))
-            extra = {"reasoning_content": draw(_text)} if draw(st.integers(0, 5)) == 0 else {}
+            extra = {draw(st.sampled_from(["reasoning_content", "reasoning"])): draw(_text)} \
+                if draw(st.integers(0, 5)) == 0 else {}
             ms.append(Message(role="assistant", content=draw(st.one_of(st.none(), _text)), tool_calls=calls, extra=extra))
             ms.extend(results)
         else:
-            extra = {draw(st.sampled_from(["reasoning_content", "thinking"])): draw(_text)} \
+            extra = {draw(st.sampled_from(["reasoning_content", "thinking", "reasoning"])): draw(_text)} \
                 if draw(st.integers(0, 5)) == 0 else {}
             ms.append(Message(role="assistant", content=draw(_text), extra=extra))
             if kind == 1:
@@ -311,11 +314,18 @@ def test_compiled_message_helpers_equal_the_twin(ms):
         finals = [i for i, d in enumerate(dicts[start:], start) if d["role"] == "assistant" and "tool_calls" not in d]
         assert compiled.last_final(dicts, start, len(dicts)) == twin.last_final(dicts, start, len(dicts)) \
             == (finals[-1] if finals else -1)
+        users = [i for i, d in enumerate(dicts[start:], start) if d["role"] == "user"]
+        assert compiled.last_user(dicts, start, len(dicts)) == twin.last_user(dicts, start, len(dicts)) \
+            == (users[-1] if users else -1)
     tools = [i for i, d in enumerate(dicts) if d["role"] == "tool"]
     orphan = any(not (dicts[u]["role"] == "assistant" and dicts[u].get("tool_calls"))
                  for u in (max(j for j in twin.unit_starts(dicts) if j <= i) for i in tools))
     assert twin.any_orphan(dicts, 0) == orphan
     for d in dicts:
+        if d["role"] == "user":
+            c = d["content"]
+            assert compiled.plain_query(d) == twin.plain_query(d) == (
+                type(c) is str and not (c.startswith("<tool_response>") and c.endswith("</tool_response>")))
         part = twin.plain_frame(fields, d)
         assert compiled.plain_frame(fields, d) == part
         if part is not None:  # (None: a dict the frames build themselves)
@@ -336,6 +346,15 @@ def test_compiled_message_helpers_equal_the_twin(ms):
             assert compiled.plain_entry(m, ("content",)) == (d, key, twin.plain_frame(("content",), d))
         else:
             assert type(m.content) is not str or m.tool_calls is not None or m.extra
+        if m.role == "assistant" and len(m.extra) == 1:  # one reasoning field, put into a bare entry
+            (field, r), = m.extra.items()
+            wide = fields + ("reasoning_content", "thinking", "reasoning")
+            one = twin.call_entry(m, True) or twin.plain_entry(m, wide, True)
+            if one is not None and type(r) is str:
+                got = twin.reasoning_entry(one, field, r)
+                assert compiled.reasoning_entry(one, field, r) == got
+                assert got[0] == d and list(got[0]) == list(d) and got[1] == key
+                assert got[2] == Frames(lambda ds: "", fields=wide).frame_of(d)
         # (bare: the message as without its extra fields, on both builds)
         plain = m.model_copy(update={"extra": {}})
         assert compiled.call_entry(m, True) == twin.call_entry(m, True) == twin.call_entry(plain)

@@ -95,8 +95,9 @@ _TEMPLATES = {
     "startswith": "{% for m in messages %}{% if m.content.startswith('<t') %}T{% endif %}[{{ m.content }}]{% endfor %}",
     "truth": "{% for m in messages %}{% if m.content %}({{ m.content }}){% else %}-{% endif %}{% endfor %}",
     "tojson": "{% for m in messages %}{{ {'role': m.role, 'content': m.content} | tojson }}\n{% endfor %}",
-    # a field stripped: assembled when it has nothing to strip (that condition replayed)
+    # a field stripped: the stripped value assembled (a derived slot), something to strip or not
     "trim": "{% for m in messages %}<{{ m.role }}>{{ m.content | trim }}\n{% endfor %}",
+    "strip_chars": "{% for m in messages %}<{{ m.content.strip('\\n ') }}>{% if m.content.lstrip('x') %}L{% endif %}{% endfor %}",
     "rstrip_tojson": "{% for m in messages %}{{ m.content.rstrip() | tojson }}|{{ m.content }}{% endfor %}",
     # a field transformed or measured: never assembled
     "tojson_ascii": "{% for m in messages %}{{ m.content | tojson(ensure_ascii=True) }}{% endfor %}",
@@ -111,8 +112,9 @@ _TEMPLATES = {
     "compare_two": "{% for m in messages %}{% if m.content == messages[0].content %}same{% endif %}{{ m.content }}{% endfor %}",
     "wordcount": "{% for m in messages %}{{ m.content | wordcount }}{{ m.content }}{% endfor %}",
     "in_dict": "{% for m in messages %}{% if m.content in {'a': 1} %}A{% endif %}{{ m.content }}{% endfor %}",
+    "strip_twice": "{% for m in messages %}{{ m.content.strip().lstrip('x') }}{% endfor %}",
 }
-_NEVER = {"join_trim", "tojson_ascii", "length", "slice", "split", "upper", "concat_trim", "replace", "escape",
+_NEVER = {"strip_twice", "join_trim", "tojson_ascii", "length", "slice", "split", "upper", "concat_trim", "replace", "escape",
           "compare_two", "wordcount", "in_dict"}
 
 
@@ -123,7 +125,8 @@ def test_templates_that_read_a_field(tok, name):
     c = ChatTemplateTokenCounter(tok, _TEMPLATES[name], engine="tokenizers")
     ref = ChatTemplateTokenCounter(tok, _TEMPLATES[name], engine="tokenizers")
     ref._RENDER_FREE = False
-    contents = ["hello", "x marks", "<think>ok", "  spaced  ", "", 'q"uo\\te\n<b>&', "数据 é", "a b c d e f"]
+    contents = ["hello", "x marks", "<think>ok", "  spaced  ", "", 'q"uo\\te\n<b>&', "数据 é", "a b c d e f",
+                "\n lined \n", "xx"]
     for first in ("hi", "x"):
         for content in contents:
             ms = [Message(role="user", content=first), Message(role="assistant", content=content),

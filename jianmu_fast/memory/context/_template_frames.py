@@ -8,8 +8,9 @@ of its real messages left out (their roles, other fields and the stand-ins aroun
 kept). A tool call's ``arguments`` dict is probed by a ``ProbeDict``: printed through
 ``tojson`` with its default options (what transformers' templates do); any other reading of
 it (a truth test included) renders. A string field passed through
-``strip``/``lstrip``/``rstrip`` (Llama 3.1's ``| trim``) is assembled when the real value has
-nothing to strip (that condition is replayed like a predicate). The frame is rendered twice, with
+``strip``/``lstrip``/``rstrip`` (Llama 3.1's ``| trim``, Qwen3's ``reasoning_content.strip('\\n')``)
+gives a probe of its own, a *derived* slot: the frame prints the method's result on the real
+value there (and replays on it what the template tests of it). The frame is rendered twice, with
 each field replaced by a *probe*: a ``str`` subclass that records every operation the template
 performs on it -- truth tests, comparisons, ``in``, method calls (``strip``, ``split``,
 ``startswith``...), slicing, length, hashing, iteration, formatting -- and keeps concatenation
@@ -23,18 +24,21 @@ record of operations, made only of truth tests and predicates (``==``, ``!=``, `
 and field slots, and any conversation of that frame renders as the pieces joined around its
 own field values -- once the recorded predicates, replayed on those values, give the
 recorded answers (the template then takes the very same path). Anything else (a template
-that strips a field with something to strip, splits, measures, escapes or serializes a
-field, compares two fields, or reads it any other way) renders that conversation, and a
-frame whose probes were read that way is marked "render".
+that splits, measures, escapes or serializes a field, strips a stripped one again, compares two
+fields, or reads it any other way) renders that conversation, and a frame whose probes were
+read that way is marked "render".
 
 >>> f = Frames(lambda dicts: "".join(f"<{d['role']}>{d['content']}</>" for d in dicts))
 >>> f.render([{"role": "user", "content": "hi"}]), f.render([{"role": "user", "content": "yo"}])
 ('<user>hi</>', '<user>yo</>')
 >>> f.stats()  # the frame learned (two probe renderings), then both assembled
 {'frames': 1, 'fast': 2, 'rendered': 0}
->>> g = Frames(lambda dicts: "".join(d["content"].strip() for d in dicts))  # reads the content
->>> g.render([{"role": "user", "content": " hi "}]), g.stats()
+>>> g = Frames(lambda dicts: "".join(d["content"].split()[0] for d in dicts))  # reads the content
+>>> g.render([{"role": "user", "content": " hi there"}]), g.stats()
 ('hi', {'frames': 1, 'fast': 0, 'rendered': 1})
+>>> h = Frames(lambda dicts: "".join(f"[{d['content'].strip()}]" for d in dicts))  # strips it
+>>> h.render([{"role": "user", "content": " hi\\n"}]), h.render([{"role": "user", "content": "yo"}]), h.stats()
+('[hi]', '[yo]', {'frames': 1, 'fast': 2, 'rendered': 0})
 """
 
 from __future__ import annotations
@@ -45,7 +49,9 @@ import threading
 from typing import Any, Callable, Iterable, Optional, Sequence
 
 from ..._template_base import NOT_YET, Refused, dumps_parsed, freeze, json_inside
-from ..._template_core_py import ops_hold
+from ..._template_base import DERIVED as _DERIVED
+from ..._template_base import derivation_id as _derivation_id
+from ..._template_core_py import ops_hold, slot_value
 
 __all__ = ["NOT_YET", "Frames", "Probe", "ProbeDict", "Refused", "dumps_parsed", "json_inside", "ops_hold", "tojson"]
 
@@ -117,19 +123,28 @@ def _plain(a: Any) -> bool:
     return type(a) is tuple and all(type(x) is str for x in a)
 
 
-#: strip methods a field may pass through when it has nothing to strip (recorded as that
-#: condition, replayed on the real value; the result stays the field's probe)
+#: strip methods whose result on a field is a probe of its own: a *derived* slot (see
+#: ``_tc.DERIVED``), whose value is the method's result on the real value
 _STRIPS = frozenset({"strip", "lstrip", "rstrip"})
+#: a derivation in a probe's log: ``(derived slot, _DERIVE, (field slot, name, chars), None)``
+#: (taken out of the frame's ops, which are replayed)
+_DERIVE = "~"
 
 
 def _wrap(name: str) -> Callable[..., Any]:
     base = getattr(str, name)
 
     def method(self: Probe, *args: Any, **kwargs: Any) -> Any:
+        if name in _STRIPS and not kwargs and (args in ((), (None,)) or (len(args) == 1 and type(args[0]) is str)) \
+                and 0 <= self._slot < _DERIVED:
+            # a field stripped (Llama 3.1's ``| trim``, Qwen3's ``reasoning_content.strip('\n')``):
+            # the result is a new probe, of a derived slot, whose tag tells where it is printed
+            chars = args[0] if args else None
+            d = self._slot + _derivation_id(name, chars) * _DERIVED
+            self._log.append((d, _DERIVE, (self._slot, name, chars), None))
+            family = 0 if str.__str__(self) == _probe_values(self._slot)[0] else 1
+            return Probe(_probe_values(d)[family], self._log, d)
         res = base(str.__str__(self), *args, **kwargs)
-        if name in _STRIPS and not kwargs and args in ((), (None,)) and self._slot >= 0:
-            self._log.append((self._slot, "=" + name, (), True))  # "v.strip() == v"
-            return Probe(res, self._log, self._slot)
         if kwargs:
             self._log.append(_REJECT)
         else:
@@ -475,23 +490,23 @@ class Frames:
         (text_a, ops_a), (text_b, ops_b) = runs
         if ops_a != ops_b:
             return None
+        # the derived slots (a field stripped: see _STRIPS), and the ops replayed
+        derived = sorted({op[0] for op in ops_a if op[1] == _DERIVE})
+        ops_a = [op for op in ops_a if op[1] != _DERIVE]
         # each probe appears verbatim (slot s) or as the inside of its JSON string (slot
         # -1 - s: what ``tojson`` prints for a field, ensure_ascii off, as transformers' does)
         forms = {}
-        strips: dict[int, set[str]] = {}
-        for op in ops_a:
-            if op[1][0] == "=":
-                strips.setdefault(op[0], set()).add(op[1])
         for s in range(n_slots):
             if kinds[s] == 1:
                 forms[json.dumps(_args_values(s)[0], ensure_ascii=False)] = s
                 continue
             a = _probe_values(s)[0]
-            # a stripped form stands for the field only where the template stripped the field
-            # itself (the condition "nothing to strip" replayed; see _STRIPS)
-            for form in [a] + [getattr(str, name[1:])(a) for name in strips.get(s, ())]:
-                forms[form] = s
-                forms[_json_inside(form)] = -1 - s
+            forms[a] = s
+            forms[_json_inside(a)] = -1 - s
+        for s in derived:
+            a = _probe_values(s)[0]
+            forms[a] = s
+            forms[_json_inside(a)] = -1 - s
         lower_a = text_a.lower()
         pattern = re.compile("|".join(re.escape(v) for v in sorted(forms, key=len, reverse=True)))
         pieces: list[str] = []
@@ -502,12 +517,17 @@ class Frames:
             slots.append(forms[m.group()])
             pos = m.end()
         pieces.append(text_a[pos:])
-        for s in range(n_slots):  # every appearance of a probe's tag is one of those
+        for s in [*range(n_slots), *derived]:  # every appearance of a probe's tag is one of those
             if lower_a.count(_probe_values(s)[2].lower()) != slots.count(s) + slots.count(-1 - s):
                 return None
-        values_b = [_probe_values(s)[1] if kinds[s] == 0 else json.dumps(_args_values(s)[1], ensure_ascii=False)
-                    for s in range(n_slots)]
-        if _assemble(pieces, slots, values_b) != text_b:  # the text around the probes is theirs alone
+        values_b = {s: _probe_values(s)[1] if kinds[s] == 0 else json.dumps(_args_values(s)[1], ensure_ascii=False)
+                    for s in range(n_slots)}
+        values_b.update((s, _probe_values(s)[1]) for s in derived)
+        text = [pieces[0]]
+        for slot, piece in zip(slots, pieces[1:]):
+            text.append(values_b[slot] if slot >= 0 else _json_inside(values_b[-1 - slot]))
+            text.append(piece)
+        if "".join(text) != text_b:  # the text around the probes is theirs alone
             return None
         return pieces, slots, ops_a
 
@@ -520,7 +540,7 @@ _DUMPS = json.JSONEncoder(ensure_ascii=False).encode
 def _assemble(pieces: list[str], slots: list[int], values: Sequence[str]) -> str:
     out = [pieces[0]]
     for slot, piece in zip(slots, pieces[1:]):
-        out.append(values[slot] if slot >= 0 else _json_inside(values[-1 - slot]))
+        out.append(slot_value(values, slot) if slot >= 0 else _json_inside(slot_value(values, -1 - slot)))
         out.append(piece)
     return "".join(out)
 

@@ -64,16 +64,23 @@ A template that prints an assistant message's text right after the system prompt
 nothing between (DeepSeek-V3: a trimmed prompt whose cut falls before an answer or a call;
 the two texts may merge into one token where the system prompt ends in whitespace), is
 checked with the real system message standing before a unit that follows one
-(``_real_system_pred``).
+(``_real_system_pred``). A template that prints an assistant message's reasoning (and reads
+``</think>`` in its text as reasoning) only after the last user query (Qwen3: stripped before
+it) is checked with each unit that holds such reasoning after the last user message costed
+before stand-ins of its successor and then a call and its result -- no user message after it
+(``_query_rule``; a new user message strips the previous ones, which cost again, as does a cut
+that drops the last user message).
 
 **When it falls back to full rendering** (``count_messages``, decided per call): when the
 template failed the additivity self-check run at construction (a few probe conversations whose
 segment sums must equal their full rendering; in both forms above), when a message carries
-reasoning (``reasoning_content``/``thinking``/``reasoning``) and the template reads it (probed
-at construction: Qwen3 strips it before the last user query, gpt-oss shows it while no final
-answer follows; a template that prints none of it counts such messages from segments), when a
+reasoning (``reasoning_content``/``thinking``/``reasoning``) and the template reads it other
+than by the last user query (probed at construction: gpt-oss shows it while no final answer
+follows; a template that prints none of it counts such messages from segments, and so does
+Qwen3 under ``_query_rule`` -- but where the last user message is no query to it, a content
+block list or a ``<tool_response>`` text, and the conversation holds reasoning), when a
 message carries text the template was found (by more probes at construction) to render by
-what follows it -- Qwen3 reads ``</think>`` in an assistant text as reasoning --, when a
+what follows it in a way none of the rules above covers, when a
 system message follows the first and the probes found the template to join their texts
 (DeepSeek-V3: a later system message's first tokens depend on where the text before it ends),
 when a tool result follows a message other than its call's unit (hostile order) and the
@@ -159,6 +166,9 @@ _call_entry = _tc.call_entry
 __all__ = ["ChatTemplateTokenCounter", "has_chat_template", "message_to_template_dict"]
 
 _SPECIAL_KEYS = ("bos_token", "eos_token", "unk_token", "pad_token")
+#: the top-level string fields a frame leaves out (see _template_frames): an assistant's
+#: reasoning too, where the template reads it (Qwen3 prints it stripped after the last query)
+_FRAME_FIELDS = ("content", "name", "tool_call_id") + _REASONING_FIELDS
 
 # Stand-in neighbours. Distinct contents, so templates comparing messages (Mistral's
 # ``message == user_messages[-1]``) never confuse two of them.
@@ -206,7 +216,15 @@ _POST: dict[str, list[dict[str, Any]]] = {
     "system_final": [_S_SYS2, _S_ASST2, _S_USER3],
     "call": [_S_CALL, _S_TOOL, _S_USER3],
     "call_final": [_S_CALL, _S_TOOL, _S_ASST2, _S_USER3],
+    # a unit after the last user message whose reasoning the template prints there (see
+    # ChatTemplateTokenCounter._query_rule): its successor, then no user message -- a call and
+    # its result, so the unit is not the last message either ("kept": nothing follows it)
+    "kept": [_S_CALL, _S_TOOL],
+    "assistant_kept": [_S_ASST2, _S_CALL, _S_TOOL],
+    "system_kept": [_S_SYS2, _S_CALL, _S_TOOL],
 }
+#: what stands before such a unit after a system message (a user message before both)
+_PRE_SYSTEM_KEPT = (json.dumps(_S_SYS), json.dumps(_S_USER), json.dumps(_S_SYS2))
 
 _PRE_KEYS = {k: tuple(json.dumps(d) for d in v) for k, v in _PRE.items()}
 _POST_KEYS = {k: tuple(json.dumps(d) for d in v) for k, v in _POST.items()}
@@ -231,10 +249,16 @@ _CALL2 = _CALL1 + [{"id": "p2", "type": "function", "function": {"name": "put", 
 def _probe_messages(probe: Sequence[tuple[Any, ...]]) -> list[Message]:
     """The messages of a probe conversation (``_PROBES``' items: ``(role, text)``, ``("call",
     calls[, text])``, ``("tool", call id, text)``; a result of ``p1`` names ``get``, any other
-    ``put``)."""
+    ``put``; ``("think", text, reasoning)`` and ``("think_call", calls, text, reasoning)``: an
+    answer and a call with ``reasoning_content``)."""
     ms = []
     for item in probe:
-        if item[0] == "call":
+        if item[0] == "think":
+            ms.append(Message(role="assistant", content=item[1], extra={"reasoning_content": item[2]}))
+        elif item[0] == "think_call":
+            ms.append(Message(role="assistant", content=item[2], tool_calls=item[1],
+                              extra={"reasoning_content": item[3]}))
+        elif item[0] == "call":
             ms.append(Message(role="assistant", content=item[2] if len(item) > 2 else None, tool_calls=item[1]))
         elif item[0] == "tool":
             name = "get" if item[1] == "p1" else "put"
@@ -262,6 +286,27 @@ _PROBES: list[list[tuple[Any, ...]]] = [
     [("user", "go"), ("call", _CALL1), ("tool", "p1", "r")],
     [("system", "s"), ("user", "two calls"), ("call", _CALL2), ("tool", "p1", "r1"), ("tool", "p2", "r2"),
      ("assistant", "ok"), ("user", "q")],
+]
+#: probes for reasoning printed only after the last user message (see
+#: ChatTemplateTokenCounter._query_check): units with it after the last user message, followed
+#: by calls, answers, a system message or nothing, after each neighbour; before it; ``</think>``
+#: text in an answer and a call, before and after
+_QUERY_PROBES: list[list[tuple[Any, ...]]] = [
+    [("user", "go"), ("think_call", _CALL1, None, "Let me look."), ("tool", "p1", "r"),
+     ("think_call", _CALL1, "Checking.", "\nStill looking.\n"), ("tool", "p1", "r2")],
+    [("system", "sys"), ("user", "find a"), ("think_call", _CALL1, None, "Find it."), ("tool", "p1", "result one"),
+     ("think", "done", "It is found."), ("user", "and b"), ("think_call", _CALL2, None, "Both."),
+     ("tool", "p1", "r1"), ("tool", "p2", "r2")],
+    [("user", "a"), ("think_call", _CALL1, "Checking.", "hm"), ("tool", "p1", "r"), ("think", "Here.", "ok then"),
+     ("call", _CALL1), ("tool", "p1", "r2"), ("think_call", _CALL1, None, "again"), ("tool", "p1", "r3")],
+    [("user", "a"), ("think", "x", "thought"), ("user", "b")],
+    [("system", "s"), ("user", "a"), ("think_call", _CALL1, None, "r"), ("tool", "p1", "r"), ("system", "note"),
+     ("think_call", _CALL1, None, "after the note"), ("tool", "p1", "r2")],
+    [("user", "a"), ("assistant", "<think>\nhm\n</think>\n\nok"), ("user", "b"),
+     ("call", _CALL1, "<think>\nx\n</think>\n\nsure"), ("tool", "p1", "r"), ("assistant", "<think>\ny\n</think>\n\nfine"),
+     ("call", _CALL1), ("tool", "p1", "r2")],
+    [("think", "first", "no user yet"), ("user", "a"), ("call", _CALL1), ("tool", "p1", "r"),
+     ("think_call", _CALL1, "", "plain"), ("tool", "p1", "r2")],
 ]
 #: probes for text features that a template may render by what follows (see _text_features)
 _FEATURE_PROBES: dict[str, list[list[tuple[Any, ...]]]] = {
@@ -719,7 +764,7 @@ class ChatTemplateTokenCounter(_tc.CounterCore):  # type: ignore[misc,name-defin
         self._split = self._piecewise_splitter()
         # frames: conversations assembled around their messages' verbatim fields, not rendered
         # (see _template_frames); message key -> (frame part, field values)
-        self._frames = Frames(self._render_plain, cache_size=cache_size)
+        self._frames = Frames(self._render_plain, _FRAME_FIELDS, cache_size=cache_size)
         self._frame_parts: dict[str, tuple[Any, tuple[str, ...]]] = {}
         # (pred, the unit's frame shapes) -> its plan (see _plan), or None (no plan: render)
         self._plans: dict[Any, Any] = {}
@@ -773,8 +818,9 @@ class ChatTemplateTokenCounter(_tc.CounterCore):  # type: ignore[misc,name-defin
         self._looks: dict[Any, tuple[Any, ...]] = {}
         self._calls: dict[str, str] = {}  # tool-call id -> key of the assistant message that made it
         # the last segmented count_messages call: its keys, unit starts, unit costs, their total
-        # and where its last final answer stands (-1: none, or not under _final_rule)
-        self._last: Optional[tuple[list[Any], list[int], list[int], int, int]] = None
+        # and where its last final answer and its last user message stand (-1: none, or not
+        # under _final_rule, _query_rule)
+        self._last: Optional[tuple[list[Any], list[int], list[int], int, int, int]] = None
         # the last count_messages call's messages (a copy; immutable Messages only), keys and dicts:
         # call_entries matches the next call's messages to them by identity (see there)
         self._last_ms: Optional[tuple[list[Any], list[str], list[dict[str, Any]]]] = None
@@ -787,6 +833,10 @@ class ChatTemplateTokenCounter(_tc.CounterCore):  # type: ignore[misc,name-defin
         #: answer (a plain assistant message) where the conversation has one after it (gpt-oss
         #: shows a call's text only while no final answer follows); see _final_check
         self._final_rule = False
+        #: an assistant message's reasoning (and ``</think>`` text) is printed only after the
+        #: last user message (Qwen3): a unit holding it there is costed before stand-ins of its
+        #: successor and no user message; see _query_check
+        self._query_rule = False
         #: a unit right after a system message is costed after that message itself, not a
         #: stand-in (see _system_pred_check)
         self._real_system_pred = False
@@ -808,6 +858,8 @@ class ChatTemplateTokenCounter(_tc.CounterCore):  # type: ignore[misc,name-defin
                 self._system_pred_check()
             if self._sensitive & {"after_system", "call_after_system"}:  # (no fallback per call for it)
                 self.additive = False
+        if self.additive and "reasoning" in self._sensitive and not (self._final_rule or self._succ_blind):
+            self._query_check()
         self._local_units = {}
         self._looks = {}
         for n_calls in range(1, 4):  # probe the usual unit patterns once, not in the hot loop
@@ -1167,6 +1219,8 @@ class ChatTemplateTokenCounter(_tc.CounterCore):  # type: ignore[misc,name-defin
         if succ == "end":
             succ = "user"
         pre = _PRE_KEYS[pred]
+        if pred == "system" and succ[-4:] == "kept":  # (a user message before it: see _POST)
+            pre = _PRE_SYSTEM_KEPT
         if caller is not None and pred == "system":  # the real system message stands before
             pre = (caller,)
         elif caller is not None:  # the real assistant message that made the calls stands before
@@ -1766,6 +1820,18 @@ class ChatTemplateTokenCounter(_tc.CounterCore):  # type: ignore[misc,name-defin
         if not self._probes_add_up(_FEATURE_PROBES["call_text"] + _FINAL_PROBES):
             self._final_rule = False
             self._sensitive = self._sensitive | {"call_text"}
+        self._looks, self._last = {}, None
+
+    def _query_check(self) -> None:
+        """Does an assistant message's reasoning (and ``</think>`` text) add up when each unit
+        holding it after the last user message is costed before stand-ins of its successor and
+        no user message after them, and every other unit as usual (a user stand-in after it)?
+        Then such calls are no longer rendered whole (``_query_rule``: Qwen3 prints the
+        reasoning after the last user query, and strips it before)."""
+        self._query_rule = True
+        self._looks, self._last = {}, None
+        if not self._probes_add_up(_QUERY_PROBES, need_one=True):
+            self._query_rule = False
         self._looks, self._last = {}, None
 
     def _system_pred_check(self) -> None:
