@@ -44,7 +44,7 @@ from .message import Message
 from .message.model import FrozenDict, FrozenList, coerce_message, thaw
 
 __all__ = [
-    "CounterCore", "any_lookahead", "any_orphan", "any_whole", "holds_kept", "last_user", "plain_query", "any_system", "args_text", "block_entry", "call_entries", "call_entry", "count_list", "count_messages", "encode_lengths", "end_cost",
+    "CounterCore", "any_lookahead", "any_orphan", "any_whole", "carried_last", "looks_in", "holds_kept", "last_user", "plain_query", "any_system", "args_text", "block_entry", "call_entries", "call_entry", "count_list", "count_messages", "encode_lengths", "end_cost",
     "entries_stable",
     "entry", "flat_printed", "frame_part", "head_groups", "holds_token", "is_local", "json_escaped", "json_snapshot", "json_unchanged", "keep_last", "last_final", "local_pattern", "message_to_template_dict", "message_key", "new_starts", "overlap",
     "ops_hold", "parse_key", "slot_value", "derivation_id", "DERIVED", "piece_counts", "plain_entry", "plain_frame", "plan", "plan_groups", "plan_texts", "planned_cost", "planned_costs",
@@ -1357,8 +1357,8 @@ def upper_costs(self: CounterCore, keys: tuple, dicts: Sequence[dict[str, Any]],
         # message no more (Qwen3's empty think block: 4 tokens under); after a real assistant
         # message no query between, the unit is kept as it is after a user query
         others.append(("user", "open"))
-    if stripped is not None and stripped != exact_key and stripped not in others:
-        others.append(stripped)
+    if stripped is not None and exact_key[1] == "open" and stripped not in others:
+        others.append(stripped)  # (else the exact pair is stripped: the same cost)
     units: dict = self._units
     planned: list
     if caller is None:
@@ -2413,15 +2413,7 @@ def any_lookahead(self: CounterCore, keys: Sequence[str], dicts: Sequence[Mappin
     """Whether a message of ``dicts`` is one ``count_messages`` renders whole for (reasoning
     the template reads, a text feature in ``self._sensitive``: ``self._lookahead(d)`` but for
     call text counted under ``_final_rule``), cached per message key."""
-    looks: dict = self._looks
-    i: cython.Py_ssize_t
-    for i in range(min(len(keys), len(dicts))):
-        t = looks.get(keys[i])
-        if t is None:
-            t = trait(self, keys[i], dicts[i])
-        if t[0]:
-            return True
-    return False
+    return looks_in(self, keys, dicts, 0)
 
 
 @cython.ccall
@@ -2432,6 +2424,23 @@ def any_whole(self: CounterCore, keys: Sequence[str], dicts: Sequence[Mapping[st
     message stands: ``segments``), and do not count here."""
     if not self._query_rule:
         return any_lookahead(self, keys, dicts)
+    return looks_in(self, keys, dicts, 2)
+
+
+@cython.ccall
+def holds_kept(self: CounterCore, keys: Sequence[str], dicts: Sequence[Mapping[str, Any]]) -> bool:
+    """Whether an assistant message of ``dicts`` has reasoning or ``</think>`` text that the
+    template prints by where the last user message stands (``_query_rule``: such a unit after
+    it is costed between stand-ins with no user message after it, ``segments``)."""
+    return looks_in(self, keys, dicts, 1)
+
+
+@cython.ccall
+def looks_in(self: CounterCore, keys: Sequence[str], dicts: Sequence[Mapping[str, Any]], mode: int) -> bool:
+    """Whether a message of ``dicts`` has lookahead (its cached trait's flag): any (``mode``
+    0, ``any_lookahead``), one ``_query_rule`` follows (1: an assistant's reasoning or
+    ``</think>`` text, ``holds_kept``), or one it does not (2: another role's, a call's text the
+    template looks ahead for; ``any_whole``)."""
     looks: dict = self._looks
     call_text = "call_text" in self._sensitive
     i: cython.Py_ssize_t
@@ -2440,26 +2449,13 @@ def any_whole(self: CounterCore, keys: Sequence[str], dicts: Sequence[Mapping[st
         if t is None:
             t = trait(self, keys[i], dicts[i])
         if t[0]:
-            f = t[1]
-            if f[0] != "assistant" or (call_text and f[3]):
+            if mode == 0:
                 return True
-    return False
-
-
-@cython.ccall
-def holds_kept(self: CounterCore, keys: Sequence[str], dicts: Sequence[Mapping[str, Any]]) -> bool:
-    """Whether an assistant message of ``dicts`` has reasoning or ``</think>`` text that the
-    template prints by where the last user message stands (``_query_rule``: such a unit after
-    it is costed between stand-ins with no user message after it, ``segments``)."""
-    looks: dict = self._looks
-    i: cython.Py_ssize_t
-    for i in range(min(len(keys), len(dicts))):
-        t = looks.get(keys[i])
-        if t is None:
-            t = trait(self, keys[i], dicts[i])
-        if t[0]:
             f = t[1]
-            if f[0] == "assistant" and (f[2] or f[4]):
+            if mode == 1:
+                if f[0] == "assistant" and (f[2] or f[4]):
+                    return True
+            elif f[0] != "assistant" or (call_text and f[3]):
                 return True
     return False
 
@@ -2761,27 +2757,13 @@ def segments(self: CounterCore, ms: Sequence[Any], keys: list[str], dicts: list[
     # messages changes what the overlap's units after the previous one cost, which are then
     # not reused)
     # (from the previous call's where the prompt holds its messages: only the others scanned)
-    final = -1
-    if self._final_rule:
-        if last is not None and ov is not None:
-            p, q, m = ov
-            final = last_final(dicts, p + m, n)
-            if final < 0:
-                final = last[4] - q + p if last[4] >= q else last_final(dicts, 0, p)
-        else:
-            final = last_final(dicts, 0, n)
+    final = carried_last(last, ov, dicts, False) if self._final_rule else -1
     # where the last user message stands, for a template that prints an assistant's reasoning
     # only after it (``_query_rule``: the units after it that hold such reasoning are costed
     # with no user message after them; found as ``final`` is)
     query = -1
     if self._query_rule:
-        if last is not None and ov is not None:
-            p, q, m = ov
-            query = last_user(dicts, p + m, n)
-            if query < 0:
-                query = last[5] - q + p if last[5] >= q else last_user(dicts, 0, p)
-        else:
-            query = last_user(dicts, 0, n)
+        query = carried_last(last, ov, dicts, True)
         if query >= 0 and not plain_query(dicts[query]) and holds_kept(self, keys, dicts):
             # (the template looks further back for its query: rendered whole)
             raise Refused("the last user message is not a plain query")
@@ -2835,6 +2817,24 @@ def segments(self: CounterCore, ms: Sequence[Any], keys: list[str], dicts: list[
 
 
 @cython.ccall
+def carried_last(last: Optional[tuple], ov: Optional[tuple], dicts: list, users: bool) -> int:
+    """Where the last user message (``users``) or final answer of ``dicts`` stands (-1: none):
+    from the previous segmented call's (``last[5]``, ``last[4]``) where the prompt holds its
+    messages (``ov``, see ``overlap``), only the others scanned."""
+    n = len(dicts)
+    if last is None or ov is None:
+        return last_user(dicts, 0, n) if users else last_final(dicts, 0, n)
+    p, q, m = ov
+    i = last_user(dicts, p + m, n) if users else last_final(dicts, p + m, n)
+    if i >= 0:
+        return i  # type: ignore[no-any-return]
+    was = last[5] if users else last[4]
+    if was >= q:
+        return was - q + p  # type: ignore[no-any-return]
+    return last_user(dicts, 0, p) if users else last_final(dicts, 0, p)  # type: ignore[no-any-return]
+
+
+@cython.ccall
 def last_final(dicts: Sequence[Mapping[str, Any]], lo: int, hi: int) -> int:
     """The index of the last final answer (an assistant message without calls) in
     ``dicts[lo:hi]``; -1 where there is none.
@@ -2866,7 +2866,9 @@ def unit_total(self: CounterCore, keys: list[str], dicts: list[dict[str, Any]], 
         # it (stand-ins of its successor, then a call and its result; see _POST)
         if self._real_system_pred and dicts[a - 1]["role"] == "system":
             raise Refused("a unit with reasoning after a system message")
-        succ = "kept" if b == n else dicts[b]["role"] + "_kept"
+        # (the last unit as if a call followed it: the end's text is the end cost's, and the
+        # unit keeps its cost when the next turn's call comes)
+        succ = "assistant_kept" if b == n else dicts[b]["role"] + "_kept"
         pred = role_of(dicts[a - 1])
         unit = self._units.get((ukeys, pred, succ, None))
         if unit is None:

@@ -42,7 +42,7 @@ METHODS = {"count_messages": "count_messages", "count_list": "_count_list", "pre
 HELPERS = {"any_orphan", "any_system", "encode_lengths", "end_cost", "head_groups", "holds_token", "json_escaped", "token_searches", "is_local", "json_snapshot", "json_unchanged", "keep_last", "role_of", "unit_locality", "unit_preds", "last_final", "plan_groups",
            "planned_costs", "prefill_planned", "recall", "run_text", "run_text_of", "unit_parts", "unit_succ",
            "local_pattern", "ops_hold", "plain_frame", "same_json", "settle", "settle_entry", "put_untracked", "shed_keys", "holds_message_key", "repeats_of_last", "role_positions", "shared_run", "step_costs", "trait_value", "unit_starts", "new_starts",
-           "any_whole", "holds_kept", "last_user", "plain_query", "slot_value", "reasoning_entry", "DERIVED",
+           "any_whole", "carried_last", "holds_kept", "looks_in", "last_user", "plain_query", "slot_value", "reasoning_entry", "DERIVED",
            "derivation_id"}
 
 

@@ -218,8 +218,8 @@ _POST: dict[str, list[dict[str, Any]]] = {
     "call_final": [_S_CALL, _S_TOOL, _S_ASST2, _S_USER3],
     # a unit after the last user message whose reasoning the template prints there (see
     # ChatTemplateTokenCounter._query_rule): its successor, then no user message -- a call and
-    # its result, so the unit is not the last message either ("kept": nothing follows it)
-    "kept": [_S_CALL, _S_TOOL],
+    # its result, so the unit is not the last message either (the last unit is costed as if an
+    # assistant message followed it)
     "assistant_kept": [_S_ASST2, _S_CALL, _S_TOOL],
     "system_kept": [_S_SYS2, _S_CALL, _S_TOOL],
 }
