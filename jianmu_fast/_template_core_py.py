@@ -1322,9 +1322,11 @@ def upper_costs(self: CounterCore, keys: tuple, dicts: Sequence[dict[str, Any]],
     if reasoning:  # kept after the last user query (nothing closes the unit), or stripped
         if self._query_rule and caller is None and local_pattern(self, keys, dicts):
             # stripped (a user stand-in after it) it costs the same after any neighbour: once,
-            # in the smallest context; kept, where nothing follows it
+            # in the smallest context; kept, a call's as count_messages costs it (before a call
+            # stand-in: the pair it then finds in the unit cache), an answer where nothing
+            # follows it
             stripped = (self._canonical(dicts[0]["role"]), "user")
-            succs = ["open"]
+            succs = ["assistant_kept" if dicts[len(dicts) - 1]["role"] == "tool" else "open"]
         else:
             succs = list(succs) + ["open"]
     elif local:
