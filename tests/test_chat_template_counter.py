@@ -1189,6 +1189,57 @@ def test_budget_filter_in_a_hot_loop_keeps_budget_and_answers_as_a_fresh_one(fam
         assert outs == [k for _, k in prompts]
 
 
+@st.composite
+def reasoning_loops(draw):
+    """Agent loops whose model returns reasoning (vLLM's reasoning parsers): a system prompt,
+    a user query, then turns of calls (one at a time: every template takes them), most with
+    reasoning (opened and closed by a newline at times), now and then an answer with
+    reasoning and the user's next message."""
+    ms = [Message(role="system", content=draw(_content)), Message(role="user", content=draw(_text))]
+    for i in range(draw(st.integers(2, 12))):
+        kind = draw(st.sampled_from(["call", "call", "call", "answer"]))
+        extra = {"reasoning_content": draw(st.sampled_from(["", "hm", "\nLook it up.\n", "x" * 40]))} \
+            if draw(st.integers(0, 3)) else {}
+        if kind == "call":
+            args = json.dumps({"city": draw(_text)})
+            ms.append(Message(role="assistant", content=None, extra=extra, tool_calls=[
+                {"id": f"c{i}", "type": "function", "function": {"name": "get_weather", "arguments": args}}]))
+            ms.append(Message(role="tool", content=draw(_content), tool_call_id=f"c{i}", name="get_weather"))
+        else:
+            ms.append(Message(role="assistant", content=draw(_text), extra=extra))
+            ms.append(Message(role="user", content=draw(_text)))
+    return ms
+
+
+@settings(max_examples=60, deadline=None, suppress_health_check=list(HealthCheck))
+@given(ms=st.one_of(conversations(end_on_assistant=False), reasoning_loops()), budget=st.integers(60, 900),
+       name=st.sampled_from(list(FAMILIES) + ["qwen3"] * 4))
+def test_a_hot_loop_counts_each_kept_prompt_and_its_history_exactly(families, ms, budget, name):
+    """One counter sees an agent loop grow turn by turn (each call ends on a user or tool
+    message), trimmed by a budget filter: each kept prompt, and the whole history after it,
+    is counted as transformers counts it -- from the previous call's segments where they still
+    hold. Reasoning included: under Qwen3's ``_query_rule`` a unit after the last user message
+    is costed with its reasoning kept, and again stripped once a user message follows it or
+    kept again when a cut drops every user message after it."""
+    fam = families[name]
+    counter = fam.fresh()
+    flt = TokenBudgetFilter(max_tokens=budget, counter=counter)
+    for cut in range(1, len(ms) + 1):
+        if ms[cut - 1].role not in ("user", "tool") or (cut < len(ms) and ms[cut].role == "tool"):
+            continue
+        prompt = ms[:cut]
+        if isinstance(fam.reference(prompt), Exception):
+            continue
+        try:
+            kept = flt.apply(prompt)
+        except ContextBudgetError:
+            continue
+        for p in (kept, prompt):
+            want = fam.reference(p)
+            if not isinstance(want, Exception):
+                assert counter.count_messages(p) == want, (cut, len(p))
+
+
 def test_mistral_repeating_the_last_user_message_stays_within_the_budget_with_tools(families):
     """Mistral's template prints the tools before every user message equal to the last one:
     a prompt repeating its last user message pays for them twice, and the budget filter trims
