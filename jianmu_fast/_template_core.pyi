@@ -47,6 +47,7 @@ class CounterCore:
     _succ_blind: Any
     _final_rule: Any
     _query_rule: Any
+    _final_reasoning: Any
     _real_system_pred: Any
     _plan_ok: Any
     _content_format: Any

@@ -225,6 +225,7 @@ class CounterCore:
     _succ_blind = cython.declare(object, visibility="public")
     _final_rule = cython.declare(object, visibility="public")
     _query_rule = cython.declare(object, visibility="public")
+    _final_reasoning = cython.declare(object, visibility="public")
     _real_system_pred = cython.declare(object, visibility="public")
     _plan_ok = cython.declare(object, visibility="public")
     _content_format = cython.declare(object, visibility="public")
@@ -2423,8 +2424,9 @@ def any_whole(self: CounterCore, keys: Sequence[str], dicts: Sequence[Mapping[st
     """Whether ``count_messages`` renders a conversation holding ``dicts`` whole for one of
     them: ``any_lookahead``, but under ``_query_rule`` an assistant message's reasoning and
     ``</think>`` text are counted from segments (kept or stripped by where the last user
-    message stands: ``segments``), and do not count here."""
-    if not self._query_rule:
+    message stands: ``segments``), and under ``_final_reasoning`` its reasoning (by where the
+    last final answer stands), and do not count here."""
+    if not (self._query_rule or self._final_reasoning):
         return any_lookahead(self, keys, dicts)
     return looks_in(self, keys, dicts, 2)
 

@@ -425,10 +425,11 @@ def test_reasoning_a_template_prints_none_of_is_counted_from_segments(families):
     parsers and DeepSeek's API return) is counted from cached segments, not rendered whole --
     exactly. Qwen3 keeps reasoning after the last user query only (``_query_rule``: counted
     from segments too, the units after it costed with no user message after them); gpt-oss
-    shows a call's while no final answer follows: its calls with reasoning are rendered whole,
-    exactly."""
+    shows a call's while no final answer follows (``_final_reasoning``: counted from segments
+    as a call's text is, each unit costed knowing whether a final answer follows it)."""
     reads = {n for n, f in families.items() if "reasoning" in f.counter._sensitive}
     assert reads == {"qwen3", "gpt-oss"}, reads
+    assert families["gpt-oss"].counter._final_reasoning and not families["qwen3"].counter._final_reasoning
     think = {"reasoning_content": "The user wants the weather; call the tool."}
     ms = [Message(role="system", content="You are terse."), Message(role="user", content="Weather in Oslo?")]
     for i in range(4):
@@ -447,7 +448,7 @@ def test_reasoning_a_template_prints_none_of_is_counted_from_segments(families):
         for k in range(2, len(ms) + 1):
             if ms[k - 1].role in ("user", "tool"):
                 assert c.count_messages(ms[:k]) == fam.reference(ms[:k]), (name, k)
-        assert bool(whole) == (name == "gpt-oss"), (name, len(whole))
+        assert whole == [], (name, len(whole))
         # (where it prints none, the template dict leaves it out: the message is a frame's)
         plain = Message(role="assistant", content="Sunny.")
         d_with, d_without = c._entries([plain.model_copy(update={"extra": think}), plain])[1]
@@ -510,6 +511,25 @@ def test_reasoning_after_the_last_query_is_counted_from_segments(families):
     d.count_messages([ms[1]] + unit + [Message(role="user", content="z")])
     kept = [ms[1]] + unit
     assert d.count_messages([]) + int(d.count_array(kept).sum()) >= d.count_messages(kept) == fam.reference(kept)
+
+
+def test_a_unit_pattern_every_neighbour_refuses_is_not_local(families):
+    """gpt-oss refuses a call with text beside reasoning; its stand-in of that pattern (text
+    and reasoning "r") is refused after every neighbour, and the pattern was taken for local
+    (no two costs seen): a real call with text beside empty reasoning, hidden by a later final
+    answer, was costed in the smallest context, where no final answer follows (8 tokens over).
+    Such a pattern proves nothing and is not local; the count is exact."""
+    fam = families["gpt-oss"]
+    call = Message(role="assistant", content="Checking.", extra={"reasoning_content": ""}, tool_calls=[
+        {"id": "c2", "type": "function", "function": {"name": "get_weather", "arguments": "{}"}}])
+    ms = [Message(role="user", content="Weather?"), call, Message(role="tool", content="r", tool_call_id="c2"),
+          Message(role="assistant", content="ok", extra={"reasoning_content": "\nthink\n"}),
+          Message(role="user", content="more")]
+    c = fam.fresh()
+    assert c.count_messages(ms) == fam.reference(ms)
+    assert c.count_messages(ms[1:]) == fam.reference(ms[1:])
+    keys, dicts = c._entries(ms[1:3])
+    assert not c._is_local(dicts, keys)
 
 
 @st.composite

@@ -69,16 +69,18 @@ checked with the real system message standing before a unit that follows one
 it) is checked with each unit that holds such reasoning after the last user message costed
 before stand-ins of its successor and then a call and its result -- no user message after it
 (``_query_rule``; a new user message strips the previous ones, which cost again, as does a cut
-that drops the last user message).
+that drops the last user message). Under ``_final_rule``, an assistant's reasoning that adds up
+costed as a call's text is (gpt-oss) is counted from segments too (``_final_reasoning``).
 
 **When it falls back to full rendering** (``count_messages``, decided per call): when the
 template failed the additivity self-check run at construction (a few probe conversations whose
 segment sums must equal their full rendering; in both forms above), when a message carries
-reasoning (``reasoning_content``/``thinking``/``reasoning``) and the template reads it other
-than by the last user query (probed at construction: gpt-oss shows it while no final answer
-follows; a template that prints none of it counts such messages from segments, and so does
-Qwen3 under ``_query_rule`` -- but where the last user message is no query to it, a content
-block list or a ``<tool_response>`` text, and the conversation holds reasoning), when a
+reasoning (``reasoning_content``/``thinking``/``reasoning``) that the template reads by a rule
+the probes at construction did not confirm (a template that prints none of it counts such
+messages from segments; so do Qwen3 under ``_query_rule`` -- but where the last user message
+is no query to it, a content block list or a ``<tool_response>`` text, and the conversation
+holds reasoning -- and gpt-oss under ``_final_reasoning``: a call's reasoning is shown while no
+final answer follows, costed as its text is; an answer's never), when a
 message carries text the template was found (by more probes at construction) to render by
 what follows it in a way none of the rules above covers, when a
 system message follows the first and the probes found the template to join their texts
@@ -307,6 +309,19 @@ _QUERY_PROBES: list[list[tuple[Any, ...]]] = [
      ("call", _CALL1), ("tool", "p1", "r2")],
     [("think", "first", "no user yet"), ("user", "a"), ("call", _CALL1), ("tool", "p1", "r"),
      ("think_call", _CALL1, "", "plain"), ("tool", "p1", "r2")],
+]
+#: probes for reasoning under the final-answer rule (see ChatTemplateTokenCounter._final_reasoning_check):
+#: calls with reasoning before and after final answers, answers with it, a system message
+#: between, a call's text beside empty reasoning (gpt-oss refuses text beside reasoning)
+_FINAL_REASONING_PROBES: list[list[tuple[Any, ...]]] = [
+    [("user", "go"), ("think_call", _CALL1, None, "Let me look."), ("tool", "p1", "r"),
+     ("think_call", _CALL1, None, "\nAgain.\n"), ("tool", "p1", "r2")],
+    [("system", "sys"), ("user", "find a"), ("think_call", _CALL1, None, "Find it."), ("tool", "p1", "one"),
+     ("think", "done", "It is found."), ("user", "and b"), ("think_call", _CALL1, None, "Now b."), ("tool", "p1", "two")],
+    [("user", "a"), ("think_call", _CALL1, "Checking.", ""), ("tool", "p1", "r"), ("think", "ok", "z"), ("user", "b")],
+    [("user", "a"), ("think_call", _CALL1, None, "r"), ("tool", "p1", "r"), ("system", "note"), ("think", "done", "z"),
+     ("user", "b"), ("think_call", _CALL1, None, "q"), ("tool", "p1", "r2")],
+    [("user", "a"), ("think", "x", "thought"), ("user", "b"), ("think_call", _CALL1, None, "r"), ("tool", "p1", "r")],
 ]
 #: probes for text features that a template may render by what follows (see _text_features)
 _FEATURE_PROBES: dict[str, list[list[tuple[Any, ...]]]] = {
@@ -837,6 +852,9 @@ class ChatTemplateTokenCounter(_tc.CounterCore):  # type: ignore[misc,name-defin
         #: last user message (Qwen3): a unit holding it there is costed before stand-ins of its
         #: successor and no user message; see _query_check
         self._query_rule = False
+        #: an assistant message's reasoning is printed (a call's) only while no final answer
+        #: follows it (gpt-oss), which ``_final_rule`` costs: see _final_reasoning_check
+        self._final_reasoning = False
         #: a unit right after a system message is costed after that message itself, not a
         #: stand-in (see _system_pred_check)
         self._real_system_pred = False
@@ -860,6 +878,8 @@ class ChatTemplateTokenCounter(_tc.CounterCore):  # type: ignore[misc,name-defin
                 self.additive = False
         if self.additive and "reasoning" in self._sensitive and not (self._final_rule or self._succ_blind):
             self._query_check()
+        if self.additive and "reasoning" in self._sensitive and self._final_rule:
+            self._final_reasoning_check()
         self._local_units = {}
         self._looks = {}
         for n_calls in range(1, 4):  # probe the usual unit patterns once, not in the hot loop
@@ -1312,7 +1332,7 @@ class ChatTemplateTokenCounter(_tc.CounterCore):  # type: ignore[misc,name-defin
                         seen.add(self._tokens(pre + keys + post) - self._tokens(pre + post))
                     except _Refused:
                         continue
-            local = len(seen) <= 1
+            local = len(seen) == 1  # (a pattern every neighbour refuses proves nothing: not local)
             self._store_all(self._local, {pat: local})
         return local
 
@@ -1822,17 +1842,29 @@ class ChatTemplateTokenCounter(_tc.CounterCore):  # type: ignore[misc,name-defin
             self._sensitive = self._sensitive | {"call_text"}
         self._looks, self._last = {}, None
 
+    def _final_reasoning_check(self) -> None:
+        """Under ``_final_rule``: does an assistant message's reasoning add up costed as call
+        text is (each unit before stand-ins of its successor and, where the conversation has
+        one after it, of a final answer)? Then such calls are no longer rendered whole
+        (``_final_reasoning``: gpt-oss shows a call's reasoning as analysis only while no final
+        answer follows, and drops an answer's)."""
+        self._try_rule("_final_reasoning", _FINAL_REASONING_PROBES)
+
+    def _try_rule(self, flag: str, probes: Sequence[Sequence[tuple[Any, ...]]]) -> None:
+        """Turn the counter's ``flag`` on, and leave it on only if ``probes`` add up so."""
+        setattr(self, flag, True)
+        self._looks, self._last = {}, None
+        if not self._probes_add_up(probes, need_one=True):
+            setattr(self, flag, False)
+        self._looks, self._last = {}, None
+
     def _query_check(self) -> None:
         """Does an assistant message's reasoning (and ``</think>`` text) add up when each unit
         holding it after the last user message is costed before stand-ins of its successor and
         no user message after them, and every other unit as usual (a user stand-in after it)?
         Then such calls are no longer rendered whole (``_query_rule``: Qwen3 prints the
         reasoning after the last user query, and strips it before)."""
-        self._query_rule = True
-        self._looks, self._last = {}, None
-        if not self._probes_add_up(_QUERY_PROBES, need_one=True):
-            self._query_rule = False
-        self._looks, self._last = {}, None
+        self._try_rule("_query_rule", _QUERY_PROBES)
 
     def _system_pred_check(self) -> None:
         """Do assistant messages right after a system message add up when each is costed
