@@ -36,7 +36,8 @@ does); ``full_render_fastokens`` with fastokens (the rendering then dominates).
 
 Every family gets the same seeded conversation, as its template accepts it: Hermes requires a
 ``name`` on tool results (given the called function's), Llama 3.1 refuses parallel calls (each
-is sent as its own call and result). DeepSeek-V3's template closes a tool-output block in the
+is sent as its own call and result), gpt-oss refuses a call's text beside its reasoning (the
+``-reasoning`` traces send such a call without its text). DeepSeek-V3's template closes a tool-output block in the
 next assistant turn: its units are costed before a user stand-in whatever follows them
 (``_succ_blind``); gpt-oss shows a call's text only while no final answer follows: its units
 are costed knowing whether one does (``_final_rule``). Both count from segments (they rendered
@@ -140,6 +141,9 @@ def _as_family_accepts(msgs: list[Message], family: str) -> list[Message]:
             names[call["id"]] = call["function"]["name"]
         if m.role == "tool" and family == "hermes":
             out.append(m.model_copy(update={"name": names.get(m.tool_call_id or "", "tool")}))
+        elif family == "gpt-oss" and m.tool_calls and m.content and m.extra.get("reasoning_content"):
+            # (gpt-oss refuses a call's text beside its reasoning: the analysis is one or the other)
+            out.append(m.model_copy(update={"content": None}))
         elif m.tool_calls and len(m.tool_calls) > 1 and family == "llama3.1":
             out.append(m.model_copy(update={"tool_calls": m.tool_calls[:1]}))
             pending = list(m.tool_calls[1:])
