@@ -1319,15 +1319,21 @@ def upper_costs(self: CounterCore, keys: tuple, dicts: Sequence[dict[str, Any]],
     assistant's text after some neighbours only, which merges with the text's first token
     or not)."""
     reasoning, local = unit_locality(self, keys, dicts)
-    stripped = None
+    lone: list = []  # (pairs whose cost holds wherever the unit stands in its state)
     if reasoning:  # kept after the last user query (nothing closes the unit), or stripped
         if self._query_rule and caller is None and local_pattern(self, keys, dicts):
             # stripped (a user stand-in after it) it costs the same after any neighbour: once,
-            # in the smallest context; kept, a call's as count_messages costs it (before a call
-            # stand-in: the pair it then finds in the unit cache), an answer where nothing
-            # follows it
-            stripped = (self._canonical(dicts[0]["role"]), "user")
+            # in the smallest context (the exact pair's, unless that one is kept); kept, a
+            # call's as count_messages costs it (before a call stand-in: the pair it then finds
+            # in the unit cache), an answer where nothing follows it
+            if exact[1] == "open":
+                lone.append((self._canonical(dicts[0]["role"]), "user"))
             succs = ["assistant_kept" if dicts[len(dicts) - 1]["role"] == "tool" else "open"]
+        elif self._final_reasoning and caller is None and self._is_local(dicts, keys, True):
+            # (gpt-oss) one cost wherever no final answer follows it, one wherever one does
+            canon = self._canonical(dicts[0]["role"])
+            lone += [(canon, "user"), (canon, "user_final")]
+            succs = []
         else:
             succs = list(succs) + ["open"]
     elif local:
@@ -1360,8 +1366,9 @@ def upper_costs(self: CounterCore, keys: tuple, dicts: Sequence[dict[str, Any]],
         # message no more (Qwen3's empty think block: 4 tokens under); after a real assistant
         # message no query between, the unit is kept as it is after a user query
         others.append(("user", "open"))
-    if stripped is not None and exact_key[1] == "open" and stripped not in others:
-        others.append(stripped)  # (else the exact pair is stripped: the same cost)
+    for pair in lone:
+        if pair != exact_key and pair not in others:
+            others.append(pair)
     units: dict = self._units
     planned: list
     if caller is None:

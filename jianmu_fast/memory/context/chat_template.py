@@ -1290,51 +1290,87 @@ class ChatTemplateTokenCounter(_tc.CounterCore):  # type: ignore[misc,name-defin
             return (call_text and "call_text" in self._sensitive) or (think_text and "think_text" in self._sensitive)
         return False
 
-    def _is_local(self, dicts: Sequence[dict[str, Any]], keys: Optional[Sequence[str]] = None) -> bool:
+    def _is_local(self, dicts: Sequence[dict[str, Any]], keys: Optional[Sequence[str]] = None,
+                  final: bool = False) -> bool:
         """Whether a unit with this role pattern costs the same whatever stands around it,
         probed once with stand-in messages of the same pattern (its total cost before every
         neighbour it may have, and before every role that may follow it). ``keys``: the
-        messages' keys (their pattern elements are cached by them)."""
+        messages' keys (their pattern elements are cached by them). ``final`` (under
+        ``_final_rule``): whether it costs one thing wherever no final answer follows it and
+        one wherever one does (gpt-oss's call with reasoning: shown, or not)."""
         if keys is not None:
             trait = self._trait
             pat = tuple([trait(k, d)[1] for k, d in zip(keys, dicts)])
         else:
             pat = self._pattern(dicts)
+        if final:
+            return self._final_local(pat)
         local = self._local.get(pat)
         if local is None:
-            canon = []
-            for n, (role, calls, reasoning, call_text, think_text) in enumerate(pat):
-                d: dict[str, Any] = {"role": role, "content": f"x{n}"}
-                if think_text:
-                    d["content"] = f"<think>\nt\n</think>\n\nx{n}"
-                if calls:
-                    if not call_text:
-                        d["content"] = ""
-                    d["tool_calls"] = [
-                        {"id": f"c{n}_{k}", "type": "function", "function": {"name": "g", "arguments": {"a": k}}}
-                        for k in range(calls)
-                    ]
-                if role == "tool":
-                    d["tool_call_id"] = f"c{n}"
-                    d["name"] = "g"
-                if reasoning:
-                    d["reasoning_content"] = d["thinking"] = "r"
-                canon.append(d)
-            keys = tuple(json.dumps(d) for d in canon)
+            keys = tuple(json.dumps(d) for d in self._canonical_unit(pat))
             seen = set()
             for pred in self._preds(pat[0][0], None):
-                pre = tuple(json.dumps(d) for d in _PRE[pred])
                 for succ in ("user",) if self._succ_blind else ("user", "assistant", "system"):
                     if pred == "first" and succ == "system":  # the stand-in would open the chat
                         continue
-                    post = tuple(json.dumps(d) for d in _POST[succ])
-                    try:
-                        seen.add(self._tokens(pre + keys + post) - self._tokens(pre + post))
-                    except _Refused:
-                        continue
+                    got = self._canonical_cost(keys, pred, succ)
+                    if got is not None:
+                        seen.add(got)
             local = len(seen) == 1  # (a pattern every neighbour refuses proves nothing: not local)
             self._store_all(self._local, {pat: local})
         return local
+
+    def _final_local(self, pat: tuple[Any, ...]) -> bool:
+        """``_is_local(.., final=True)`` for the pattern ``pat``: its stand-in unit's costs before
+        successors with no final answer after them (a user or system message) and before those
+        with one (an answer; a user or system message, then an answer) are one value each."""
+        local = self._local.get(("final", pat))
+        if local is None:
+            keys = tuple(json.dumps(d) for d in self._canonical_unit(pat))
+            groups: tuple[set[int], set[int]] = (set(), set())
+            for pred in self._preds(pat[0][0], None):
+                for succ in ("user", "system", "assistant", "user_final", "system_final"):
+                    if pred == "first" and succ in ("system", "system_final"):
+                        continue
+                    got = self._canonical_cost(keys, pred, succ)
+                    if got is not None:
+                        groups[succ not in ("user", "system")].add(got)
+            local = len(groups[0]) == 1 and len(groups[1]) == 1
+            self._store_all(self._local, {("final", pat): local})
+        return local
+
+    def _canonical_cost(self, keys: tuple[str, ...], pred: str, succ: str) -> Optional[int]:
+        """What the stand-in unit ``keys`` costs between the stand-ins ``pred`` and ``succ``;
+        None where the template refuses it."""
+        pre = tuple(json.dumps(d) for d in _PRE[pred])
+        post = tuple(json.dumps(d) for d in _POST[succ])
+        try:
+            return self._tokens(pre + keys + post) - self._tokens(pre + post)
+        except _Refused:
+            return None
+
+    @staticmethod
+    def _canonical_unit(pat: tuple[Any, ...]) -> list[dict[str, Any]]:
+        """Stand-in messages of the pattern ``pat`` (see ``_pattern``)."""
+        canon = []
+        for n, (role, calls, reasoning, call_text, think_text) in enumerate(pat):
+            d: dict[str, Any] = {"role": role, "content": f"x{n}"}
+            if think_text:
+                d["content"] = f"<think>\nt\n</think>\n\nx{n}"
+            if calls:
+                if not call_text:
+                    d["content"] = ""
+                d["tool_calls"] = [
+                    {"id": f"c{n}_{k}", "type": "function", "function": {"name": "g", "arguments": {"a": k}}}
+                    for k in range(calls)
+                ]
+            if role == "tool":
+                d["tool_call_id"] = f"c{n}"
+                d["name"] = "g"
+            if reasoning:
+                d["reasoning_content"] = d["thinking"] = "r"
+            canon.append(d)
+        return canon
 
     #: the neighbours a unit may have before it in a kept prompt (see _tc.unit_preds)
     _preds = staticmethod(_tc.unit_preds)
