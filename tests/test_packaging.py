@@ -132,3 +132,48 @@ def test_make_run_installs_cli_and_make_test_adds_dev(tmp_path):
     stamp = (venv / ".jianmu_fast-installed").stat().st_mtime
     os.utime(twin, (stamp + 10, stamp + 10))
     assert "editable_mode=compat -e .\"[dev]\"" in dry("test")
+
+
+@pytest.mark.parametrize("mode,profile,says", [
+    ("fast", None, "JIANMU_FAST_PGO: expected 'generate' or 'use', got 'fast'"),
+    ("use", "no-such-profile", "JIANMU_FAST_PGO=use: no profile at "),
+])
+def test_a_bad_pgo_setting_stops_the_build_naming_it(tmp_path, mode, profile, says):
+    """setup.py reads ``JIANMU_FAST_PGO`` (``make pgo``) before anything else: a value it does
+    not know, or ``use`` without a profile, stops the build with a message naming it (not a
+    plain build that silently ignores it, nor a compiler error about a missing file)."""
+    env = {**os.environ, "JIANMU_FAST_PGO": mode}
+    if profile is not None:
+        env["JIANMU_FAST_PGO_DIR"] = str(tmp_path / profile)
+    proc = subprocess.run([sys.executable, str(ROOT / "setup.py"), "--name"], cwd=tmp_path, env=env,
+                          capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 1
+    assert says in proc.stderr
+    if profile is not None:
+        assert str(tmp_path / profile) in proc.stderr and "make pgo" in proc.stderr
+
+
+def test_make_pgo_trains_between_an_instrumented_and_a_profiled_build(tmp_path):
+    """`make -n pgo`: Cython and setuptools installed into the venv, then the cores built in
+    place instrumented, the training run, and the cores built in place again from the same
+    profile folder -- in that order -- and the backend checked."""
+    shutil.copy(ROOT / "Makefile", tmp_path / "Makefile")
+    for f in ("pyproject.toml", "setup.py"):
+        (tmp_path / f).touch()
+    (tmp_path / "csrc").mkdir()
+    (tmp_path / "csrc" / "_filter_core.pyx").touch()
+    venv = tmp_path / "venv"
+    (venv / "bin").mkdir(parents=True)
+    (venv / "bin" / "python").touch()
+    (venv / ".jianmu_fast-installed").touch()  # as `make test` leaves it
+    proc = subprocess.run(["make", "-n", f"VENV={venv}", "pgo"], cwd=tmp_path, capture_output=True, text=True,
+                          timeout=60)
+    assert proc.returncode == 0, proc.stderr
+    lines = proc.stdout.splitlines()
+    steps = [next(i for i, line in enumerate(lines) if want in line) for want in (
+        "Cython>=3.0", "JIANMU_FAST_PGO=generate", "benchmarks/pgo_train.py", "JIANMU_FAST_PGO=use",
+        "BACKEND == 'cython'")]
+    assert steps == sorted(steps)
+    build = [line for line in lines if "setup.py" in line]
+    assert len(build) == 2 and all("build_ext --inplace --force" in b and "JIANMU_FAST_PGO_DIR=build/pgo" in b
+                                   for b in build)
