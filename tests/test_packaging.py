@@ -156,7 +156,8 @@ def test_a_bad_pgo_setting_stops_the_build_naming_it(tmp_path, mode, profile, sa
 def test_make_pgo_trains_between_an_instrumented_and_a_profiled_build(tmp_path):
     """`make -n pgo`: Cython and setuptools installed into the venv, then the cores built in
     place instrumented, the training run, and the cores built in place again from the same
-    profile folder -- in that order -- and the backend checked."""
+    profile folder -- in that order -- and the backend checked; `make -n dist PGO=1` builds
+    the wheel from that profile."""
     shutil.copy(ROOT / "Makefile", tmp_path / "Makefile")
     for f in ("pyproject.toml", "setup.py"):
         (tmp_path / f).touch()
@@ -177,3 +178,12 @@ def test_make_pgo_trains_between_an_instrumented_and_a_profiled_build(tmp_path):
     build = [line for line in lines if "setup.py" in line]
     assert len(build) == 2 and all("build_ext --inplace --force" in b and "JIANMU_FAST_PGO_DIR=build/pgo" in b
                                    for b in build)
+    # `make dist PGO=1`: the wheel compiled from that profile (its absolute path: the wheel
+    # is built from the sdist elsewhere); a plain `make dist` passes no PGO setting
+    dist = subprocess.run(["make", "-n", f"VENV={venv}", "dist", "PGO=1"], cwd=tmp_path, capture_output=True,
+                          text=True, timeout=60)
+    assert dist.returncode == 0, dist.stderr
+    assert f"JIANMU_FAST_PGO=use JIANMU_FAST_PGO_DIR={tmp_path}/build/pgo build/dist-tools/bin/python -m build" in dist.stdout
+    plain = subprocess.run(["make", "-n", f"VENV={venv}", "dist"], cwd=tmp_path, capture_output=True, text=True,
+                           timeout=60)
+    assert plain.returncode == 0 and "-m build" in plain.stdout and "JIANMU_FAST_PGO" not in plain.stdout
