@@ -96,11 +96,9 @@ def test_metadata_license_and_classifiers():
     assert "setuptools>=77" in data["build-system"]["requires"]
 
 
-@pytest.mark.skipif(shutil.which("make") is None, reason="make is not installed")
-def test_make_run_installs_cli_and_make_test_adds_dev(tmp_path):
-    """`make -n` (prints, runs nothing) in a copy of the Makefile: `make run` installs the
-    [cli,report] extras, `make test` the [dev] extra into the same venv, both editable in compat mode;
-    after `make test`, `make run` reuses that install."""
+def _makefile_tree(tmp_path: Path) -> Path:
+    """A copy of the Makefile in ``tmp_path`` with the files its targets depend on (empty) and
+    a venv with a python; the venv's path."""
     shutil.copy(ROOT / "Makefile", tmp_path / "Makefile")
     for f in ("pyproject.toml", "setup.py"):
         (tmp_path / f).touch()
@@ -109,12 +107,26 @@ def test_make_run_installs_cli_and_make_test_adds_dev(tmp_path):
     venv = tmp_path / "venv"
     (venv / "bin").mkdir(parents=True)
     (venv / "bin" / "python").touch()
+    return venv
+
+
+def _make_dry(tmp_path: Path, venv: Path, *args: str) -> str:
+    """What ``make -n`` (prints, runs nothing) would run for ``args`` in that copy."""
+    proc = subprocess.run(["make", "-n", f"VENV={venv}", *args], cwd=tmp_path, capture_output=True, text=True,
+                          timeout=60)
+    assert proc.returncode == 0, proc.stderr
+    return proc.stdout
+
+
+@pytest.mark.skipif(shutil.which("make") is None, reason="make is not installed")
+def test_make_run_installs_cli_and_make_test_adds_dev(tmp_path):
+    """`make -n` (prints, runs nothing) in a copy of the Makefile: `make run` installs the
+    [cli,report] extras, `make test` the [dev] extra into the same venv, both editable in compat mode;
+    after `make test`, `make run` reuses that install."""
+    venv = _makefile_tree(tmp_path)
 
     def dry(target: str) -> str:
-        proc = subprocess.run(["make", "-n", f"VENV={venv}", target], cwd=tmp_path,
-                              capture_output=True, text=True, timeout=60)
-        assert proc.returncode == 0, proc.stderr
-        return proc.stdout
+        return _make_dry(tmp_path, venv, target)
 
     run, test = dry("run"), dry("test")
     assert "editable_mode=compat -e .\"[cli,report]\"" in run and "[dev]" not in run  # the run writes a report
@@ -153,24 +165,15 @@ def test_a_bad_pgo_setting_stops_the_build_naming_it(tmp_path, mode, profile, sa
         assert str(tmp_path / profile) in proc.stderr and "make pgo" in proc.stderr
 
 
+@pytest.mark.skipif(shutil.which("make") is None, reason="make is not installed")
 def test_make_pgo_trains_between_an_instrumented_and_a_profiled_build(tmp_path):
     """`make -n pgo`: Cython and setuptools installed into the venv, then the cores built in
     place instrumented, the training run, and the cores built in place again from the same
     profile folder -- in that order -- and the backend checked; `make -n dist PGO=1` builds
     the wheel from that profile."""
-    shutil.copy(ROOT / "Makefile", tmp_path / "Makefile")
-    for f in ("pyproject.toml", "setup.py"):
-        (tmp_path / f).touch()
-    (tmp_path / "csrc").mkdir()
-    (tmp_path / "csrc" / "_filter_core.pyx").touch()
-    venv = tmp_path / "venv"
-    (venv / "bin").mkdir(parents=True)
-    (venv / "bin" / "python").touch()
+    venv = _makefile_tree(tmp_path)
     (venv / ".jianmu_fast-installed").touch()  # as `make test` leaves it
-    proc = subprocess.run(["make", "-n", f"VENV={venv}", "pgo"], cwd=tmp_path, capture_output=True, text=True,
-                          timeout=60)
-    assert proc.returncode == 0, proc.stderr
-    lines = proc.stdout.splitlines()
+    lines = _make_dry(tmp_path, venv, "pgo").splitlines()
     steps = [next(i for i, line in enumerate(lines) if want in line) for want in (
         "Cython>=3.0", "JIANMU_FAST_PGO=generate", "benchmarks/pgo_train.py", "JIANMU_FAST_PGO=use",
         "BACKEND == 'cython'")]
@@ -180,10 +183,7 @@ def test_make_pgo_trains_between_an_instrumented_and_a_profiled_build(tmp_path):
                                    for b in build)
     # `make dist PGO=1`: the wheel compiled from that profile (its absolute path: the wheel
     # is built from the sdist elsewhere); a plain `make dist` passes no PGO setting
-    dist = subprocess.run(["make", "-n", f"VENV={venv}", "dist", "PGO=1"], cwd=tmp_path, capture_output=True,
-                          text=True, timeout=60)
-    assert dist.returncode == 0, dist.stderr
-    assert f"JIANMU_FAST_PGO=use JIANMU_FAST_PGO_DIR={tmp_path}/build/pgo build/dist-tools/bin/python -m build" in dist.stdout
-    plain = subprocess.run(["make", "-n", f"VENV={venv}", "dist"], cwd=tmp_path, capture_output=True, text=True,
-                           timeout=60)
-    assert plain.returncode == 0 and "-m build" in plain.stdout and "JIANMU_FAST_PGO" not in plain.stdout
+    dist = _make_dry(tmp_path, venv, "dist", "PGO=1")
+    assert f"JIANMU_FAST_PGO=use JIANMU_FAST_PGO_DIR={tmp_path}/build/pgo build/dist-tools/bin/python -m build" in dist
+    plain = _make_dry(tmp_path, venv, "dist")
+    assert "-m build" in plain and "JIANMU_FAST_PGO" not in plain
