@@ -47,7 +47,7 @@ def templates(out: str, conversations: int) -> None:
     """The chat-template counters' regimes on every bundled family."""
     sys.path.insert(0, HERE)
     tct = _load("tct", os.path.join(HERE, "test_chat_template.py"))
-    from jianmu_fast.memory.context import ChatTemplateTokenCounter, HFTokenCounter, TokenBudgetFilter
+    from jianmu_fast.memory.context import ChatTemplateTokenCounter, HFTokenCounter
 
     engine = "fastokens" if "fastokens" in tct.ENGINES else "tokenizers"
     for fam in tct.FAMILIES:
@@ -58,16 +58,10 @@ def templates(out: str, conversations: int) -> None:
             convs = [([tct._variant(m, k) for m in before], [[tct._variant(m, k) for m in u] for u in turns]) for k in range(n)]
             for counter in counters:
                 tct._eval_round(counter, trace, fam, convs)
-        # the seeded hot loop, its requests with tools (a filter that keeps one conversation)
-        before, turns = tct._split(40, fam, "seeded")
-        schemas = tct._tools_of("seeded")
-        for counter in counters:
-            flt = TokenBudgetFilter(tct.BUDGETS["seeded"], counter=counter)
-            history = list(before)
-            for unit in turns:
-                history.extend(unit)
-                kept = flt.apply(history, tools_schema=schemas)
-                counter.count_messages(kept) + flt.tools_cost(schemas, kept)
+        # the seeded hot loop, its requests with tools: test_ratios' round (one filter, one conversation)
+        for impl in ("chat_template", "hf"):
+            setup, target = tct._round(impl, 40, d, fam, engine, True, "seeded")
+            target(*setup()[0])
 
 
 def main() -> None:
