@@ -44,7 +44,7 @@ from .message import Message
 from .message.model import FrozenDict, FrozenList, coerce_message, thaw
 
 __all__ = [
-    "CounterCore", "any_lookahead", "any_orphan", "any_whole", "carried_last", "looks_in", "holds_kept", "last_user", "plain_query", "any_system", "args_text", "block_entry", "call_entries", "call_entry", "count_list", "count_messages", "encode_lengths", "end_cost",
+    "CounterCore", "any_lookahead", "bisect_ints", "costs_sum", "any_orphan", "any_whole", "carried_last", "looks_in", "holds_kept", "last_user", "plain_query", "any_system", "args_text", "block_entry", "call_entries", "call_entry", "count_list", "count_messages", "encode_lengths", "end_cost",
     "entries_stable",
     "entry", "flat_printed", "frame_part", "head_groups", "holds_token", "is_local", "json_escaped", "json_snapshot", "json_unchanged", "keep_last", "last_final", "local_pattern", "message_to_template_dict", "message_key", "new_starts", "overlap",
     "ops_hold", "parse_key", "slot_value", "derivation_id", "DERIVED", "piece_counts", "plain_entry", "plain_frame", "plan", "plan_groups", "plan_texts", "planned_cost", "planned_costs",
@@ -185,6 +185,47 @@ def _instance_dict(m: Any) -> dict:
     if cython.compiled:
         return PyObject_GenericGetDict(m, cython.NULL)  # type: ignore[name-defined]  # noqa: F821
     return m.__dict__  # type: ignore[no-any-return]
+
+
+@cython.ccall
+def costs_sum(costs: Any) -> Any:
+    """``sum(costs)`` of a unit's per-message costs (the unit caches' tuples of ints): compiled,
+    added in a loop over the tuple, not by a call of the builtin (~300 instructions a call,
+    three calls a turn in ``segments``).
+
+    >>> costs_sum((3, 4)), costs_sum([5])
+    (7, 5)
+    """
+    if type(costs) is not tuple:
+        return sum(costs)
+    t: tuple = costs
+    total = 0
+    for c in t:
+        total += c
+    return total
+
+
+@cython.ccall
+def bisect_ints(a: list, x: Any, right: bool = False) -> int:
+    """``bisect.bisect_left(a, x)`` (``right``: ``bisect_right``) for a sorted list of ints (the
+    unit starts ``segments`` searches): compiled, a loop in C, not a call of the module's
+    function.
+
+    >>> bisect_ints([0, 2, 5], 2), bisect_ints([0, 2, 5], 2, True), bisect_ints([], 1)
+    (1, 2, 0)
+    """
+    if not cython.compiled:
+        return _BISECT_RIGHT(a, x) if right else _BISECT_LEFT(a, x)
+    lo: cython.Py_ssize_t = 0
+    hi: cython.Py_ssize_t = len(a)
+    mid: cython.Py_ssize_t
+    while lo < hi:
+        mid = (lo + hi) // 2
+        if (not x < a[mid]) if right else a[mid] < x:
+            lo = mid + 1
+        else:
+            hi = mid
+    return lo
 
 
 @cython.auto_pickle(False)  # (the counter pickles by its model folder: its own __getstate__)
@@ -1927,7 +1968,7 @@ def call_entries(self: CounterCore, ms: list[Any]) -> tuple[list[str], list[dict
             ov = None  # the previous call was not the last segmented one
         elif oq:
             lstarts: list = seg[1]
-            u = _BISECT_LEFT(lstarts, oq)
+            u = bisect_ints(lstarts, oq)
             if u == len(lstarts) or lstarts[u] != oq:
                 ov = None
     self._last_ms = (ms, keys, dicts) if stable else None
@@ -2497,7 +2538,8 @@ def plain_query(d: Mapping[str, Any]) -> bool:
     c = d.get("content")
     if type(c) is not str:
         return False
-    return not (c.startswith("<tool_response>") and c.endswith("</tool_response>"))
+    t: str = c  # (a str: its methods called in C)
+    return not (t.startswith("<tool_response>") and t.endswith("</tool_response>"))
 
 
 @cython.ccall
@@ -2716,7 +2758,7 @@ def overlap(self: CounterCore, keys: list[str]) -> Optional[tuple[int, int, int]
             continue
         m = k - q
         if m <= n - p and keys[p:p + m] == lkeys[q:]:
-            u = _BISECT_LEFT(lstarts, q)
+            u = bisect_ints(lstarts, q)
             if u < len(lstarts) and lstarts[u] == q and (p != q or keys[:p] == lkeys[:p]):
                 return p, q, m
     return None
@@ -2751,7 +2793,7 @@ def segments(self: CounterCore, ms: Sequence[Any], keys: list[str], dicts: list[
         p, q, m = ov
         lstarts: list = last[1]
         shift = q - p
-        starts = lstarts[:p] + [s - shift for s in lstarts[_BISECT_LEFT(lstarts, q):]]
+        starts = lstarts[:p] + [s - shift for s in lstarts[bisect_ints(lstarts, q):]]
         starts += new_starts(dicts, p + m)
     else:
         starts = unit_starts(dicts)
@@ -2781,13 +2823,13 @@ def segments(self: CounterCore, ms: Sequence[Any], keys: list[str], dicts: list[
     if last is not None and ov is not None:
         p, q, m = ov
         lstarts, lcosts = last[1], last[2]
-        uq = _BISECT_LEFT(lstarts, q) + (0 if p == q else 1)
+        uq = bisect_ints(lstarts, q) + (0 if p == q else 1)
         ul = len(lstarts) - 1
         if final >= p + m:
             # a final answer among the new messages: the overlap's units from the previous
             # one on (all, where there was none) now have one after them; those before it
             # already had, and keep their costs
-            lf = _BISECT_LEFT(lstarts, last[4])
+            lf = bisect_ints(lstarts, last[4])
             if lf < ul:
                 ul = lf
         if self._query_rule:
@@ -2798,11 +2840,11 @@ def segments(self: CounterCore, ms: Sequence[Any], keys: list[str], dicts: list[
             t_old = last[5] if last[5] >= 0 else _NEVER
             t_new = query + q - p if query >= 0 else _NEVER
             if t_old != t_new:
-                lf = _BISECT_RIGHT(lstarts, t_old if t_old < t_new else t_new)
+                lf = bisect_ints(lstarts, t_old if t_old < t_new else t_new, True)
                 if lf < ul:
                     ul = lf
         if uq < ul:
-            head = _BISECT_LEFT(starts, lstarts[uq] - q + p)
+            head = bisect_ints(starts, lstarts[uq] - q + p)
             reused = lcosts[uq:ul]
             tail = head + len(reused)
             total = last[3]
@@ -2884,7 +2926,7 @@ def unit_total(self: CounterCore, keys: list[str], dicts: list[dict[str, Any]], 
         unit = self._units.get((ukeys, pred, succ, None))
         if unit is None:
             unit = self._unit_cost(ukeys, pred, succ)
-        return sum(unit)
+        return costs_sum(unit)
     # after a system message, where the template prints their texts with nothing between: the
     # real system message stands before the unit (whose first tokens may merge with its text)
     after_system = self._real_system_pred and a > 0 and dicts[a - 1]["role"] == "system"
@@ -2892,7 +2934,7 @@ def unit_total(self: CounterCore, keys: list[str], dicts: list[dict[str, Any]], 
     if not after_system:
         known = local_units.get(ukeys)
         if known is not None:
-            return sum(known)
+            return costs_sum(known)
     # its neighbours' roles (stand-ins of them are what it is costed between)
     if a == 0:
         pred = "first"
@@ -2911,7 +2953,7 @@ def unit_total(self: CounterCore, keys: list[str], dicts: list[dict[str, Any]], 
     unit = self._units.get((ukeys, pred, "user" if succ == "end" or (self._succ_blind and succ != "open") else succ,
                             caller))
     if unit is not None:
-        return sum(unit)
+        return costs_sum(unit)
     if not after_system and local_pattern(self, ukeys, dicts[a:b]):  # any neighbours will do: share the cache entry
         unit = self._unit_cost(ukeys, self._canonical(dicts[a]["role"]), "user")
         # (not a unit whose cost here is one of several: reasoning stripped before the last user
@@ -2921,4 +2963,4 @@ def unit_total(self: CounterCore, keys: list[str], dicts: list[dict[str, Any]], 
             self._remember_local(ukeys, unit)
     else:
         unit = self._unit_cost(ukeys, pred, succ, caller)
-    return sum(unit)
+    return costs_sum(unit)

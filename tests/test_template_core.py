@@ -43,7 +43,7 @@ HELPERS = {"any_orphan", "any_system", "encode_lengths", "end_cost", "head_group
            "planned_costs", "prefill_planned", "recall", "run_text", "run_text_of", "unit_parts", "unit_succ",
            "local_pattern", "ops_hold", "plain_frame", "same_json", "settle", "settle_entry", "put_untracked", "shed_keys", "holds_message_key", "repeats_of_last", "role_positions", "shared_run", "step_costs", "trait_value", "unit_starts", "new_starts",
            "any_whole", "carried_last", "holds_kept", "looks_in", "last_user", "plain_query", "slot_value", "reasoning_entry", "DERIVED",
-           "derivation_id"}
+           "derivation_id", "bisect_ints", "costs_sum"}
 
 
 def _bound(core):
@@ -524,6 +524,21 @@ def test_the_call_dict_reads_are_dict_reads_on_both_builds(ks, keys, frozen):
     for core in (twin, compiled):
         assert core._keys_are(d, keys) == (tuple(d) == keys)
         assert [core._dict_get(d, k) for k in ("id", "type", "x", "nope")] == [d.get(k) for k in ("id", "type", "x", "nope")]
+
+
+@settings(max_examples=int(os.environ.get("JIANMU_FAST_MAX_EXAMPLES", "500")), deadline=None)
+@given(a=st.lists(st.integers(-3, 40), max_size=30).map(sorted), x=st.integers(-5, 45),
+       costs=st.lists(st.integers(0, 2**40), max_size=5), as_list=st.booleans())
+def test_the_sums_and_searches_of_segments_are_the_builtins_on_both_builds(a, x, costs, as_list):
+    """``bisect_ints`` is ``bisect.bisect_left`` (``right``: ``bisect_right``) on a sorted list
+    of ints, repeated values included, and ``costs_sum`` is ``sum`` of a tuple of costs (or any
+    other iterable), on both builds."""
+    import bisect
+
+    for core in (twin, compiled):
+        assert core.bisect_ints(a, x) == bisect.bisect_left(a, x)
+        assert core.bisect_ints(a, x, True) == bisect.bisect_right(a, x)
+        assert core.costs_sum(list(costs) if as_list else tuple(costs)) == sum(costs)
 
 
 @settings(max_examples=int(os.environ.get("JIANMU_FAST_MAX_EXAMPLES", "500")), deadline=None)
